@@ -1,0 +1,237 @@
+"""The timing loop that every benchmark worker shares.
+
+A worker adapts one communication system to the small `Backend` interface below and hands it to
+`run_worker`, which, for every (op, size) point: builds the inputs, runs the collective once and
+checks the result on every rank (so a broken system cannot look fast), warms up, waits at a
+barrier, times each iteration separately, and gathers the per-iteration times of all ranks (the
+time of an iteration is that of its slowest rank). Rank 0 prints one JSON object to stdout.
+
+Sizes follow nccl-tests: for all-gather and reduce-scatter the size S is the total gathered
+(scattered) buffer, so each rank contributes S/n; for all-reduce and broadcast S is the buffer.
+All buffers are float32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+DTYPE = np.float32
+ITEMSIZE = 4
+ROOT = 0
+
+# A prepared collective: calling it runs the collective once, to completion, and returns the
+# result (anything np.asarray understands).
+Collective = Callable[[], Any]
+
+
+class NotSupported(Exception):
+    """The system has no such collective; the point is reported as n/a with this reason."""
+
+
+@dataclass
+class Backend:
+    """What a worker supplies: one communication system, already initialised."""
+
+    system: str
+    rank: int
+    world: int
+    barrier: Callable[[], None]
+    # (k,) float64 on every rank -> (world, k) float64, rank order; uses the system itself.
+    gather_floats: Callable[[np.ndarray], np.ndarray]
+    # (op, input array, output element count) -> a prepared collective.
+    prepare: Callable[[str, np.ndarray, int], Collective]
+    # op -> a note when the system emulates that op with another collective.
+    emulated: dict[str, str] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Element counts of one point: what each rank sends and receives, and the size S."""
+
+    in_elems: int
+    out_elems: int
+    bytes: int
+
+
+def layout(op: str, nominal_bytes: int, world: int) -> Layout:
+    """The buffers of `op` at a nominal size; tiny sizes round up to one element per rank."""
+    elems = max(1, nominal_bytes // ITEMSIZE)
+    if op in ("all_reduce", "broadcast"):
+        return Layout(elems, elems, elems * ITEMSIZE)
+    per_rank = max(1, elems // world)
+    total = per_rank * world
+    if op == "all_gather":
+        return Layout(per_rank, total, total * ITEMSIZE)
+    if op == "reduce_scatter":
+        return Layout(total, per_rank, total * ITEMSIZE)
+    raise ValueError(f"unknown op {op!r}")
+
+
+def _pattern(n: int) -> np.ndarray:
+    """Small exact integers, so that float32 sums are exact and order mistakes show."""
+    return (np.arange(n, dtype=np.int64) % 13 + 1).astype(DTYPE)
+
+
+def check_input(op: str, lay: Layout, rank: int) -> np.ndarray:
+    """The input of `rank` for the correctness check (and the timed iterations)."""
+    p = _pattern(lay.in_elems)
+    if op == "all_reduce":
+        return p * DTYPE(rank + 1)
+    if op == "all_gather":
+        return p + DTYPE(100 * rank)
+    if op == "reduce_scatter":
+        return p + DTYPE(rank)
+    if op == "broadcast":
+        return p if rank == ROOT else np.zeros(lay.in_elems, DTYPE)
+    raise ValueError(f"unknown op {op!r}")
+
+
+def expected(op: str, lay: Layout, rank: int, world: int) -> np.ndarray:
+    """The result `rank` must get from `check_input` on every rank."""
+    if op == "all_reduce":
+        return _pattern(lay.in_elems) * DTYPE(world * (world + 1) // 2)
+    if op == "all_gather":
+        return np.concatenate([check_input(op, lay, r) for r in range(world)])
+    if op == "reduce_scatter":
+        block = _pattern(lay.in_elems)[rank * lay.out_elems : (rank + 1) * lay.out_elems]
+        return block * DTYPE(world) + DTYPE(world * (world - 1) // 2)
+    if op == "broadcast":
+        return _pattern(lay.in_elems)
+    raise ValueError(f"unknown op {op!r}")
+
+
+def verify(op: str, lay: Layout, rank: int, world: int, result: Any) -> str | None:
+    """None when `result` is right, else a short description of what is wrong."""
+    got = np.asarray(result).reshape(-1)
+    want = expected(op, lay, rank, world)
+    if got.shape != want.shape:
+        return f"shape {got.shape} != {want.shape}"
+    if got.dtype != want.dtype:
+        return f"dtype {got.dtype} != {want.dtype}"
+    bad = np.flatnonzero(got != want)
+    if bad.size:
+        i = int(bad[0])
+        return f"{bad.size} wrong elements, first at {i}: {got[i]!r} != {want[i]!r}"
+    return None
+
+
+@dataclass
+class Settings:
+    """How long to measure each point."""
+
+    iters: int = 20
+    warmup: int = 3
+    budget_s: float = 0.0  # > 0: choose iters so that a point takes about this long
+    min_iters: int = 5
+    max_iters: int = 2000
+
+
+def choose_iters(settings: Settings, estimate_s: float) -> int:
+    """Iterations for one point: fixed, or from the time budget and a per-iteration estimate."""
+    if settings.budget_s <= 0:
+        return settings.iters
+    n = math.ceil(settings.budget_s / max(estimate_s, 1e-7))
+    return int(min(settings.max_iters, max(settings.min_iters, n)))
+
+
+def measure_point(backend: Backend, op: str, nominal: int, settings: Settings) -> dict[str, Any]:
+    """Check, warm up and time one (op, size) point; the same on every rank."""
+    lay = layout(op, nominal, backend.world)
+    point: dict[str, Any] = {"op": op, "size": nominal, "bytes": lay.bytes}
+    if op in backend.emulated:
+        point["emulated"] = backend.emulated[op]
+    try:
+        fn = backend.prepare(op, check_input(op, lay, backend.rank), lay.out_elems)
+        problem = verify(op, lay, backend.rank, backend.world, fn())
+    except NotSupported as e:
+        return point | {"status": "n/a", "reason": str(e)}
+    # Every rank learns whether every rank got the right answer.
+    oks = backend.gather_floats(np.array([0.0 if problem else 1.0]))
+    if problem or oks.min() < 1.0:
+        bad = [r for r in range(backend.world) if oks[r, 0] < 1.0]
+        reason = f"wrong result on ranks {bad}" + (f" (rank {backend.rank}: {problem})" if problem else "")
+        return point | {"status": "check failed", "reason": reason}
+
+    warm: list[float] = []
+    for _ in range(settings.warmup):
+        t0 = time.perf_counter()
+        fn()
+        warm.append(time.perf_counter() - t0)
+    estimate = float(np.median(warm)) if warm else 0.0
+    # All ranks must run the same number of iterations: agree on the slowest estimate.
+    estimate = float(backend.gather_floats(np.array([estimate])).max())
+    iters = choose_iters(settings, estimate)
+
+    times = np.empty(iters, dtype=np.float64)
+    backend.barrier()
+    for i in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        times[i] = time.perf_counter() - t0
+    per_rank = backend.gather_floats(times)
+    slowest = per_rank.max(axis=0)
+    return point | {"status": "ok", "iters": iters, "times": [float(t) for t in slowest]}
+
+
+def worker_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line every worker understands (the harness builds it)."""
+    p = argparse.ArgumentParser(description="one rank of a fastcoll benchmark worker")
+    p.add_argument("--ops", default=",".join(OPS))
+    p.add_argument("--sizes", default="4,4096", help="comma-separated nominal sizes in bytes")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--budget", type=float, default=0.0, help="seconds per point (0: fixed --iters)")
+    p.add_argument("--min-iters", type=int, default=5)
+    p.add_argument("--max-iters", type=int, default=2000)
+    p.add_argument("--partial", default=os.environ.get("BENCH_PARTIAL_FILE"),
+                   help="rank 0 rewrites this file with the results so far after every point")
+    return p.parse_known_args(argv)[0]
+
+
+def _write_partial(path: str | None, doc: dict[str, Any]) -> None:
+    if not path:
+        return
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f)
+    os.replace(tmp, path)
+
+
+def run_worker(backend: Backend, args: argparse.Namespace) -> dict[str, Any]:
+    """Measure every requested point; rank 0 prints the JSON document and returns it."""
+    settings = Settings(args.iters, args.warmup, args.budget, args.min_iters, args.max_iters)
+    ops = [o for o in args.ops.split(",") if o]
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    doc: dict[str, Any] = {
+        "system": backend.system,
+        "world": backend.world,
+        "meta": backend.meta | {"pid": os.getpid()},
+        "points": [],
+    }
+    for op in ops:
+        for size in sizes:
+            try:
+                point = measure_point(backend, op, size, settings)
+            except Exception as e:  # a failing point must not cost the others
+                point = {"op": op, "size": size, "status": "error",
+                         "reason": f"{type(e).__name__}: {e}"}
+                traceback.print_exc(file=sys.stderr)
+            doc["points"].append(point)
+            if backend.rank == 0:
+                _write_partial(args.partial, doc)
+    if backend.rank == 0:
+        sys.stdout.write("\n" + json.dumps(doc) + "\n")
+        sys.stdout.flush()
+    return doc

@@ -1,0 +1,46 @@
+"""Collective algorithms over a Transport, one family per file (as Gloo lays them out).
+
+`direct` moves each rank's whole buffer to every peer in one hop: latency-optimal for small
+messages. `ring` pipelines pieces around the ring: bandwidth-optimal for large ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fastcoll.transport.base import Transport, data_header
+
+
+@dataclass
+class Call:
+    """One collective as the service thread runs it: who, which one, and until when."""
+
+    t: Transport
+    seq: int
+    sig: str
+    deadline: float
+    sent: int = 0  # messages sent to the ring's right neighbour so far
+    received: int = 0  # messages received from the left one
+
+    def send(self, peer: int, chunk: int, payload: np.ndarray | None) -> None:
+        """Send `payload` (a contiguous array or None) as message `chunk` of this collective."""
+        mv = None if payload is None else memoryview(payload).cast("B")
+        self.t.send(peer, data_header(self.seq, self.sig, chunk, 0 if mv is None else mv.nbytes), mv)
+
+    def recv(self, peer: int, chunk: int, out: np.ndarray | None) -> None:
+        """Receive message `chunk` of this collective from `peer` into `out`."""
+        mv = None if out is None else memoryview(out).cast("B")
+        self.t.recv(peer, self.seq, self.sig, chunk, mv, self.deadline)
+
+
+def blocks(n_items: int, parts: int) -> list[tuple[int, int]]:
+    """Split range(n_items) into `parts` contiguous blocks whose sizes differ by at most one."""
+    base, extra = divmod(n_items, parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + base + (1 if i < extra else 0)
+        out.append((start, end))
+        start = end
+    return out

@@ -1,0 +1,81 @@
+"""Direct exchange: one hop from every rank to every other. Latency-optimal for small messages.
+
+Reductions combine the ranks' contributions in rank order on every rank, so every rank gets the
+same bits.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from fastcoll.algorithms import Call
+
+Reduce = Callable[[np.ndarray, np.ndarray], None]
+
+
+def _peers(call: Call) -> list[int]:
+    return [p for p in range(call.t.size) if p != call.t.rank]
+
+
+def all_reduce(call: Call, buf: np.ndarray, reduce: Reduce) -> None:
+    """buf (flat, this rank's contribution) becomes the reduction over all ranks."""
+    n, r = call.t.size, call.t.rank
+    for p in _peers(call):
+        call.send(p, 0, buf)
+    parts = np.empty((n,) + buf.shape, dtype=buf.dtype)
+    for p in _peers(call):
+        call.recv(p, 0, parts[p])
+    call.t.flush()
+    parts[r] = buf
+    buf[...] = parts[0]
+    for p in range(1, n):
+        reduce(buf, parts[p])
+
+
+def all_gather(call: Call, out: np.ndarray, bounds: list[tuple[int, int]]) -> None:
+    """out (flat) holds this rank's block at bounds[rank]; fill in everyone else's."""
+    a, b = bounds[call.t.rank]
+    for p in _peers(call):
+        call.send(p, 0, out[a:b])
+    for p in _peers(call):
+        pa, pb = bounds[p]
+        call.recv(p, 0, out[pa:pb])
+    call.t.flush()
+
+
+def reduce_scatter(call: Call, buf: np.ndarray, bounds: list[tuple[int, int]], reduce: Reduce) -> np.ndarray:
+    """Return this rank's block of the reduction of every rank's `buf` (flat)."""
+    n, r = call.t.size, call.t.rank
+    for p in _peers(call):
+        pa, pb = bounds[p]
+        call.send(p, 0, buf[pa:pb])
+    a, b = bounds[r]
+    parts = np.empty((n, b - a), dtype=buf.dtype)
+    parts[r] = buf[a:b]
+    for p in _peers(call):
+        call.recv(p, 0, parts[p])
+    call.t.flush()
+    out = parts[0].copy()
+    for p in range(1, n):
+        reduce(out, parts[p])
+    return out
+
+
+def broadcast(call: Call, buf: np.ndarray, root: int) -> None:
+    """buf (flat) on every rank becomes root's buf."""
+    if call.t.rank == root:
+        for p in _peers(call):
+            call.send(p, 0, buf)
+        call.t.flush()
+    else:
+        call.recv(root, 0, buf)
+
+
+def barrier(call: Call) -> None:
+    """Return once every rank has entered the barrier."""
+    for p in _peers(call):
+        call.send(p, 0, None)
+    for p in _peers(call):
+        call.recv(p, 0, None)

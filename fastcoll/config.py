@@ -1,0 +1,175 @@
+"""The job's configuration, read once from the environment at `fastcoll.init()`.
+
+The FASTCOLL_* variables are the contract in DESIGN.md. Where they are absent, the ranks that
+other launchers set are understood too, so that jobs started by mpirun, srun or mlx.launch work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+DEFAULT_PORT = 29517
+DEFAULT_TIMEOUT = 60.0
+DEFAULT_FENCE_MAX_ITERS = 50_000_000
+DEFAULT_GATE_MAX_BYTES = 64 * 1024
+
+# (rank variable, size variable, local rank variable, launcher name), in order of preference.
+_LAUNCHER_RANKS = (
+    ("FASTCOLL_RANK", "FASTCOLL_WORLD_SIZE", "FASTCOLL_LOCAL_RANK", "fastcoll"),
+    ("MLX_RANK", "MLX_WORLD_SIZE", None, "mlx.launch"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "Open MPI"),
+    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPICH/PMI"),
+    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "Slurm"),
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything `init()` needs to know about the job; immutable once read."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    coordinator: tuple[str, int] | None = None
+    token: bytes = b""
+    transport: str = "tcp"
+    timeout: float = DEFAULT_TIMEOUT
+    interface: str | None = None
+    connections: int = 1
+    fast_sync: bool = False
+    fence_max_iters: int = DEFAULT_FENCE_MAX_ITERS
+    gate_max_bytes: int = DEFAULT_GATE_MAX_BYTES
+    gate_profile: bool = False
+    trace: str | None = None
+    launcher: str = "none"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Config":
+        """Read the configuration from `env` (default: os.environ); bad values raise ValueError."""
+        env = os.environ if env is None else env
+        rank, size, local_rank, launcher = _ranks(env)
+        coordinator = None
+        if size > 1:
+            coordinator = _coordinator(env, launcher)
+        transport = env.get("FASTCOLL_TRANSPORT", "tcp").strip().lower() or "tcp"
+        if transport not in ("tcp", "zmq"):
+            raise ValueError(f"FASTCOLL_TRANSPORT must be 'tcp' or 'zmq', not {transport!r}")
+        return cls(
+            rank=rank,
+            world_size=size,
+            local_rank=local_rank,
+            coordinator=coordinator,
+            token=env.get("FASTCOLL_TOKEN", "").encode(),
+            transport=transport,
+            timeout=_number(env, "FASTCOLL_TIMEOUT", DEFAULT_TIMEOUT, float, minimum=0.001),
+            interface=env.get("FASTCOLL_INTERFACE") or None,
+            connections=_number(env, "FASTCOLL_CONNECTIONS", 1, int, minimum=1),
+            fast_sync=_flag(env, "FASTCOLL_FAST_SYNC"),
+            fence_max_iters=_number(
+                env, "FASTCOLL_FENCE_MAX_ITERS", DEFAULT_FENCE_MAX_ITERS, int, minimum=1
+            ),
+            gate_max_bytes=_number(
+                env, "FASTCOLL_GATE_MAX_BYTES", DEFAULT_GATE_MAX_BYTES, int, minimum=1
+            ),
+            gate_profile=_flag(env, "FASTCOLL_GATE_PROFILE"),
+            trace=env.get("FASTCOLL_TRACE") or None,
+            launcher=launcher,
+        )
+
+
+def _ranks(env: Mapping[str, str]) -> tuple[int, int, int, str]:
+    for rank_var, size_var, local_var, launcher in _LAUNCHER_RANKS:
+        if rank_var in env or size_var in env:
+            if rank_var not in env or size_var not in env:
+                raise ValueError(f"{rank_var} and {size_var} must be set together")
+            rank = _number(env, rank_var, 0, int, minimum=0)
+            size = _number(env, size_var, 1, int, minimum=1)
+            if rank >= size:
+                raise ValueError(f"{rank_var}={rank} is not below {size_var}={size}")
+            local = _number(env, local_var, 0, int, minimum=0) if local_var else 0
+            return rank, size, local, launcher
+    return 0, 1, 0, "none"
+
+
+def _coordinator(env: Mapping[str, str], launcher: str) -> tuple[str, int]:
+    text = env.get("FASTCOLL_COORDINATOR")
+    if text:
+        return parse_address(text, "FASTCOLL_COORDINATOR")
+    port = _number(env, "FASTCOLL_PORT", DEFAULT_PORT, int, minimum=1)
+    if env.get("MASTER_ADDR"):
+        return env["MASTER_ADDR"], _number(env, "MASTER_PORT", port, int, minimum=1)
+    host = _first_host(env)
+    if host is None:
+        raise ValueError(
+            f"a {launcher} job of several ranks needs FASTCOLL_COORDINATOR=host:port "
+            "(the address where rank 0 listens); none could be derived from the environment"
+        )
+    return host, port
+
+
+def _first_host(env: Mapping[str, str]) -> str | None:
+    """The first host of the job, as mlx.launch, Slurm or a local mpirun describe it."""
+    hostfile = env.get("MLX_HOSTFILE")
+    if hostfile and os.path.exists(hostfile):
+        with open(hostfile) as f:
+            hosts = json.load(f)
+        if hosts and isinstance(hosts[0], dict):
+            ips = hosts[0].get("ips") or []
+            return ips[0] if ips else hosts[0].get("ssh")
+    nodes = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if nodes:
+        return first_slurm_node(nodes)
+    local = env.get("OMPI_COMM_WORLD_LOCAL_SIZE") or env.get("MPI_LOCALNRANKS")
+    size = env.get("OMPI_COMM_WORLD_SIZE") or env.get("PMI_SIZE")
+    if local and size and local == size:
+        return "127.0.0.1"
+    return None
+
+
+def first_slurm_node(nodelist: str) -> str:
+    """'node[03-05,7],gpu1' -> 'node03': the first host of a Slurm node list."""
+    m = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if not m:
+        raise ValueError(f"cannot read the Slurm node list {nodelist!r}")
+    prefix, ranges = m.group(1), m.group(2)
+    if not ranges:
+        return prefix
+    return prefix + ranges.split(",")[0].split("-")[0]
+
+
+def parse_address(text: str, what: str) -> tuple[str, int]:
+    """'host:port' or '[v6]:port' -> (host, port); a clear ValueError names `what` otherwise."""
+    m = re.fullmatch(r"\[([^\]]+)\]:(\d+)|([^:\s]+):(\d+)", text.strip())
+    if not m:
+        raise ValueError(f"{what} must be host:port, not {text!r}")
+    host = m.group(1) or m.group(3)
+    port = int(m.group(2) or m.group(4))
+    if not 0 < port < 65536:
+        raise ValueError(f"{what} has port {port}, outside 1-65535")
+    return host, port
+
+
+def _number(env: Mapping[str, str], name: str, default, kind, minimum=None):
+    text = env.get(name)
+    if text is None or text.strip() == "":
+        return default
+    try:
+        value = kind(text)
+    except ValueError:
+        raise ValueError(f"{name} must be a {kind.__name__}, not {text!r}") from None
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, not {text!r}")
+    return value
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    text = env.get(name, "0").strip().lower()
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    if text in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"{name} must be 0 or 1, not {text!r}")

@@ -1,0 +1,99 @@
+"""Dtypes and reduction ops: what may be reduced, and how, on host buffers.
+
+Buffers on the wire are raw little-endian bytes of the array's own dtype. bfloat16, which numpy
+lacks, travels and is stored as uint16 bits; to reduce it the bits are widened to float32, reduced,
+and rounded back to nearest-even.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+OPS = ("sum", "prod", "min", "max", "mean")
+
+# name -> the numpy dtype that holds it on the host
+_HOST = {
+    "bool": np.dtype(np.bool_),
+    "uint8": np.dtype(np.uint8),
+    "uint16": np.dtype(np.uint16),
+    "uint32": np.dtype(np.uint32),
+    "uint64": np.dtype(np.uint64),
+    "int8": np.dtype(np.int8),
+    "int16": np.dtype(np.int16),
+    "int32": np.dtype(np.int32),
+    "int64": np.dtype(np.int64),
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(np.uint16),
+    "float32": np.dtype(np.float32),
+    "float64": np.dtype(np.float64),
+    "complex64": np.dtype(np.complex64),
+}
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
+
+_UFUNC = {"sum": np.add, "mean": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
+
+
+def names() -> tuple[str, ...]:
+    """Every dtype name fastcoll moves."""
+    return tuple(_HOST)
+
+
+def host_dtype(name: str) -> np.dtype:
+    """The numpy dtype that holds dtype `name` on the host (uint16 bits for bfloat16)."""
+    return _HOST[name]
+
+
+def name_of_numpy(dtype: np.dtype) -> str:
+    """The fastcoll name of a numpy dtype; TypeError for one fastcoll cannot move."""
+    dtype = np.dtype(dtype)
+    name = "bool" if dtype == np.bool_ else dtype.name
+    if name not in _HOST or name == "bfloat16":
+        raise TypeError(f"fastcoll does not support numpy dtype {dtype}")
+    return name
+
+
+def check_reduction(name: str, op: str) -> None:
+    """Raise before any byte moves when `op` is not a reduction of dtype `name`."""
+    if op not in OPS:
+        raise ValueError(f"unknown reduction op {op!r}; expected one of {', '.join(OPS)}")
+    if name == "bool":
+        raise TypeError("bool arrays cannot be reduced; all_gather and broadcast accept them")
+    if name == "complex64" and op in ("min", "max"):
+        raise TypeError(f"complex64 has no order, so op={op!r} is undefined; use sum or mean")
+    if op == "mean" and name not in _FLOATS and name != "complex64":
+        raise TypeError(f"op='mean' needs a floating or complex dtype, not {name}; use sum")
+
+
+def reducer(name: str, op: str) -> Callable[[np.ndarray, np.ndarray], None]:
+    """A function acc_op_in(acc, other) that folds `other` into `acc` in place (same dtype)."""
+    ufunc = _UFUNC[op]
+    if name != "bfloat16":
+        return lambda acc, other: ufunc(acc, other, out=acc)
+
+    def reduce_bf16(acc: np.ndarray, other: np.ndarray) -> None:
+        acc[...] = float32_to_bf16(ufunc(bf16_to_float32(acc), bf16_to_float32(other)))
+
+    return reduce_bf16
+
+
+def finish_mean(name: str, out: np.ndarray, world_size: int) -> None:
+    """Divide a sum by the world size in place, rounding as the dtype does."""
+    if name == "bfloat16":
+        out[...] = float32_to_bf16(bf16_to_float32(out) / np.float32(world_size))
+    else:
+        np.divide(out, out.dtype.type(world_size), out=out)
+
+
+def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
+    """uint16 bfloat16 bits -> float32 values (exact)."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def float32_to_bf16(values: np.ndarray) -> np.ndarray:
+    """float32 values -> uint16 bfloat16 bits, rounded to nearest even; NaN stays NaN."""
+    u = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = (u + (np.uint32(0x7FFF) + ((u >> 16) & 1))) >> 16
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    return np.where(nan, (u >> 16) | 0x40, rounded).astype(np.uint16)

@@ -1,0 +1,39 @@
+"""Which all-reduces take the gate: a rule every rank evaluates alike.
+
+The rule reads only the array's shape and dtype, the op, and the byte threshold fixed at init, so
+ranks that make the same call make the same choice: no rank ever spins on a gate its peer skipped.
+Batch and big reductions keep the host path, as in the seed ("row gates only").
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from fastcoll import dtypes
+
+# The kernels copy bytes, so any fixed-size dtype would do; these are the ones a reduction of a
+# GPU array can have (bool cannot be reduced, float64 and complex64 do not run on every GPU).
+GATE_DTYPES = frozenset(
+    {"float32", "float16", "bfloat16", "int8", "int16", "int32", "int64",
+     "uint8", "uint16", "uint32", "uint64"}
+)
+GATE_OPS = frozenset(dtypes.OPS)
+
+
+def dtype_name(dtype: Any) -> str:
+    """'float32' for mx.float32 (MLX prints dtypes as 'mlx.core.float32')."""
+    return str(dtype).rsplit(".", 1)[-1]
+
+
+def gate_accepts(shape: Sequence[int], name: str, op: str, max_bytes: int) -> bool:
+    """True when an all-reduce of this shape, dtype name and op goes through the gate."""
+    if op not in GATE_OPS or name not in GATE_DTYPES:
+        return False
+    try:
+        dtypes.check_reduction(name, op)
+    except (TypeError, ValueError):
+        return False  # the host path raises the caller's error
+    count = math.prod(int(d) for d in shape)
+    nbytes = count * dtypes.host_dtype(name).itemsize
+    return 0 < nbytes <= max_bytes

@@ -1,0 +1,193 @@
+"""A Group: this rank's place in the job, its transport, its service thread and its state."""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import logging
+import socket
+import threading
+import time
+from typing import Any, Callable
+
+from fastcoll.algorithms import Call
+from fastcoll.config import Config, parse_address
+from fastcoll.errors import FastcollError, MismatchError
+from fastcoll.service import Service, Work
+from fastcoll.transport.base import Transport
+
+log = logging.getLogger("fastcoll")
+
+# Ordinary data messages are cut to at most this many bytes (the ZeroMQ message bound follows).
+MAX_PIECE_BYTES = 4 << 20
+
+
+class Group:
+    """The ranks of a job, as in mx.distributed.Group: `rank()` and `size()`.
+
+    Collectives on a group run on its service thread in call order. After any error (a peer
+    lost, a timeout, a mismatch) the group is broken: every later call raises that error again.
+    """
+
+    def __init__(self, config: Config, transport: Transport | None = None, gate: Any = None):
+        self.config = config
+        self._transport = transport
+        self.gate = gate
+        self._service = Service() if transport is not None else None
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._error: FastcollError | None = None
+        self._closed = False
+
+    def rank(self) -> int:
+        """This process's rank, 0 <= rank < size."""
+        return self.config.rank
+
+    def size(self) -> int:
+        """The number of ranks in the group."""
+        return self.config.world_size
+
+    def __repr__(self) -> str:
+        return f"<fastcoll.Group rank={self.rank()} size={self.size()} transport={self.config.transport}>"
+
+    def check(self) -> None:
+        """Raise the error that broke this group (or a gate's pending error), if any."""
+        if self._closed:
+            raise FastcollError("this group was finalized")
+        if self._error is not None:
+            raise type(self._error)(str(self._error))
+        if self.gate is not None:
+            self.gate.check()
+
+    def run(self, sig: str, body: Callable[[Call], Any], timeout: float | None = None, async_op: bool = False) -> Any:
+        """Run body(call) on the service thread as the next collective; its result or a Work."""
+        self.check()
+        limit = self.config.timeout if timeout is None else float(timeout)
+        if limit <= 0:
+            raise ValueError(f"timeout must be positive, not {timeout!r}")
+        with self._lock:
+            seq = self._seq
+            self._seq += 1
+            job = functools.partial(self._execute, seq, sig, body, limit)
+            # Claiming the run lock while still holding the order lock keeps call order.
+            inline = not async_op and self._service.claim_if_idle()
+            if not inline:
+                work = self._service.submit(job)
+        if inline:
+            try:
+                return job()
+            finally:
+                self._service.release()
+        return work if async_op else work.wait()
+
+    def _execute(self, seq: int, sig: str, body: Callable[[Call], Any], limit: float) -> Any:
+        if self._error is not None:
+            raise type(self._error)(str(self._error))
+        call = Call(self._transport, seq, sig, time.monotonic() + limit)
+        try:
+            return body(call)
+        except FastcollError as e:
+            self._fail(e)
+            raise
+        except (TypeError, ValueError, MemoryError):
+            raise
+        except Exception as e:  # a bug must still break the group on every rank, not hang it
+            err = FastcollError(f"internal error in {sig}: {e!r}")
+            self._fail(err)
+            raise err from e
+
+    def _fail(self, error: FastcollError) -> None:
+        if self._error is None:
+            self._error = error
+            log.error("rank %d: %s: %s", self.rank(), type(error).__name__, error)
+            self._transport.abort(error)
+
+    def finalize(self) -> None:
+        """Finish queued work, tell the peers, and release sockets and threads."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._service is not None:
+            self._service.close(timeout=self.config.timeout)
+        if self.gate is not None:
+            self.gate.close()
+        if self._transport is not None:
+            self._transport.close()
+
+
+def bind_host(config: Config) -> str:
+    """The interface to listen on: FASTCOLL_INTERFACE, else the one that reaches the coordinator.
+
+    Never every interface: a local job listens on loopback only."""
+    if config.interface:
+        return config.interface
+    host, port = config.coordinator
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise ValueError(f"cannot resolve the coordinator host {host!r}: {e}") from None
+    family, _, _, _, addr = infos[0]
+    if ipaddress.ip_address(addr[0]).is_loopback:
+        return addr[0]
+    probe = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        probe.connect(addr)  # no packet is sent: this only asks the routing table
+        return probe.getsockname()[0]
+    finally:
+        probe.close()
+
+
+def connect_group(config: Config, gate: Any = None) -> Group:
+    """Rendezvous with every rank and connect the transport the job asked for."""
+    from fastcoll.transport import rendezvous as rdv
+
+    deadline = time.monotonic() + config.timeout
+    host = bind_host(config)
+    caps = {"transport": config.transport, "gate": gate is not None}
+    if config.transport == "zmq":
+        from fastcoll.transport.zmq import ZmqListener, ZmqTransport
+
+        zl = ZmqListener(host, config.token, MAX_PIECE_BYTES + 64 * 1024)
+        try:
+            table = rdv.rendezvous(config, zl.address, caps, deadline)
+            _agree(config, table.caps)
+            transport: Transport = ZmqTransport(
+                config.rank, config.world_size, zl, table.addresses, config.timeout, deadline
+            )
+        except BaseException:
+            zl.close()
+            raise
+    else:
+        from fastcoll.transport.listen import AuthListener
+        from fastcoll.transport.tcp import TcpTransport
+
+        listener = AuthListener(host, 0, config.token)
+        try:
+            lhost, lport = listener.address
+            table = rdv.rendezvous(config, f"{lhost}:{lport}", caps, deadline)
+            _agree(config, table.caps)
+            socks = {}
+            try:
+                for p in range(config.rank):
+                    phost, pport = parse_address(table.addresses[p], f"rank {p}'s address")
+                    socks[p] = rdv.connect(phost, pport, config.token, config.rank, deadline, f"rank {p}")
+                socks.update(listener.accept(set(range(config.rank + 1, config.world_size)), deadline))
+            except BaseException:
+                for s in socks.values():
+                    s.close()
+                raise
+        finally:
+            listener.close()
+        transport = TcpTransport(config.rank, config.world_size, socks, config.timeout)
+    if gate is not None and not all(c.get("gate") for c in table.caps):
+        log.info("the fence gate is off: not every rank can run it")
+        gate.close()
+        gate = None
+    return Group(config, transport, gate)
+
+
+def _agree(config: Config, caps: list[dict]) -> None:
+    kinds = {c.get("transport") for c in caps}
+    if len(kinds) > 1:
+        which = {r: c.get("transport") for r, c in enumerate(caps)}
+        raise MismatchError(f"ranks disagree on FASTCOLL_TRANSPORT: {which}")

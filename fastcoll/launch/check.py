@@ -1,0 +1,145 @@
+"""`fastcoll-launch --check`: can a job run on these hosts? Answer before starting one.
+
+For every host: ssh answers without a prompt; its Python (major.minor) and fastcoll version match
+the launcher's; each listed address is the host's own; and every host can open a TCP connection
+to every other host's listed addresses (each host's agent listens, the others connect and must
+be greeted by the right host). Prints a table; the exit code is 1 on any failure.
+"""
+
+from __future__ import annotations
+
+import platform
+import secrets
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Sequence, TextIO
+
+import fastcoll
+from fastcoll.launch.hostfile import Host, HostList, is_local_host
+from fastcoll.launch.remote import AgentSession, agent_command, explain_ssh_failure
+
+CONNECT_TIMEOUT = 5.0
+
+
+@dataclass
+class HostCheck:
+    """What the check learnt about one host."""
+
+    host: Host
+    session: AgentSession | None = None
+    hello: dict | None = None
+    problems: list[str] = field(default_factory=list)
+    routes: list[tuple[str, str, int, bool, str]] = field(default_factory=list)
+
+
+def run_check(
+    hosts: HostList,
+    *,
+    ssh: list[str] | None,
+    python: str,
+    cwd: str,
+    out: TextIO = sys.stdout,
+    timeout: float = 30.0,
+) -> int:
+    """Check every host, print the table to `out`, and return 0 if all is well, else 1."""
+    unique: dict[str, Host] = {}
+    for h in hosts.hosts:
+        unique.setdefault(h.name, h)
+    checks = [HostCheck(h) for h in unique.values()]
+    marker = f"\x1efastcoll-check:{secrets.token_hex(8)}:"
+    ids = {c.host.name: secrets.token_hex(8) for c in checks}
+    try:
+        for c in checks:
+            where = None if is_local_host(c.host.name) else c.host.name
+            request = {
+                "mode": "check",
+                "marker": marker,
+                "id": ids[c.host.name],
+                "addresses": list(c.host.ips),
+                "cwd": cwd,
+            }
+            c.session = AgentSession(agent_command(ssh, where, python, "check"), request, marker)
+        deadline = time.monotonic() + timeout
+        for c in checks:
+            _hello(c, deadline, python)
+        alive = [c for c in checks if c.hello is not None]
+        for c in alive:
+            targets = [
+                {"host": o.host.name, "addr": addr, "port": o.hello["port"], "id": ids[o.host.name]}
+                for o in alive
+                if o is not c
+                for addr in (o.host.ips or (o.host.address,))
+            ]
+            if targets and c.session is not None:
+                c.session.send({"connect": targets, "timeout": CONNECT_TIMEOUT})
+                c.routes = [(t["host"], t["addr"], t["port"], False, "") for t in targets]
+        for c in alive:
+            if c.routes and c.session is not None:
+                reply = c.session.reply(max(1.0, deadline - time.monotonic()) + CONNECT_TIMEOUT)
+                results = (reply or {}).get("results") or []
+                c.routes = [
+                    (h, a, p, bool(r.get("ok")), r.get("error", "")) if r else (h, a, p, False, "no answer")
+                    for (h, a, p, _, _), r in zip(c.routes, results + [None] * len(c.routes))
+                ]
+    finally:
+        for c in checks:
+            if c.session is not None:
+                c.session.close()
+    return _report(checks, out)
+
+
+def _hello(c: HostCheck, deadline: float, python: str) -> None:
+    assert c.session is not None
+    reply = c.session.reply(max(0.1, deadline - time.monotonic()))
+    if reply is None or "hello" not in reply:
+        code = c.session.close(wait=1.0)
+        c.problems.append(explain_ssh_failure(c.host.name, code, c.session.stderr, python))
+        return
+    c.hello = reply["hello"]
+    mine = platform.python_version()
+    theirs = str(c.hello.get("python", "?"))
+    if theirs.split(".")[:2] != mine.split(".")[:2]:
+        c.problems.append(f"Python {theirs} here, {mine} on the launcher")
+    if c.hello.get("fastcoll") != fastcoll.__version__:
+        c.problems.append(
+            f"fastcoll {c.hello.get('fastcoll')} here, {fastcoll.__version__} on the launcher"
+        )
+    for addr, err in (c.hello.get("bind_errors") or {}).items():
+        c.problems.append(f"listed address {addr} is not this host's ({err})")
+
+
+def _report(checks: Sequence[HostCheck], out: TextIO) -> int:
+    rows = [("HOST", "SSH", "PYTHON", "FASTCOLL", "MLX", "STATUS")]
+    rows.append(("(launcher)", "-", platform.python_version(), fastcoll.__version__, "-", ""))
+    failed = False
+    for c in checks:
+        h = c.hello or {}
+        bad_routes = [r for r in c.routes if not r[3]]
+        status = "ok" if not c.problems and not bad_routes else "FAIL"
+        failed |= status != "ok"
+        detail = "; ".join(c.problems)
+        rows.append((
+            c.host.name,
+            "local" if is_local_host(c.host.name) else ("ok" if c.hello else "FAIL"),
+            str(h.get("python", "-")),
+            _short(str(h.get("fastcoll", "-"))),
+            str(h.get("mlx", "-")),
+            status + (f": {detail}" if detail else ""),
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    for r in rows:
+        out.write("  ".join(v.ljust(w) for v, w in zip(r, widths)) + "  " + r[5] + "\n")
+    routes = [(c.host.name, r) for c in checks for r in c.routes]
+    if routes:
+        out.write("\nREACHABILITY (from -> to address:port)\n")
+        for src, (dst, addr, port, ok, err) in routes:
+            verdict = "ok" if ok else f"FAIL: {err}"
+            out.write(f"{src} -> {dst} {addr}:{port}  {verdict}\n")
+    out.write("\nall hosts ok\n" if not failed else "\nsome hosts FAILED the check\n")
+    out.flush()
+    return 1 if failed else 0
+
+
+def _short(text: str, width: int = 40) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."

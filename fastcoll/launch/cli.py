@@ -1,0 +1,175 @@
+"""The `fastcoll-launch` command: options, then plan, start and supervise the job.
+
+    fastcoll-launch -n 4 python train.py --lr 3e-4
+    fastcoll-launch --hosts mac1,mac2:2 python train.py
+    fastcoll-launch --hostfile hosts.json --log-dir logs python -m mypkg.train
+    fastcoll-launch --check --hostfile hosts.json
+
+Everything from the program name on is the program's, untouched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import secrets
+import shlex
+import sys
+from typing import Callable, Sequence
+
+import fastcoll
+from fastcoll.launch.check import run_check
+from fastcoll.launch.hostfile import HostfileError, HostList, parse_hosts_arg, read_hostfile
+from fastcoll.launch.job import JobPlan, PlanError, RankPlan, plan_job
+from fastcoll.launch.output import OutputMux
+from fastcoll.launch.procs import LocalRank, RankProcess, RemoteRank
+from fastcoll.launch.remote import RemoteError, remote_free_port
+from fastcoll.launch.supervise import Supervisor
+
+log = logging.getLogger("fastcoll.launch")
+
+USAGE_ERROR = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line options (also what `--help` prints)."""
+    p = argparse.ArgumentParser(
+        prog="fastcoll-launch",
+        usage="fastcoll-launch [options] PROGRAM [ARGS...]\n"
+        "       fastcoll-launch --check (--hostfile FILE | --hosts LIST)",
+        description="Start a fastcoll job on this machine or on several hosts over ssh, "
+        "the way mpirun does. Every rank gets FASTCOLL_RANK, FASTCOLL_WORLD_SIZE, "
+        "FASTCOLL_LOCAL_RANK, FASTCOLL_COORDINATOR, FASTCOLL_TOKEN and FASTCOLL_INTERFACE.",
+        epilog="A bare `python`/`python3` or a `script.py` runs with the launcher's Python (or "
+        "--python) on every host. Stopping: the first rank to fail (or SIGINT/SIGTERM to the "
+        "launcher, or --timeout) stops every rank: the signal, then SIGKILL after --grace.",
+    )
+    where = p.add_argument_group("where the ranks run")
+    where.add_argument("-n", "-np", "--np", dest="nprocs", type=int, metavar="N",
+                       help="number of ranks (default: 1 here, or every slot of the hosts)")
+    where.add_argument("--hosts", metavar="LIST",
+                       help="comma-separated hosts, host:N for N ranks: mac1,mac2:2")
+    where.add_argument("--hostfile", metavar="FILE",
+                       help="mpirun-style (host slots=N) or MLX JSON hostfile")
+    where.add_argument("--ssh", metavar="CMD", default="ssh",
+                       help="ssh command and its options, e.g. 'ssh -F cluster.conf' (default: ssh)")
+    where.add_argument("--python", metavar="PATH",
+                       help="Python interpreter on every host (default: the launcher's, "
+                       f"{sys.executable})")
+    where.add_argument("--cwd", metavar="DIR",
+                       help="working directory of every rank (default: the launcher's)")
+    env = p.add_argument_group("environment")
+    env.add_argument("--env", "-x", action="append", default=[], metavar="KEY[=VALUE]",
+                     help="set KEY=VALUE for every rank, or pass the launcher's KEY (repeatable)")
+    env.add_argument("--interface", metavar="ADDR",
+                     help="FASTCOLL_INTERFACE for every rank (default: each host's address in "
+                     "the job: its first listed ip, its name, or 127.0.0.1 for a local job)")
+    env.add_argument("--coordinator", metavar="HOST[:PORT]",
+                     help="where rank 0 listens (default: the first host, a free port)")
+    out = p.add_argument_group("output")
+    out.add_argument("--tag-output", action=argparse.BooleanOptionalAction, default=True,
+                     help="prefix every line with [rank] (default: on)")
+    out.add_argument("--log-dir", metavar="DIR",
+                     help="also write each rank's output to DIR/rank.N.log")
+    out.add_argument("-v", "--verbose", action="store_true",
+                     help="print the launcher's diagnostics")
+    ctl = p.add_argument_group("stopping")
+    ctl.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
+                     help="seconds between SIGTERM and SIGKILL when stopping ranks (default: 5)")
+    ctl.add_argument("--timeout", type=float, metavar="SECONDS",
+                     help="stop the job after this many seconds (exit code 124)")
+    p.add_argument("--check", action="store_true",
+                   help="check the hosts (ssh, Python and fastcoll versions, reachability) "
+                   "and exit; runs no program")
+    p.add_argument("--version", action="version", version=f"fastcoll {fastcoll.__version__}")
+    p.add_argument("program", nargs=argparse.REMAINDER, metavar="PROGRAM [ARGS...]",
+                   help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `fastcoll-launch`; returns (and, as a script, exits with) the job's code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    program = list(args.program)
+    if program[:1] == ["--"]:
+        program = program[1:]
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="fastcoll-launch: %(message)s",
+    )
+    if args.grace < 0 or (args.timeout is not None and args.timeout <= 0):
+        parser.error("--grace must be >= 0 and --timeout > 0")
+    if args.hosts and args.hostfile:
+        parser.error("give --hosts or --hostfile, not both")
+    ssh = shlex.split(args.ssh)
+    python = args.python or sys.executable
+    cwd = os.path.abspath(args.cwd) if args.cwd else os.getcwd()
+    try:
+        hosts = _hosts(args)
+    except HostfileError as e:
+        parser.exit(USAGE_ERROR, f"fastcoll-launch: {e}\n")
+    if args.check:
+        if hosts is None:
+            parser.error("--check needs --hostfile or --hosts")
+        return run_check(hosts, ssh=ssh, python=python, cwd=cwd)
+    if not program:
+        parser.error("no program to run: fastcoll-launch [options] PROGRAM [ARGS...]")
+    try:
+        plan = plan_job(
+            hosts,
+            program,
+            nprocs=args.nprocs,
+            env_items=args.env,
+            interface=args.interface,
+            coordinator=args.coordinator,
+            cwd=cwd,
+            python=python,
+            remote_port=lambda h: remote_free_port(ssh, h.name, python),
+        )
+    except (PlanError, RemoteError, ValueError) as e:
+        parser.exit(USAGE_ERROR if isinstance(e, PlanError) else 255, f"fastcoll-launch: {e}\n")
+    log.debug("job of %d rank(s), coordinator %s", plan.size, plan.coordinator)
+    return run_job(plan, ssh=ssh, tag=args.tag_output, log_dir=args.log_dir,
+                   grace=args.grace, timeout=args.timeout)
+
+
+def run_job(
+    plan: JobPlan,
+    *,
+    ssh: list[str] | None = None,
+    tag: bool = True,
+    log_dir: str | None = None,
+    grace: float = 5.0,
+    timeout: float | None = None,
+) -> int:
+    """Start every rank of `plan`, supervise the job, and return its exit code."""
+    mux = OutputMux(sys.stdout.buffer, sys.stderr.buffer, tag=tag, log_dir=log_dir)
+    job_id = secrets.token_hex(4)
+    environ = dict(os.environ)
+
+    def starter(r: RankPlan) -> Callable[[], RankProcess]:
+        if r.local:
+            return lambda: LocalRank(r, plan.cwd, mux, environ)
+        return lambda: RemoteRank(r, plan.cwd, mux, ssh=ssh, python=plan.python,
+                                  grace=grace, job_id=job_id)
+
+    supervisor = Supervisor(mux, grace=grace, timeout=timeout)
+    try:
+        with supervisor.forwarding_signals():
+            return supervisor.run([starter(r) for r in plan.ranks])
+    finally:
+        mux.close()
+
+
+def _hosts(args: argparse.Namespace) -> HostList | None:
+    if args.hostfile:
+        return read_hostfile(args.hostfile)
+    if args.hosts:
+        return parse_hosts_arg(args.hosts)
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""A job's plan: which rank runs where, with which command and environment.
+
+Nothing here starts a process; `plan_job` is a pure function of the options, so the placement
+rules can be tested without launching anything.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import socket
+import sys
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+from fastcoll.config import parse_address
+from fastcoll.launch.hostfile import Host, HostList, is_local_host, is_loopback
+
+LOOPBACK = "127.0.0.1"
+# A bare interpreter name on the command line means "the job's Python", as it does for
+# mlx.launch and torchrun: on another host, PATH may find a different one.
+_PYTHON_NAME = re.compile(r"python(\d+(\.\d+)?)?")
+
+
+class PlanError(ValueError):
+    """The options do not describe a job that can run; the message says why."""
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """One rank: where it runs, its argv, and the variables the launcher adds for it."""
+
+    rank: int
+    host: Host
+    local_rank: int
+    local: bool
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """Every rank of a job, the coordinator address, and the job's shared secret."""
+
+    ranks: tuple[RankPlan, ...]
+    coordinator: str
+    token: str
+    cwd: str
+    python: str
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+
+def program_argv(program: Sequence[str], python: str) -> tuple[str, ...]:
+    """The argv a rank runs: `python`/`python3` become the job's interpreter, and a bare
+    `script.py` is run with it; anything else (a path, another program) runs as written."""
+    if not program:
+        raise PlanError("no program to run: fastcoll-launch [options] PROGRAM [ARGS...]")
+    first = program[0]
+    if "/" not in first and _PYTHON_NAME.fullmatch(first):
+        return (python, *program[1:])
+    if first.endswith(".py"):
+        return (python, *program)
+    return tuple(program)
+
+
+def parse_env_items(items: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """`KEY=VALUE` sets a variable; a bare `KEY` passes on the launcher's value (mpirun -x)."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise PlanError(f"--env {item!r}: {key!r} is not a variable name")
+        if not eq:
+            if key not in environ:
+                raise PlanError(f"--env {key}: {key} is not set in the launcher's environment")
+            value = environ[key]
+        out[key] = value
+    return out
+
+
+def free_local_port(host: str = LOOPBACK) -> int:
+    """A port that is free on `host` right now (bind port 0 and let the kernel choose)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def plan_job(
+    hosts: HostList | None,
+    program: Sequence[str],
+    *,
+    nprocs: int | None = None,
+    env_items: Sequence[str] = (),
+    interface: str | None = None,
+    coordinator: str | None = None,
+    cwd: str | None = None,
+    python: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    remote_port: Callable[[Host], int] | None = None,
+) -> JobPlan:
+    """Place the ranks and build each one's environment.
+
+    Ranks fill the hosts in order, each host up to its slots (mpirun's --map-by slot). With no
+    hosts, `nprocs` ranks run here. `remote_port(host)` asks a remote first host for a free
+    coordinator port; local ones are bind-tested here.
+    """
+    environ = os.environ if environ is None else environ
+    python = python or sys.executable
+    cwd = cwd or os.getcwd()
+    if hosts is None:
+        n = 1 if nprocs is None else nprocs
+        hosts = HostList((Host("localhost", n),))
+    if nprocs is not None and nprocs < 1:
+        raise PlanError(f"-n must be at least 1, not {nprocs}")
+    n = hosts.slots if nprocs is None else nprocs
+    if n > hosts.slots:
+        raise PlanError(
+            f"-n {n} asks for more ranks than the hosts have slots ({hosts.slots}); "
+            "add slots (host slots=N, or host:N) or lower -n"
+        )
+    argv = program_argv(program, python)
+    extra = parse_env_items(list(hosts.envs) + list(env_items), environ)
+
+    placement: list[tuple[Host, int]] = []
+    per_host: dict[str, int] = {}
+    for host in hosts.hosts:
+        for _ in range(host.slots):
+            if len(placement) == n:
+                break
+            key = host.name.lower()
+            placement.append((host, per_host.get(key, 0)))
+            per_host[key] = per_host.get(key, 0) + 1
+    all_local = all(is_local_host(h.name) for h, _ in placement)
+
+    if coordinator is None or not _has_port(coordinator):
+        coordinator = _with_port(coordinator, placement[0][0], all_local, remote_port)
+    token = secrets.token_hex(32)
+
+    ranks = []
+    for rank, (host, local_rank) in enumerate(placement):
+        local = is_local_host(host.name)
+        own = interface or (LOOPBACK if all_local else host.address)
+        if not all_local and not interface:
+            _refuse_loopback_name(host, own)
+        env = {"PYTHONUNBUFFERED": "1"}  # live output; --env PYTHONUNBUFFERED= turns it off
+        env.update(extra)
+        env.update(
+            FASTCOLL_RANK=str(rank),
+            FASTCOLL_WORLD_SIZE=str(n),
+            FASTCOLL_LOCAL_RANK=str(local_rank),
+            FASTCOLL_COORDINATOR=coordinator,
+            FASTCOLL_TOKEN=token,
+            FASTCOLL_INTERFACE=own,
+        )
+        ranks.append(RankPlan(rank, host, local_rank, local, argv, env))
+    return JobPlan(tuple(ranks), coordinator, token, cwd, python)
+
+
+def _has_port(address: str) -> bool:
+    try:
+        parse_address(address, "--coordinator")
+    except ValueError:
+        return False
+    return True
+
+
+def _with_port(
+    address: str | None, first: Host, all_local: bool, remote_port: Callable[[Host], int] | None
+) -> str:
+    """host:port where rank 0 will listen: `address` or the first host as the job names it."""
+    if all_local:
+        address = address or LOOPBACK
+        port = free_local_port(LOOPBACK if is_loopback(address) else "")
+    else:
+        if address is None:
+            address = first.address
+            _refuse_loopback_name(first, address)
+        if is_local_host(first.name):
+            port = free_local_port("")
+        elif remote_port is None:
+            raise PlanError("the first host is remote and no way to ask it for a port was given")
+        else:
+            port = remote_port(first)
+    host = address.strip("[]")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _refuse_loopback_name(host: Host, address: str) -> None:
+    """In a job across hosts, `localhost` as a host's only name cannot be reached by the others.
+
+    Listed ips are the user's word and are trusted (a test may well run every "host" here).
+    """
+    if is_loopback(address) and not host.ips:
+        raise PlanError(
+            f"host {host.name!r} is named by a loopback address, which the other hosts cannot "
+            "reach; name it by an address they can, or list its ips in a hostfile"
+        )

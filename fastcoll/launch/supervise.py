@@ -1,0 +1,146 @@
+"""Run a job to its end: watch the ranks, stop them all on the first failure, a signal or the
+timeout, and say why the job ended.
+
+Stopping is two-step, as mpirun and torchrun do it: a signal (SIGTERM, or the one the launcher
+got) to every rank's process group, then SIGKILL for whatever is still alive after the grace
+period. A second Ctrl-C skips the grace period.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+from fastcoll.launch.output import OutputMux
+from fastcoll.launch.procs import RankProcess, StartError
+
+log = logging.getLogger("fastcoll.launch")
+
+TIMEOUT_EXIT = 124  # as timeout(1)
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclass
+class _Stop:
+    """Why the job is being stopped, and the exit code that follows from it."""
+
+    code: int
+    signal: int
+    started_at: float
+
+
+class Supervisor:
+    """Starts the ranks, then polls them until every one has ended."""
+
+    def __init__(
+        self,
+        mux: OutputMux,
+        *,
+        grace: float = 5.0,
+        timeout: float | None = None,
+        poll_interval: float = 0.05,
+    ) -> None:
+        self._mux = mux
+        self._grace = grace
+        self._timeout = timeout
+        self._poll = poll_interval
+        self._signals: list[int] = []
+
+    def on_signal(self, signum: int, frame: object = None) -> None:
+        """Signal handler: only records the signal; the polling loop acts on it."""
+        self._signals.append(signum)
+
+    @contextmanager
+    def forwarding_signals(self) -> Iterator[None]:
+        """Route SIGINT, SIGTERM and SIGHUP to the ranks while the job runs (main thread only)."""
+        previous = {s: signal.signal(s, self.on_signal) for s in FORWARDED}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def run(self, starters: Sequence[Callable[[], RankProcess]]) -> int:
+        """Start every rank, wait for the job to end, and return the launcher's exit code."""
+        procs: list[RankProcess] = []
+        codes: dict[int, int] = {}
+        stop: _Stop | None = None
+        began = time.monotonic()
+        for start in starters:
+            if self._signals:
+                break  # Ctrl-C while starting: start no more, stop those started
+            try:
+                procs.append(start())
+            except StartError as e:
+                self._mux.message(f"{e}; stopping the job")
+                stop = self._begin_stop(procs, codes, e.code, signal.SIGTERM)
+                break
+        killed = forced = False
+        while True:
+            for p in procs:
+                if p.rank in codes:
+                    continue
+                code = p.poll()
+                if code is None:
+                    continue
+                codes[p.rank] = code
+                log.debug("rank %d ended: %d", p.rank, code)
+                if code != 0 and stop is None:
+                    others = len(procs) - len(codes)
+                    self._mux.message(
+                        f"rank {p.rank} (host {p.host}) {p.describe(code)}"
+                        + (f"; stopping the other {others} rank(s)" if others else "")
+                    )
+                    stop = self._begin_stop(procs, codes, code, signal.SIGTERM)
+            if len(codes) == len(procs):
+                break
+            now = time.monotonic()
+            while self._signals:
+                sig = self._signals.pop(0)
+                name = signal.Signals(sig).name
+                if stop is None:
+                    self._mux.message(f"received {name}; stopping all ranks")
+                    stop = self._begin_stop(procs, codes, 128 + sig, sig)
+                elif not killed:
+                    self._mux.message(f"received {name} again; killing all ranks now")
+                    stop.started_at = now - self._grace
+            if stop is None and self._timeout is not None and now - began > self._timeout:
+                self._mux.message(
+                    f"the job ran past --timeout {self._timeout:g} s; stopping all ranks"
+                )
+                stop = self._begin_stop(procs, codes, TIMEOUT_EXIT, signal.SIGTERM)
+            if stop is not None and not killed and now - stop.started_at >= self._grace:
+                left = [p.rank for p in procs if p.rank not in codes]
+                log.debug("grace period over; SIGKILL to ranks %s", left)
+                for p in procs:
+                    if p.rank not in codes:
+                        p.kill()
+                killed = True
+            if killed and not forced and now - stop.started_at >= self._grace + 5.0:
+                for p in procs:
+                    if p.rank not in codes:
+                        p.force()
+                forced = True
+            time.sleep(self._poll)
+        for p in procs:
+            p.cleanup()
+        return self._summary(procs, codes, stop)
+
+    def _begin_stop(
+        self, procs: list[RankProcess], codes: dict[int, int], code: int, sig: int
+    ) -> _Stop:
+        for p in procs:
+            if p.rank not in codes:
+                p.signal(sig)
+        return _Stop(code, sig, time.monotonic())
+
+    @staticmethod
+    def _summary(procs: list[RankProcess], codes: dict[int, int], stop: _Stop | None) -> int:
+        if stop is None:
+            return 0
+        log.debug("exit codes by rank: %s", dict(sorted(codes.items())))
+        return stop.code

@@ -1,0 +1,1 @@
+"""Transports (TCP, ZeroMQ), the rendezvous and authentication."""

@@ -1,0 +1,106 @@
+"""The interface every transport gives the algorithms, and the checks they all share.
+
+A transport connects this rank to every peer. `send` hands a message over (possibly finishing in
+the background: the payload must stay unchanged until `flush`), `recv` waits for the next message
+from one peer, checks that its header is the one this rank expects, and reads the payload into
+a buffer the caller sized. While waiting on one peer it watches all of them, so an abort or a
+closed connection anywhere ends the wait at once.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+
+from fastcoll import errors
+from fastcoll.errors import FastcollError, MismatchError
+from fastcoll.wire import ABORT, DATA, Header
+
+log = logging.getLogger("fastcoll.transport")
+
+_ERRORS = {
+    cls.__name__: cls
+    for cls in (
+        errors.PeerLostError,
+        errors.CollectiveTimeoutError,
+        errors.MismatchError,
+        errors.AuthenticationError,
+        errors.FastcollError,
+    )
+}
+
+
+def describe(seq: int, sig: str) -> str:
+    """'all_reduce(sum, float32, (4,)) as collective #3' for error messages."""
+    return f"{sig} as collective #{seq}"
+
+
+class Transport(abc.ABC):
+    """Messages between this rank and each of its peers."""
+
+    def __init__(self, rank: int, size: int):
+        self.rank = rank
+        self.size = size
+
+    @abc.abstractmethod
+    def send(self, peer: int, header: Header, payload: memoryview | None) -> None:
+        """Queue a message to `peer`; the payload must not change until `flush()` returns."""
+
+    @abc.abstractmethod
+    def flush(self) -> None:
+        """Wait until every queued send has left this rank's buffers."""
+
+    @abc.abstractmethod
+    def _next_header(self, peer: int, deadline: float) -> Header:
+        """The next header from `peer`, watching every peer for aborts and closes meanwhile."""
+
+    @abc.abstractmethod
+    def _read_payload(self, peer: int, out: memoryview) -> None:
+        """The payload that follows the header just taken from `peer`, into `out`."""
+
+    @abc.abstractmethod
+    def _send_abort(self, header: Header) -> None:
+        """Best effort: tell every peer this rank gave up, then stop sending."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release every socket."""
+
+    def recv(self, peer: int, seq: int, sig: str, chunk: int, out: memoryview | None, deadline: float) -> None:
+        """Receive message (seq, sig, chunk) from `peer` into `out`; MismatchError if it is another."""
+        h = self._next_header(peer, deadline)
+        nbytes = 0 if out is None else out.nbytes
+        if h.seq != seq or h.sig != sig:
+            raise MismatchError(
+                f"rank {self.rank} called {describe(seq, sig)} but rank {peer} called {describe(h.seq, h.sig)}"
+            )
+        if h.chunk != chunk or h.nbytes != nbytes:
+            raise MismatchError(
+                f"rank {self.rank} expected chunk {chunk} of {nbytes} bytes of {describe(seq, sig)} "
+                f"from rank {peer}, which sent chunk {h.chunk} of {h.nbytes} bytes"
+            )
+        if nbytes:
+            self._read_payload(peer, out)
+
+    def abort(self, error: FastcollError) -> None:
+        """Tell every peer why this rank stopped, so that they raise the same kind of error."""
+        try:
+            note = f"rank {self.rank}: {type(error).__name__}: {error}"
+            self._send_abort(Header(ABORT, -1, note[:2000], 0, 0))
+        except Exception as e:  # the peers may be gone already; nothing more to do
+            log.debug("abort notice not delivered: %s", e)
+
+
+
+def abort_error(header: Header) -> FastcollError:
+    """The error an ABORT header reports: 'rank 1: <Class>: text' keeps its class."""
+    message = header.sig
+    _, _, rest = message.partition(": ")
+    name, sep, _ = rest.partition(": ")
+    cls = _ERRORS.get(name, errors.FastcollError) if sep else errors.FastcollError
+    return cls(message)
+
+
+def data_header(seq: int, sig: str, chunk: int, nbytes: int) -> Header:
+    """The header of an ordinary data message."""
+    return Header(DATA, seq, sig, chunk, nbytes)

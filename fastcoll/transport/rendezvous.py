@@ -1,0 +1,94 @@
+"""Rendezvous: rank 0 listens at the coordinator, every rank reports where it listens, and
+receives the table of everyone's addresses and capabilities."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from dataclasses import dataclass
+
+from fastcoll.config import Config
+from fastcoll.errors import CollectiveTimeoutError, FastcollError, MismatchError
+from fastcoll.transport.auth import client_handshake
+from fastcoll.transport.listen import AuthListener
+from fastcoll.transport.stream import recv_message, remaining, send_message
+
+log = logging.getLogger("fastcoll.rendezvous")
+
+MESSAGE_LIMIT = 1 << 20
+
+
+@dataclass(frozen=True)
+class Table:
+    """What every rank learns at rendezvous: each rank's data address and capabilities."""
+
+    addresses: list[str]
+    caps: list[dict]
+
+
+def connect(host: str, port: int, token: bytes, rank: int, deadline: float, what: str) -> socket.socket:
+    """Connect and authenticate, retrying while the listener is not up yet (ranks start in any order)."""
+    delay = 0.01
+    while True:
+        try:
+            sock = socket.create_connection((host, port), timeout=max(0.05, remaining(deadline)))
+        except OSError as e:
+            if remaining(deadline) <= 0:
+                raise CollectiveTimeoutError(f"could not reach {what} at {host}:{port}: {e}") from None
+            time.sleep(min(delay, remaining(deadline)))
+            delay = min(delay * 2, 0.5)
+            continue
+        try:
+            client_handshake(sock, token, rank, deadline)
+        except BaseException:
+            sock.close()
+            raise
+        sock.settimeout(None)
+        return sock
+
+
+def rendezvous(config: Config, address: str, caps: dict, deadline: float) -> Table:
+    """Exchange data addresses and capabilities with every rank through the coordinator."""
+    host, port = config.coordinator
+    me = {"rank": config.rank, "size": config.world_size, "address": address, "caps": caps}
+    if config.rank != 0:
+        sock = connect(host, port, config.token, config.rank, deadline, "the coordinator (rank 0)")
+        try:
+            send_message(sock, me, MESSAGE_LIMIT)
+            reply = recv_message(sock, MESSAGE_LIMIT, deadline, "the coordinator")
+        finally:
+            sock.close()
+        if not isinstance(reply, dict) or "error" in reply:
+            raise MismatchError(f"rendezvous refused: {reply.get('error') if isinstance(reply, dict) else reply}")
+        return Table(reply["addresses"], reply["caps"])
+
+    listener = AuthListener(host, port, config.token)
+    try:
+        socks = listener.accept(set(range(1, config.world_size)), deadline)
+    finally:
+        listener.close()
+    entries = {0: me}
+    try:
+        for rank, sock in socks.items():
+            info = recv_message(sock, MESSAGE_LIMIT, deadline, f"rank {rank}")
+            if not isinstance(info, dict) or info.get("rank") != rank:
+                raise FastcollError(f"rank {rank} sent a malformed rendezvous message")
+            entries[rank] = info
+        sizes = {r: e.get("size") for r, e in entries.items()}
+        bad = {r: s for r, s in sizes.items() if s != config.world_size}
+        if bad:
+            reply: dict = {"error": f"world sizes disagree: rank 0 has {config.world_size}, others {bad}"}
+        else:
+            reply = {
+                "addresses": [entries[r]["address"] for r in range(config.world_size)],
+                "caps": [entries[r]["caps"] for r in range(config.world_size)],
+            }
+        for sock in socks.values():
+            send_message(sock, reply, MESSAGE_LIMIT)
+    finally:
+        for sock in socks.values():
+            sock.close()
+    if "error" in reply:
+        raise MismatchError(reply["error"])
+    return Table(reply["addresses"], reply["caps"])

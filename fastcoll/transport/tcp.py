@@ -1,0 +1,273 @@
+"""Raw TCP transport: one authenticated socket per peer, TCP_NODELAY, msgpack-framed messages.
+
+Small messages go out inline in one `sendmsg` (header and payload gathered, no copy); large ones
+go to a sender thread so that a rank can send to its right neighbour while it receives from its
+left one (socket calls release the GIL). Receives read into the caller's preallocated buffer; a
+small per-peer buffer only batches headers and small payloads into few system calls.
+"""
+
+from __future__ import annotations
+
+import collections
+import select
+import socket
+import threading
+
+from fastcoll import wire
+from fastcoll.errors import CollectiveTimeoutError, FastcollError, PeerLostError
+from fastcoll.transport.base import Transport, abort_error, log
+from fastcoll.transport.listen import tune
+from fastcoll.transport.stream import remaining
+from fastcoll.wire import ABORT, CLOSE, Header
+
+INLINE_BYTES = 64 * 1024
+READ_BUFFER = 256 * 1024
+
+
+def _lost(peer: int, e: BaseException) -> FastcollError:
+    if isinstance(e, socket.timeout):
+        return CollectiveTimeoutError(f"rank {peer} stopped taking data (send timed out)")
+    return PeerLostError(f"connection to rank {peer} failed: {e}")
+
+
+class _Reader:
+    """Per-peer receive buffer: headers and small payloads arrive in as few recv calls as possible."""
+
+    def __init__(self, sock: socket.socket, peer: int):
+        self.sock = sock
+        self.peer = peer
+        self.buf = bytearray(READ_BUFFER)
+        self.view = memoryview(self.buf)
+        self.start = 0
+        self.end = 0
+
+    def _compact(self) -> None:
+        n = self.end - self.start
+        self.view[:n] = self.view[self.start : self.end]
+        self.start, self.end = 0, n
+
+    def fill(self) -> None:
+        """Read what the socket has (call only when it is readable)."""
+        if self.end == len(self.buf):
+            self._compact()
+        try:
+            k = self.sock.recv_into(self.view[self.end :])
+        except OSError as e:
+            raise _lost(self.peer, e) from None
+        if k == 0:
+            raise PeerLostError(f"rank {self.peer} closed its connection (it exited or was killed)")
+        self.end += k
+
+    def parse(self) -> Header | None:
+        """The next complete header in the buffer, if there is one."""
+        avail = self.end - self.start
+        if avail < wire.PREFIX.size:
+            return None
+        try:
+            n = wire.header_length(self.view[self.start : self.start + wire.PREFIX.size])
+            if avail < wire.PREFIX.size + n:
+                if self.start + wire.PREFIX.size + n > len(self.buf):
+                    self._compact()
+                return None
+            body = self.view[self.start + wire.PREFIX.size : self.start + wire.PREFIX.size + n]
+            h = wire.unpack(body)
+        except ValueError as e:
+            raise PeerLostError(f"rank {self.peer} sent a malformed frame ({e}); dropping it") from None
+        self.start += wire.PREFIX.size + n
+        return h
+
+    def read_into(self, out: memoryview) -> None:
+        """Exactly len(out) payload bytes: first what is buffered, then straight from the socket."""
+        out = out.cast("B") if out.format != "B" or out.ndim != 1 else out
+        n = out.nbytes
+        k = min(self.end - self.start, n)
+        out[:k] = self.view[self.start : self.start + k]
+        self.start += k
+        if self.start == self.end:
+            self.start = self.end = 0
+        while k < n:
+            try:
+                got = self.sock.recv_into(out[k:])
+            except OSError as e:
+                raise _lost(self.peer, e) from None
+            if got == 0:
+                raise PeerLostError(f"rank {self.peer} closed its connection mid-message")
+            k += got
+
+
+class _Sender:
+    """A thread that sends large messages in order, so that receiving goes on meanwhile."""
+
+    def __init__(self):
+        self._items: collections.deque = collections.deque()
+        self._cond = threading.Condition()
+        self._outstanding = 0
+        self._error: FastcollError | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="fastcoll-sender", daemon=True)
+        self._thread.start()
+
+    def idle(self) -> bool:
+        return self._outstanding == 0
+
+    def put(self, peer: int, sock: socket.socket, frame: bytes, payload: memoryview | None) -> None:
+        with self._cond:
+            if self._error is not None:
+                raise self._error
+            self._items.append((peer, sock, frame, payload))
+            self._outstanding += 1
+            self._cond.notify_all()
+
+    def flush(self) -> None:
+        with self._cond:
+            while self._outstanding and self._error is None:
+                self._cond.wait()
+            if self._error is not None:
+                raise self._error
+
+    @property
+    def error(self) -> FastcollError | None:
+        return self._error
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._items and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                peer, sock, frame, payload = self._items.popleft()
+            try:
+                if self._error is None:
+                    sock.sendall(frame)
+                    if payload is not None:
+                        sock.sendall(payload)
+            except OSError as e:
+                self._error = _lost(peer, e)
+            with self._cond:
+                self._outstanding -= 1
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=1)
+
+
+class TcpTransport(Transport):
+    """Messages over one authenticated TCP socket per peer."""
+
+    def __init__(self, rank: int, size: int, socks: dict[int, socket.socket], timeout: float):
+        super().__init__(rank, size)
+        self._socks = socks
+        self._timeout = timeout
+        self._readers = {p: _Reader(s, p) for p, s in socks.items()}
+        self._pending: dict[int, Header] = {}
+        self._fd_peer = {s.fileno(): p for p, s in socks.items()}
+        self._poll = select.poll()
+        for p, s in socks.items():
+            tune(s)
+            s.settimeout(timeout)
+            self._poll.register(s.fileno(), select.POLLIN)
+        self._sender = _Sender()
+        self._closed_peers: set[int] = set()
+
+    def send(self, peer: int, header: Header, payload: memoryview | None) -> None:
+        frame = wire.pack(header)
+        sock = self._socks[peer]
+        if payload is not None and payload.nbytes == 0:
+            payload = None
+        if (payload is None or payload.nbytes <= INLINE_BYTES) and self._sender.idle():
+            try:
+                if payload is None:
+                    sock.sendall(frame)
+                else:
+                    sent = sock.sendmsg([frame, payload])
+                    if sent < len(frame) + payload.nbytes:
+                        rest = (frame + payload.cast("B").tobytes())[sent:]
+                        sock.sendall(rest)
+            except OSError as e:
+                raise _lost(peer, e) from None
+        else:
+            self._sender.put(peer, sock, frame, payload)
+
+    def flush(self) -> None:
+        self._sender.flush()
+
+    def _take(self, peer: int, h: Header) -> Header:
+        if h.kind == ABORT:
+            raise abort_error(h)
+        if h.kind == CLOSE:
+            self._closed_peers.add(peer)
+            self._poll.unregister(self._socks[peer].fileno())
+            raise PeerLostError(f"rank {peer} called finalize() while rank {self.rank} still needed it")
+        return h
+
+    def _next_header(self, peer: int, deadline: float) -> Header:
+        h = self._pending.pop(peer, None)
+        if h is not None:
+            self._poll.register(self._socks[peer].fileno(), select.POLLIN)
+            return h
+        if peer in self._closed_peers:
+            raise PeerLostError(f"rank {peer} called finalize() while rank {self.rank} still needed it")
+        reader = self._readers[peer]
+        h = reader.parse()
+        if h is not None:
+            return self._take(peer, h)
+        while True:
+            left = remaining(deadline)
+            if left <= 0:
+                raise CollectiveTimeoutError(
+                    f"rank {self.rank} waited {self._timeout:g}s for rank {peer}, which did not answer"
+                )
+            events = self._poll.poll(min(left, 1.0) * 1000)
+            if self._sender.error is not None:
+                raise self._sender.error
+            for fd, _ in events:
+                p = self._fd_peer[fd]
+                r = self._readers[p]
+                r.fill()
+                h = r.parse()
+                if h is None:
+                    continue
+                if h.kind == CLOSE and p != peer:
+                    # A clean finalize elsewhere is an error only for whoever still needs that peer.
+                    self._closed_peers.add(p)
+                    self._poll.unregister(fd)
+                    continue
+                h = self._take(p, h)
+                if p == peer:
+                    return h
+                # A message from another peer that runs ahead: keep its header, read its
+                # payload when that message's turn comes, and stop watching it till then.
+                self._pending[p] = h
+                self._poll.unregister(fd)
+
+    def _read_payload(self, peer: int, out: memoryview) -> None:
+        self._readers[peer].read_into(out)
+
+    def _send_abort(self, header: Header) -> None:
+        frame = wire.pack(header)
+        for peer, sock in self._socks.items():
+            try:
+                sock.send(frame, socket.MSG_DONTWAIT)
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        try:
+            self._sender.flush()
+            frame = wire.pack(Header(CLOSE, -1, "", 0, 0))
+            for sock in self._socks.values():
+                sock.sendall(frame)
+        except (OSError, FastcollError):
+            pass
+        self._sender.close()
+        for sock in self._socks.values():
+            try:
+                sock.close()
+            except OSError:
+                pass
+        log.debug("rank %d: tcp transport closed", self.rank)

@@ -1,0 +1,76 @@
+"""The wire format: a small msgpack header before each payload, and its bounds.
+
+A frame is a 4-byte little-endian header length, the msgpack header, then `nbytes` raw payload
+bytes. Every length read from the wire is bounded before anything is allocated, and the payload is
+only ever read into a buffer the receiver sized itself, so a peer cannot make a rank allocate.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import msgpack
+
+MAX_HEADER = 4096
+PREFIX = struct.Struct("<I")
+
+DATA = 0
+ABORT = 1  # the sender gave up; `sig` carries its error
+CLOSE = 2  # the sender called finalize(); nothing more will come
+
+
+@dataclass(frozen=True)
+class Header:
+    """What a message claims to be: op sequence number, collective signature, chunk, size."""
+
+    kind: int
+    seq: int
+    sig: str
+    chunk: int
+    nbytes: int
+
+
+def pack(h: Header) -> bytes:
+    """Header -> length-prefixed bytes."""
+    body = msgpack.packb((h.kind, h.seq, h.sig, h.chunk, h.nbytes))
+    return PREFIX.pack(len(body)) + body
+
+
+def unpack(body: bytes | memoryview) -> Header:
+    """msgpack bytes -> Header; ValueError for anything malformed."""
+    try:
+        items = msgpack.unpackb(
+            body, max_str_len=MAX_HEADER, max_bin_len=0, max_array_len=8, max_map_len=0
+        )
+    except Exception as e:  # msgpack raises several unrelated types for garbage
+        raise ValueError(f"malformed header: {e}") from None
+    if not isinstance(items, list) or len(items) != 5:
+        raise ValueError("malformed header: not a 5-field array")
+    kind, seq, sig, chunk, nbytes = items
+    if not (
+        kind in (DATA, ABORT, CLOSE)
+        and isinstance(seq, int)
+        and isinstance(sig, str)
+        and isinstance(chunk, int)
+        and isinstance(nbytes, int)
+        and nbytes >= 0
+    ):
+        raise ValueError("malformed header: field of the wrong type")
+    return Header(kind, seq, sig, chunk, nbytes)
+
+
+def header_length(prefix: bytes | memoryview) -> int:
+    """The bounded header length from a 4-byte prefix; ValueError past MAX_HEADER."""
+    (n,) = PREFIX.unpack(prefix)
+    if n == 0 or n > MAX_HEADER:
+        raise ValueError(f"header length {n} outside 1..{MAX_HEADER}")
+    return n
+
+
+def pack_message(obj: object, limit: int) -> bytes:
+    """A length-prefixed msgpack control message (rendezvous), at most `limit` bytes."""
+    body = msgpack.packb(obj)
+    if len(body) > limit:
+        raise ValueError(f"control message of {len(body)} bytes exceeds {limit}")
+    return PREFIX.pack(len(body)) + body

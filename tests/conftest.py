@@ -1,0 +1,124 @@
+"""Shared test machinery: start real rank processes on localhost and always clean them up."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROGS = os.path.join(ROOT, "tests", "progs")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_env(rank: int, size: int, port: int, transport: str = "tcp", token: str = "test-token", **extra: str) -> dict:
+    """The environment of one rank of a local job."""
+    env = dict(os.environ)
+    env.update(
+        FASTCOLL_RANK=str(rank),
+        FASTCOLL_WORLD_SIZE=str(size),
+        FASTCOLL_COORDINATOR=f"127.0.0.1:{port}",
+        FASTCOLL_TOKEN=token,
+        FASTCOLL_TRANSPORT=transport,
+        FASTCOLL_TIMEOUT=extra.pop("timeout", "30"),
+        PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""),
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Result:
+    """How one rank process ended."""
+
+    rank: int
+    code: int
+    out: str
+    err: str
+
+
+class Job:
+    """Rank processes of one local job; kill() ends whatever is still running."""
+
+    def __init__(self, procs: list[subprocess.Popen]):
+        self.procs = procs
+
+    def wait(self, timeout: float) -> list[Result]:
+        deadline = time.monotonic() + timeout
+        results = []
+        for rank, p in enumerate(self.procs):
+            try:
+                out, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.kill()
+                out, err = p.communicate()
+                raise AssertionError(f"rank {rank} did not finish within {timeout}s:\n{out}\n{err}")
+            results.append(Result(rank, p.returncode, out, err))
+        return results
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+@pytest.fixture
+def launch():
+    """launch(size, prog, *args, transport=..., env=...) -> Job; every process is killed at teardown."""
+    jobs: list[Job] = []
+
+    def start(size: int, prog: str, *args: str, transport: str = "tcp", per_rank_env=None, **env: str) -> Job:
+        port = free_port()
+        script = prog if os.path.isabs(prog) else os.path.join(PROGS, prog)
+        procs = []
+        for r in range(size):
+            e = rank_env(r, size, port, transport, **env)
+            if per_rank_env:
+                e.update(per_rank_env(r))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, script, *args],
+                    env=e,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    start_new_session=True,
+                )
+            )
+        job = Job(procs)
+        jobs.append(job)
+        return job
+
+    yield start
+    for job in jobs:
+        job.kill()
+
+
+def assert_ok(results: list[Result]) -> None:
+    """Every rank exited 0; otherwise show what each printed."""
+    bad = [r for r in results if r.code != 0]
+    if bad:
+        detail = "\n".join(f"--- rank {r.rank} exit {r.code}\n{r.out}\n{r.err[-4000:]}" for r in bad)
+        raise AssertionError(f"{len(bad)} rank(s) failed:\n{detail}")

@@ -1,0 +1,119 @@
+"""The benchmark harness (bench/): its arithmetic, and a --quick run of the systems present."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import harness, metrics, report  # noqa: E402
+from bench.systems import parse_system, parse_document  # noqa: E402
+from bench.workers import timing  # noqa: E402
+
+
+def test_busbw_follows_nccl_tests() -> None:
+    # S = 1 GB in 0.5 s: algbw 2 GB/s.
+    assert metrics.algbw(10**9, 0.5) == pytest.approx(2e9)
+    assert metrics.busbw("all_reduce", 4, 10**9, 0.5) == pytest.approx(2e9 * 2 * 3 / 4)
+    assert metrics.busbw("all_gather", 4, 10**9, 0.5) == pytest.approx(2e9 * 3 / 4)
+    assert metrics.busbw("reduce_scatter", 2, 10**9, 0.5) == pytest.approx(2e9 / 2)
+    assert metrics.busbw("broadcast", 8, 10**9, 0.5) == pytest.approx(2e9)
+    assert metrics.bus_factor("all_reduce", 1) == 0.0
+    with pytest.raises(ValueError):
+        metrics.bus_factor("alltoall", 2)
+
+
+def test_sizes_and_stats() -> None:
+    sizes = metrics.sizes_pow4(4, metrics.parse_size("64MiB"))
+    assert sizes[0] == 4 and sizes[-1] == 64 << 20 and len(sizes) == 13
+    assert metrics.parse_size("4KiB") == 4096 and metrics.format_size(4096) == "4 KiB"
+    s = metrics.summarize([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert s["median_s"] == 3.0 and s["min_s"] == 1.0
+    assert s["p90_s"] == pytest.approx(np.percentile([1, 2, 3, 4, 100], 90))
+
+
+def test_layout_and_check() -> None:
+    # all-gather and reduce-scatter: S is the total; tiny sizes round up to one element a rank.
+    assert timing.layout("all_gather", 4, 2) == timing.Layout(1, 2, 8)
+    assert timing.layout("reduce_scatter", 4096, 4) == timing.Layout(1024, 256, 4096)
+    assert timing.layout("all_reduce", 4, 4) == timing.Layout(1, 1, 4)
+    for op in timing.OPS:
+        lay = timing.layout(op, 64, 4)
+        for rank in range(4):
+            good = timing.expected(op, lay, rank, 4)
+            assert timing.verify(op, lay, rank, 4, good) is None
+            assert timing.verify(op, lay, rank, 4, good + 1) is not None
+    # the expected all-reduce of the check inputs really is their sum
+    lay = timing.layout("all_reduce", 64, 3)
+    total = sum(timing.check_input("all_reduce", lay, r) for r in range(3))
+    assert timing.verify("all_reduce", lay, 0, 3, total) is None
+
+
+def test_ratio_arithmetic() -> None:
+    def point(system: str, t: float) -> dict:
+        return {"system": system, "op": "all_reduce", "world": 2, "size": 4096, "bytes": 4096,
+                "status": "ok", "median_s": t,
+                "busbw_GBps": metrics.busbw("all_reduce", 2, 4096, t) / metrics.GB}
+
+    recs = report.ratios([point("fastcoll-tcp", 1e-4), point("mlx-ring", 2e-3),
+                          point("gloo", 5e-4)])
+    by_peer = {r["peer"]: r for r in recs}
+    assert by_peer["mlx-ring"]["speedup"] == pytest.approx(20.0)
+    assert by_peer["mlx-ring"]["busbw_ratio"] == pytest.approx(20.0)
+    assert by_peer["gloo"]["speedup"] == pytest.approx(5.0)
+    t = {x["peer"]: x for x in report.targets(recs)}
+    assert t["mlx-ring"]["small_pass"] and t["gloo"]["small_pass"]
+
+
+def test_names_rotation_and_parsing() -> None:
+    assert parse_system("fastcoll-tcp/c4").connections == 4
+    assert parse_system("mlx-ring").kind == "mlx"
+    with pytest.raises(ValueError):
+        parse_system("nccl")
+    assert harness.rotated([1, 2, 3], 1) == [2, 3, 1]
+    assert parse_document('noise\n{"points": [], "system": "x"}\n') == {"points": [], "system": "x"}
+    assert parse_document("no json here") is None
+
+
+def test_quick_run(tmp_path: Path) -> None:
+    """A real --quick run: every system present measures, the outputs agree with the formulas."""
+    out = tmp_path / "results"
+    cmd = [sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--ops",
+           "all_reduce,all_gather,broadcast", "--sizes", "4,4096", "--iters", "3",
+           "--out", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=110, cwd=ROOT)
+    print(r.stdout)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads((out / "results.json").read_text())
+    for name, reason in doc["skipped"].items():
+        print(f"skipped {name}: {reason}")
+    for f in doc["failures"]:
+        print(f"failed {f['system']}: {f['error']}")
+    ran = {p["system"] for p in doc["points"]}
+    assert ran, "no system ran"
+    assert not [p for p in doc["points"] if p["status"] == "check failed"]
+    for p in doc["points"]:
+        if p["status"] != "ok":
+            continue
+        assert 0 < p["min_s"] <= p["median_s"] <= p["p90_s"] < 10
+        want = metrics.busbw(p["op"], 2, p["bytes"], p["median_s"]) / metrics.GB
+        assert p["busbw_GBps"] == pytest.approx(want)
+        assert p["algbw_GBps"] == pytest.approx(p["bytes"] / p["median_s"] / metrics.GB)
+    ok = {(p["system"], p["op"], p["size"]): p for p in doc["points"] if p["status"] == "ok"}
+    for rec in doc["ratios"]:
+        f = ok[(rec["fastcoll"], rec["op"], rec["size"])]
+        q = ok[(rec["peer"], rec["op"], rec["size"])]
+        assert rec["speedup"] == pytest.approx(q["median_s"] / f["median_s"])
+    md = (out / "results.md").read_text()
+    assert "## all_reduce, 2 ranks" in md and "| 4 KiB |" in md
+    for name in doc["skipped"]:
+        assert f"**{name} skipped**" in md
+    if "plots skipped" not in r.stdout:
+        assert (out / "latency.png").stat().st_size > 0 and (out / "busbw.png").stat().st_size > 0
