@@ -163,7 +163,7 @@ def pool_points(jobs: list[Job]) -> dict[tuple[str, str, int, int], dict[str, An
 def points_table(jobs: list[Job]) -> list[dict[str, Any]]:
     """One record per (system, op, world, size): status, statistics and bandwidths."""
     out = []
-    for (system, op, world, size), acc in sorted(pooled_items(jobs)):
+    for (system, op, world, size), acc in sorted(pool_points(jobs).items()):
         rec: dict[str, Any] = {"system": system, "op": op, "world": world, "size": size,
                                "bytes": acc["bytes"] or size}
         if acc["emulated"]:
@@ -187,6 +187,3 @@ def points_table(jobs: list[Job]) -> list[dict[str, Any]]:
         out.append(rec)
     return out
 
-
-def pooled_items(jobs: list[Job]) -> list[tuple[tuple[str, str, int, int], dict[str, Any]]]:
-    return list(pool_points(jobs).items())

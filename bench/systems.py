@@ -246,7 +246,8 @@ def _tail(path: Path, lines: int = 4) -> str:
         text = path.read_text(errors="replace").strip().splitlines()
     except OSError:
         return ""
-    keep = [line for line in text if line.strip() and "FutureWarning" not in line]
+    keep = [line.strip() for line in text
+            if line.strip(" ^~\t") and "FutureWarning" not in line and "return func(" not in line]
     return " | ".join(keep[-lines:])
 
 

@@ -242,7 +242,7 @@ def send(x: Any, dst: int, group: Group | None = None, timeout: float | None = N
             call.send(dst, i, h.flat[a:b])
         call.t.flush()
 
-    g.run(sig, body, timeout)
+    g.run(sig, body, timeout, p2p=("send", dst))
 
 
 def recv(shape: Any, dtype: Any, src: int, group: Group | None = None, timeout: float | None = None) -> Any:
@@ -266,7 +266,7 @@ def recv(shape: Any, dtype: Any, src: int, group: Group | None = None, timeout: 
             call.recv(src, i, buf[a:b])
         return out
 
-    return g.run(sig, body, timeout)
+    return g.run(sig, body, timeout, p2p=("recv", src))
 
 
 def _p2p_pieces(flat: np.ndarray) -> list[tuple[int, int]]:

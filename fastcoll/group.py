@@ -36,6 +36,7 @@ class Group:
         self._service = Service() if transport is not None else None
         self._lock = threading.Lock()
         self._seq = 0
+        self._p2p_seq: dict[tuple[str, int], int] = {}  # ("send", dst) / ("recv", src) -> count
         self._error: FastcollError | None = None
         self._closed = False
 
@@ -59,15 +60,29 @@ class Group:
         if self.gate is not None:
             self.gate.check()
 
-    def run(self, sig: str, body: Callable[[Call], Any], timeout: float | None = None, async_op: bool = False) -> Any:
-        """Run body(call) on the service thread as the next collective; its result or a Work."""
+    def run(
+        self,
+        sig: str,
+        body: Callable[[Call], Any],
+        timeout: float | None = None,
+        async_op: bool = False,
+        p2p: tuple[str, int] | None = None,
+    ) -> Any:
+        """Run body(call) on the service thread as the next collective; its result or a Work.
+
+        Collectives are numbered in one sequence that every rank shares; a point-to-point
+        message (`p2p` = ("send", dst) or ("recv", src)) in a sequence of that pair of ranks."""
         self.check()
         limit = self.config.timeout if timeout is None else float(timeout)
         if limit <= 0:
             raise ValueError(f"timeout must be positive, not {timeout!r}")
         with self._lock:
-            seq = self._seq
-            self._seq += 1
+            if p2p is None:
+                seq = self._seq
+                self._seq += 1
+            else:
+                seq = self._p2p_seq.get(p2p, 0)
+                self._p2p_seq[p2p] = seq + 1
             job = functools.partial(self._execute, seq, sig, body, limit)
             # Claiming the run lock while still holding the order lock keeps call order.
             inline = not async_op and self._service.claim_if_idle()

@@ -4,6 +4,7 @@
     byte 128    line 1  RELEASE, STATUS              written by the host (service thread)
     byte 256    line 2  ACK, SPIN_ITERS,             written by the GPU (release kernel)
                         SPIN_FAILED, SPIN_FAILED_SEQ
+    byte 384    line 3  MARK                         written by the GPU (fc_mark, diagnostics)
     byte 4096           send mailbox                 GPU writes x here, the host reads it
     byte 4096+M         receive mailbox              the host writes the result, the GPU reads it
     (M = gate_max_bytes rounded up to 4 KiB; the page is rounded up to 64 KiB)
@@ -32,6 +33,7 @@ ACK = 2 * LINE_WORDS
 SPIN_ITERS = 2 * LINE_WORDS + 1
 SPIN_FAILED = 2 * LINE_WORDS + 2
 SPIN_FAILED_SEQ = 2 * LINE_WORDS + 3
+MARK = 3 * LINE_WORDS  # written by fc_mark, a kernel the probe and the benchmark put after a gate
 
 HEADER_BYTES = 4096
 SEND_OFFSET = HEADER_BYTES
@@ -98,6 +100,7 @@ def c_defines() -> str:
         "FC_SPIN_ITERS": SPIN_ITERS,
         "FC_SPIN_FAILED": SPIN_FAILED,
         "FC_SPIN_FAILED_SEQ": SPIN_FAILED_SEQ,
+        "FC_MARK": MARK,
         "FC_SEND_OFFSET": SEND_OFFSET,
         "FC_OK": OK,
         "FC_ERROR": ERROR,

@@ -142,10 +142,15 @@ def check_mode(request: dict) -> int:
         sys.stdout.write(marker + json.dumps(obj) + "\n")
         sys.stdout.flush()
 
+    # Look for fastcoll where the job's ranks would: in the job's cwd and PYTHONPATH.
+    env = request.get("env") or {}
+    os.environ.update(env)
     cwd = request.get("cwd")
     if cwd and os.path.isdir(cwd):
         os.chdir(cwd)
         sys.path.insert(0, cwd)
+    for entry in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]):
+        sys.path.insert(0, entry)
     try:
         import fastcoll
 

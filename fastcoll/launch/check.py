@@ -19,7 +19,7 @@ import fastcoll
 from fastcoll.launch.hostfile import Host, HostList, is_local_host
 from fastcoll.launch.remote import AgentSession, agent_command, explain_ssh_failure
 
-CONNECT_TIMEOUT = 5.0
+CONNECT_TIMEOUT = 3.0
 
 
 @dataclass
@@ -39,6 +39,7 @@ def run_check(
     ssh: list[str] | None,
     python: str,
     cwd: str,
+    env: dict[str, str] | None = None,
     out: TextIO = sys.stdout,
     timeout: float = 30.0,
 ) -> int:
@@ -58,6 +59,7 @@ def run_check(
                 "id": ids[c.host.name],
                 "addresses": list(c.host.ips),
                 "cwd": cwd,
+                "env": env or {},
             }
             c.session = AgentSession(agent_command(ssh, where, python, "check"), request, marker)
         deadline = time.monotonic() + timeout
@@ -111,14 +113,20 @@ def _hello(c: HostCheck, deadline: float, python: str) -> None:
 
 def _report(checks: Sequence[HostCheck], out: TextIO) -> int:
     rows = [("HOST", "SSH", "PYTHON", "FASTCOLL", "MLX", "STATUS")]
-    rows.append(("(launcher)", "-", platform.python_version(), fastcoll.__version__, "-", ""))
+    rows.append(
+        ("(launcher)", "-", platform.python_version(), fastcoll.__version__, _mlx_version(), "")
+    )
     failed = False
     for c in checks:
         h = c.hello or {}
         bad_routes = [r for r in c.routes if not r[3]]
         status = "ok" if not c.problems and not bad_routes else "FAIL"
         failed |= status != "ok"
-        detail = "; ".join(c.problems)
+        unreached = sorted({r[0] for r in bad_routes})
+        problems = c.problems + (
+            [f"cannot reach {', '.join(unreached)} (see below)"] if unreached else []
+        )
+        detail = "; ".join(problems)
         rows.append((
             c.host.name,
             "local" if is_local_host(c.host.name) else ("ok" if c.hello else "FAIL"),
@@ -143,3 +151,12 @@ def _report(checks: Sequence[HostCheck], out: TextIO) -> int:
 
 def _short(text: str, width: int = 40) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _mlx_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("mlx")
+    except Exception:  # not installed, or no metadata: the column is informative only
+        return "-"

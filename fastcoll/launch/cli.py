@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 import fastcoll
 from fastcoll.launch.check import run_check
 from fastcoll.launch.hostfile import HostfileError, HostList, parse_hosts_arg, read_hostfile
-from fastcoll.launch.job import JobPlan, PlanError, RankPlan, plan_job
+from fastcoll.launch.job import JobPlan, PlanError, RankPlan, parse_env_items, plan_job
 from fastcoll.launch.output import OutputMux
 from fastcoll.launch.procs import LocalRank, RankProcess, RemoteRank
 from fastcoll.launch.remote import RemoteError, remote_free_port
@@ -113,7 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.check:
         if hosts is None:
             parser.error("--check needs --hostfile or --hosts")
-        return run_check(hosts, ssh=ssh, python=python, cwd=cwd)
+        try:
+            env = parse_env_items(list(hosts.envs) + args.env, os.environ)
+        except PlanError as e:
+            parser.exit(USAGE_ERROR, f"fastcoll-launch: {e}\n")
+        return run_check(hosts, ssh=ssh, python=python, cwd=cwd, env=env)
     if not program:
         parser.error("no program to run: fastcoll-launch [options] PROGRAM [ARGS...]")
     try:

@@ -82,6 +82,8 @@ class LocalRank:
         env = dict(environ)
         env.update(plan.env)
         mux.open_log(plan.rank)
+        if not os.path.isdir(cwd):
+            raise StartError(f"rank {plan.rank}: the working directory {cwd} does not exist", 127)
         try:
             self._proc = subprocess.Popen(
                 list(plan.argv),
@@ -228,6 +230,9 @@ class RemoteRank:
             self._prestart.clear()
         elif len(words) == 2 and words[0] in (b"exit", b"signal") and words[1].isdigit():
             self._status = (words[0].decode(), int(words[1]))
+            for line in self._prestart:  # the agent's own complaint (e.g. no such --cwd)
+                self._mux.line(self.rank, line, err=True)
+            self._prestart.clear()
 
     def poll(self) -> int | None:
         code = self._proc.poll()

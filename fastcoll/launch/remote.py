@@ -59,24 +59,24 @@ def explain_ssh_failure(host: str, code: int | None, lines: Sequence[bytes], pyt
     """A clear sentence for an ssh that ended before the agent started on `host`."""
     text = b"".join(lines).decode(errors="replace").strip()
     low = text.lower()
-    detail = f": {text.splitlines()[-1]}" if text else ""
     if "permission denied" in low or "too many authentication failures" in low:
-        why = (f"host {host} refused the ssh key{detail}. The launcher runs ssh with "
-               f"BatchMode=yes, so it cannot ask for a password: set up key login "
-               f"(ssh-copy-id {host}) and check that `ssh {host} true` works without a prompt")
+        why = (f"host {host} refused the ssh key. The launcher runs ssh with BatchMode=yes, "
+               f"so it cannot ask for a password: set up key login (ssh-copy-id {host}) and "
+               f"check that `ssh {host} true` works without a prompt")
     elif "host key verification failed" in low:
-        why = (f"the host key of {host} is not known{detail}. Run `ssh {host} true` once to "
-               "accept it")
+        why = f"the host key of {host} is not known: run `ssh {host} true` once to accept it"
     elif "could not resolve hostname" in low or "name or service not known" in low:
-        why = f"cannot resolve host name {host}{detail}"
+        why = f"cannot resolve host name {host}"
     elif any(s in low for s in ("connection refused", "timed out", "no route to host",
                                 "network is unreachable", "connection closed", "reset by peer")):
-        why = f"host {host} is unreachable over ssh{detail}"
+        why = f"host {host} is unreachable over ssh"
     elif code in (126, 127) or "not found" in low or "no such file" in low:
-        why = (f"cannot start Python on {host}{detail}. The launcher runs {python} there; "
-               "pass --python with the interpreter's path on that host")
+        why = (f"cannot start Python on {host}: the launcher runs {python} there; pass "
+               "--python with the interpreter's path on that host")
     else:
-        why = f"ssh to {host} failed (exit code {code}){detail}"
+        why = f"ssh to {host} failed (exit code {code})"
+    if text:
+        why += f" [ssh: {text.splitlines()[-1].strip()}]"
     return why
 
 

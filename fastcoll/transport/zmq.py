@@ -15,6 +15,7 @@ import time
 
 import zmq
 import zmq.auth.thread
+import zmq.utils.monitor
 from zmq.utils import z85
 
 from fastcoll import wire
@@ -131,7 +132,10 @@ class ZmqTransport(Transport):
                 if remaining(deadline) <= 0:
                     raise CollectiveTimeoutError("a peer did not take the data sent to it in time")
                 self._raise_if_gone(None)
-                t.wait(0.01)
+                try:
+                    t.wait(0.01)
+                except zmq.NotDone:
+                    pass
                 self._check_monitors()
         self._trackers.clear()
 

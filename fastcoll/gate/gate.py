@@ -1,0 +1,154 @@
+"""The Gate: what the core calls to run a small all-reduce without stopping the GPU."""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+from typing import Any, Callable
+
+from fastcoll.config import Config
+from fastcoll.gate import layout as L
+from fastcoll.gate.backend import DeviceBackend
+from fastcoll.gate.host import Exchange, HostHalf, Ticket
+from fastcoll.gate.page import ControlPage
+from fastcoll.gate.poll import Poller
+from fastcoll.gate.profile import GateProfile
+from fastcoll.gate.select import dtype_name, gate_accepts
+
+log = logging.getLogger("fastcoll.gate")
+
+Submit = Callable[[Callable[[], None]], Any]
+
+
+class Gate:
+    """A fence gate over one device backend; made by `fastcoll.gate.probe(config)`.
+
+    Thread use: `accepts`, `all_reduce`, `pending`, `drain` from the caller's thread; the function
+    that `all_reduce` submits runs on the service thread; `check`, `abort` and `close` from any.
+    """
+
+    def __init__(
+        self,
+        backend: DeviceBackend,
+        config: Config,
+        start_seq: int = 1,
+        poller: Poller | None = None,
+    ):
+        if config.gate_max_bytes > backend.layout.max_bytes:
+            raise ValueError("the backend's mailboxes are smaller than gate_max_bytes")
+        self._backend = backend
+        self._max_bytes = config.gate_max_bytes
+        self._max_iters = max(1, min(config.fence_max_iters, L.MAX_ITERS_LIMIT))
+        self._profile = GateProfile() if config.gate_profile else None
+        self._host = HostHalf(
+            ControlPage(backend.page, backend.layout), start_seq=start_seq,
+            timeout=config.timeout, profile=self._profile, poller=poller,
+        )
+        self._token = backend.initial_token()
+        self._closed = False
+        self._log_handler: logging.Handler | None = None
+        if self._profile is not None:
+            self._show_profile_logs()
+            atexit.register(self._at_exit)
+
+    @property
+    def backend_name(self) -> str:
+        """'cuda', 'metal' or 'sim'."""
+        return self._backend.name
+
+    @property
+    def max_bytes(self) -> int:
+        return self._max_bytes
+
+    def accepts(self, x: Any, op: str) -> bool:
+        """Whether all_reduce(x, op) takes the gate: x an mx.array of a supported dtype whose
+        nbytes <= gate_max_bytes, op one of sum/prod/min/max/mean. Depends only on x's shape and
+        dtype, op and init-fixed config, so every rank decides alike."""
+        shape = getattr(x, "shape", None)
+        dtype = getattr(x, "dtype", None)
+        if shape is None or dtype is None or not _is_mx_array(x):
+            return False
+        return gate_accepts(shape, dtype_name(dtype), op, self._max_bytes)
+
+    def all_reduce(self, x: Any, op: str, exchange: Exchange, submit: Submit) -> Any:
+        """A lazy result of x's shape and dtype whose graph holds the arrival and release kernels.
+
+        Submits the host half to the service thread (in call order) and evaluates nothing.
+        `exchange(send)` all-reduces a flat numpy array (the dtype's host form: bfloat16 as uint16
+        bits) and returns the flat result.
+        """
+        if not self.accepts(x, op):
+            raise ValueError(f"the fence gate does not take all_reduce({op!r}) of {x.dtype} {tuple(x.shape)}")
+        self.check()
+        ticket_seq = self._host.issue()
+        try:
+            result, token = self._backend.launch(x, ticket_seq, x.nbytes, self._max_iters, self._token)
+        except BaseException:
+            self._host.withdraw(ticket_seq)  # no kernel will arrive with this seq; the next one skips it
+            raise
+        self._token = token
+        ticket = Ticket(ticket_seq, dtype_name(x.dtype), int(x.size), int(x.nbytes))
+        try:
+            submit(functools.partial(self._host.serve, ticket, exchange))
+        except BaseException as e:
+            self._host.withdraw(ticket_seq)
+            self._host.fail(e)  # the kernels exist: release them with an error now
+            raise
+        return result
+
+    def check(self) -> None:
+        """Raise the error a gate recorded (a failed exchange, a spin that hit its bound), if any."""
+        self._host.check()
+
+    def pending(self) -> bool:
+        """Whether gated results are still outstanding on the service thread."""
+        return self._host.pending()
+
+    def drain(self) -> None:
+        """Evaluate every gate issued so far (the caller's thread; never the service thread)."""
+        if self._host.pending():
+            self._backend.wait(self._token)
+
+    def abort(self, error: BaseException) -> None:
+        """The group failed elsewhere: record `error` and release every issued gate with it."""
+        self._host.fail(error)
+
+    def close(self) -> None:
+        """Release every issued gate (with a 'closed' status), log the profile, free the page."""
+        if self._closed:
+            return
+        self._closed = True
+        self._host.close()
+        if self._profile is not None:
+            atexit.unregister(self._at_exit)
+            self._profile.log_summary()
+            if self._log_handler is not None:
+                log.removeHandler(self._log_handler)
+        self._backend.close()
+
+    def profile(self) -> GateProfile | None:
+        """The profile (FASTCOLL_GATE_PROFILE=1), or None."""
+        return self._profile
+
+    def _at_exit(self) -> None:
+        if not self._closed and self._profile is not None:
+            self._profile.log_summary()
+
+    def _show_profile_logs(self) -> None:
+        # FASTCOLL_GATE_PROFILE=1 asks for the timings to be shown: if nobody configured logging,
+        # send this logger's records to stderr rather than let Python drop them.
+        if log.getEffectiveLevel() > logging.INFO:
+            log.setLevel(logging.INFO)
+        if not log.hasHandlers():
+            self._log_handler = logging.StreamHandler()
+            self._log_handler.setFormatter(logging.Formatter("fastcoll.gate: %(message)s"))
+            log.addHandler(self._log_handler)
+
+
+def _is_mx_array(x: Any) -> bool:
+    try:
+        import mlx.core as mx
+    except ImportError:
+        return False
+    return isinstance(x, mx.array)

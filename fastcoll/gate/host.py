@@ -1,0 +1,221 @@
+"""The host half of the handshake, run on the service thread once per gate.
+
+    poll ARRIVAL until it holds this gate's seq      (the GPU copied x into the send mailbox)
+    exchange the send mailbox with the peers          (the core's host all-reduce)
+    write the receive mailbox, then STATUS, then RELEASE = seq   (the spinning kernel continues)
+
+The one rule: the GPU is never left waiting. Whatever goes wrong (a peer lost, a timeout, a
+mismatch, a bug, the gate closed), RELEASE is still stored, with an error STATUS, for every gate
+issued so far; the release kernel then writes all-ones bytes (NaN in every float type) instead of
+data, and the error is recorded here and raised to the caller at its next fastcoll call or
+`check()`. A spin that hits its iteration bound sets SPIN_FAILED on the GPU, which `check()`
+turns into CollectiveTimeoutError the same way. Errors are sticky: once one is recorded, every
+later release carries an error status, so no gate after it can hand out data.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from fastcoll import dtypes
+from fastcoll.errors import CollectiveTimeoutError, FastcollError
+from fastcoll.gate import layout as L
+from fastcoll.gate.page import ControlPage
+from fastcoll.gate.poll import Poller, Stopped
+from fastcoll.gate.profile import GateProfile, GateTiming
+from fastcoll.gate.seq import seq_add, seq_diff
+
+log = logging.getLogger("fastcoll.gate")
+
+Exchange = Callable[[np.ndarray], np.ndarray]
+
+# How long the profiler waits for the spinning kernel's acknowledgement of a release.
+ACK_WAIT_S = 0.01
+
+
+class GateClosedError(FastcollError):
+    """The gate was closed (finalize) before this gate was served."""
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """What the service thread needs to serve one gate."""
+
+    seq: int
+    name: str  # fastcoll dtype name
+    count: int
+    nbytes: int
+
+
+def fresh_error(err: BaseException) -> FastcollError:
+    """A new exception to raise for a recorded one (raising one object twice stacks tracebacks)."""
+    if isinstance(err, FastcollError):
+        try:
+            new = type(err)(str(err))
+        except Exception:
+            new = FastcollError(str(err))
+    else:
+        new = FastcollError(f"the fence gate failed: {err!r}")
+    new.__cause__ = err
+    return new
+
+
+class HostHalf:
+    """Serves gates from the service thread and owns every store of RELEASE and STATUS."""
+
+    def __init__(
+        self,
+        page: ControlPage,
+        start_seq: int = 1,
+        timeout: float = 60.0,
+        profile: GateProfile | None = None,
+        poller: Poller | None = None,
+    ):
+        self.page = page
+        self._timeout = timeout
+        self._profile = profile
+        self._poller = poller or Poller()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._error: FastcollError | None = None
+        self._status = L.OK  # sticky: the first error status stays
+        self._issued = seq_add(start_seq, -1)
+        self._released = self._issued
+        self._outstanding = 0
+        page.reset(start_seq)
+
+    # ----- the caller's side -----
+
+    def issue(self) -> int:
+        """The next gate's sequence number; raises the recorded error instead if there is one."""
+        with self._lock:
+            if self._error is not None:
+                raise fresh_error(self._error)
+            if self._stop.is_set():
+                raise GateClosedError("the fence gate is closed")
+            self._issued = seq_add(self._issued, 1)
+            self._outstanding += 1
+            return self._issued
+
+    def withdraw(self, seq: int) -> None:
+        """Forget gate `seq`: its kernels were never built, so nothing will serve it."""
+        with self._lock:
+            self._outstanding -= 1
+
+    def pending(self) -> bool:
+        """Whether issued gates have not been served yet (and can still be)."""
+        return self._outstanding > 0 and self._error is None and not self._stop.is_set()
+
+    def check(self) -> None:
+        """Raise the recorded error, or a spin timeout the GPU reported, if any."""
+        if self._error is None and self.page.load(L.SPIN_FAILED) != 0:
+            seq = self.page.load(L.SPIN_FAILED_SEQ)
+            self.fail(CollectiveTimeoutError(
+                f"the GPU's release spin for gate {seq} hit FASTCOLL_FENCE_MAX_ITERS before the "
+                "host released it; its result is not valid"))
+        err = self._error
+        if err is not None:
+            raise fresh_error(err)
+
+    @property
+    def error(self) -> FastcollError | None:
+        return self._error
+
+    # ----- failure and shutdown (any thread) -----
+
+    def fail(self, error: BaseException) -> None:
+        """Record `error` (the first one wins) and release every issued gate with an error."""
+        with self._lock:
+            if self._error is None:
+                self._error = error if isinstance(error, FastcollError) else fresh_error(error)
+                log.error("fence gate failed: %s: %s", type(error).__name__, error)
+            self._release_locked(self._issued, L.ERROR)
+
+    def close(self) -> None:
+        """Stop waiting for arrivals and release every issued gate, so no GPU spin is left."""
+        self._stop.set()
+        with self._lock:
+            self._release_locked(self._issued, L.CLOSED)
+
+    # ----- the service thread's side -----
+
+    def serve(self, ticket: Ticket, exchange: Exchange) -> None:
+        """Serve one gate (the function the core runs on its service thread, in call order)."""
+        seq = ticket.seq
+        try:
+            if self._error is not None:
+                raise fresh_error(self._error)
+            self.check()  # a spin that already timed out: its peers' data would not be used
+            _, arrival_s = self._poller.wait(
+                lambda: self.page.load(L.ARRIVAL), seq, self._stop,
+                on_slow=lambda waited: log.warning(
+                    "gate %d: the GPU has not arrived after %.0f s; is the result of a gated "
+                    "all_reduce never evaluated?", seq, waited),
+                slow_after=self._timeout,
+            )
+            arrived = self.page.load(L.ARRIVAL)
+            if arrived != seq:
+                raise FastcollError(f"gate protocol error: waiting for gate {seq}, the GPU published {arrived}")
+            self.page.fence()  # the mailbox is read only after ARRIVAL was seen
+            send = self.page.send[: ticket.nbytes].view(dtypes.host_dtype(ticket.name))
+            send.flags.writeable = False
+            t_exchange = time.perf_counter()
+            result = exchange(send)
+            exchange_s = time.perf_counter() - t_exchange
+            self._write_result(ticket, result)
+            release_us, iters = self._release_and_time(seq)
+            if self._profile is not None:
+                self._profile.record(GateTiming(seq, arrival_s * 1e6, exchange_s * 1e6, release_us, iters, "ok"))
+        except Stopped:
+            err = GateClosedError(f"the fence gate was closed before gate {seq} arrived")
+            with self._lock:
+                self._release_locked(self._issued, L.CLOSED)
+            raise err from None
+        except BaseException as e:
+            self.fail(e)  # stores the release before anything else can go wrong
+            raise
+        finally:
+            with self._lock:
+                self._outstanding -= 1
+
+    def _write_result(self, ticket: Ticket, result: np.ndarray) -> None:
+        result = np.asarray(result)
+        expected = dtypes.host_dtype(ticket.name)
+        if result.dtype != expected or result.size != ticket.count:
+            raise FastcollError(
+                f"gate {ticket.seq}: the exchange returned {result.size} x {result.dtype}, "
+                f"expected {ticket.count} x {expected}")
+        dst = self.page.recv[: ticket.nbytes].view(expected)
+        np.copyto(dst, result.reshape(-1))
+
+    def _release_and_time(self, seq: int) -> tuple[float | None, int | None]:
+        """Store the ok release; when profiling, wait for the spinning kernel's acknowledgement."""
+        with self._lock:
+            self._release_locked(seq, L.OK)
+            t_store = time.perf_counter()
+        if self._profile is None:
+            return None, None
+        deadline = t_store + ACK_WAIT_S
+        while seq_diff(self.page.load(L.ACK), seq) < 0:
+            if time.perf_counter() > deadline:
+                return None, None
+        release_us = (time.perf_counter() - t_store) * 1e6
+        return release_us, self.page.load(L.SPIN_ITERS)
+
+    def _release_locked(self, seq: int, status: int) -> None:
+        """Store STATUS then RELEASE (never moving RELEASE backwards). Holds self._lock."""
+        if status != L.OK and self._status == L.OK:
+            self._status = status
+        if seq_diff(seq, self._released) < 0:
+            seq = self._released
+        self.page.fence()  # the receive mailbox is written before STATUS and RELEASE
+        self.page.store(L.STATUS, self._status)
+        self.page.fence()
+        self.page.store(L.RELEASE, seq)
+        self._released = seq

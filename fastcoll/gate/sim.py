@@ -1,0 +1,175 @@
+"""A device played by a thread, and a serial service thread: the gate's host half without a GPU.
+
+SimDevice runs each launched gate on one "stream" thread, in order, doing what the two kernels do
+(fastcoll/cuda/kernels.py): the arrival publish copies x into the send mailbox and stores ARRIVAL;
+the release spin polls RELEASE with the same iteration bound and the same wrap-aware compare, then
+copies the receive mailbox out (or all-ones bytes on an error status), and writes SPIN_ITERS, ACK
+and, on hitting the bound, SPIN_FAILED. Unlike a GPU it yields the GIL on every spin iteration: a
+real GPU never competes with Python for it. Used by the tests and by bench/gate_bench.py.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any, Callable
+
+import numpy as np
+
+from fastcoll.gate import layout as L
+from fastcoll.gate.seq import seq_diff
+
+
+def raw_bytes(x: Any) -> np.ndarray:
+    """The bytes of an mx.array or numpy array, flat uint8 (bfloat16 through its uint16 bits)."""
+    if isinstance(x, np.ndarray):
+        return np.ascontiguousarray(x).reshape(-1).view(np.uint8)
+    import mlx.core as mx
+
+    if x.dtype == mx.bfloat16:
+        x = x.view(mx.uint16)
+    return np.ascontiguousarray(np.array(x)).reshape(-1).view(np.uint8)
+
+
+class SimResult:
+    """One simulated gate's result: raw bytes and the release kernel's status, once it ran."""
+
+    def __init__(self, seq: int):
+        self.seq = seq
+        self._done = threading.Event()
+        self.data: np.ndarray | None = None
+        self.status: int | None = None
+        self.iters: int | None = None
+
+    def finish(self, data: np.ndarray, status: int, iters: int) -> None:
+        self.data, self.status, self.iters = data, status, iters
+        self._done.set()
+
+    def wait(self, timeout: float | None = None) -> "SimResult":
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"simulated gate {self.seq} did not finish in {timeout}s")
+        return self
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def value(self, dtype: np.dtype) -> np.ndarray:
+        """The result viewed as `dtype` (the host form: uint16 bits for bfloat16)."""
+        assert self.data is not None
+        return self.data.view(dtype)
+
+
+class SimDevice:
+    """A DeviceBackend whose 'GPU' is a thread running launched gates in order."""
+
+    name = "sim"
+
+    def __init__(self, layout: L.ControlLayout, start: bool = True):
+        self.layout = layout
+        self.page = np.zeros(layout.total_bytes, dtype=np.uint8)
+        self._words = memoryview(self.page).cast("I")
+        self._queue: queue.Queue = queue.Queue()
+        self._held = threading.Event()  # set: the stream is paused (a "GPU" busy elsewhere)
+        self._thread = threading.Thread(target=self._run, name="fastcoll-sim-gpu", daemon=True)
+        if start:
+            self._thread.start()
+
+    def initial_token(self) -> SimResult:
+        token = SimResult(-1)
+        token.finish(np.zeros(0, np.uint8), L.OK, 0)
+        return token
+
+    def launch(self, x: Any, seq: int, nbytes: int, max_iters: int, after: Any) -> tuple[SimResult, SimResult]:
+        data = raw_bytes(x)[:nbytes].copy()
+        result = SimResult(seq)
+        self._queue.put((data, seq, nbytes, max_iters, result))
+        return result, result
+
+    def wait(self, token: SimResult) -> None:
+        token.wait()
+
+    def hold(self) -> None:
+        """Pause the stream before its next gate (as if earlier kernels were still running)."""
+        self._held.set()
+
+    def resume(self) -> None:
+        self._held.clear()
+
+    def close(self) -> None:
+        self._queue.put(None)
+
+    # The "kernels". Names and order follow fc_arrival and fc_release.
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            while self._held.is_set():
+                time.sleep(0.0005)
+            data, seq, nbytes, max_iters, result = job
+            self._arrival(data, seq)
+            self._release(seq, nbytes, max_iters, result)
+
+    def _arrival(self, data: np.ndarray, seq: int) -> None:
+        off = self.layout.send_offset
+        self.page[off : off + data.size] = data
+        self._words[L.ARRIVAL] = seq
+
+    def _release(self, seq: int, nbytes: int, max_iters: int, result: SimResult) -> None:
+        w = self._words
+        status = L.OK
+        iters = 0
+        if w[L.SPIN_FAILED] != 0:
+            status = L.TIMEOUT  # an earlier spin hit its bound: do not wait again
+        else:
+            while seq_diff(w[L.RELEASE], seq) < 0:
+                iters += 1
+                if iters >= max_iters:
+                    status = L.TIMEOUT
+                    break
+                time.sleep(0)
+            if status == L.OK:
+                status = w[L.STATUS]
+        if status == L.OK:
+            off = self.layout.recv_offset
+            out = self.page[off : off + nbytes].copy()
+        else:
+            out = np.full(nbytes, 0xFF, dtype=np.uint8)
+        if status == L.TIMEOUT:
+            w[L.SPIN_FAILED_SEQ] = seq
+            w[L.SPIN_FAILED] = 1
+        w[L.SPIN_ITERS] = iters
+        w[L.ACK] = seq
+        result.finish(out, status, iters)
+
+
+class SerialService:
+    """A minimal service thread: runs submitted functions one at a time, in submission order."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="fastcoll-sim-service", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[], Any]) -> Future:
+        f: Future = Future()
+        self._queue.put((fn, f))
+        return f
+
+    def close(self, timeout: float | None = 5.0) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fn, f = item
+            try:
+                f.set_result(fn())
+            except BaseException as e:  # the caller inspects it through the future
+                f.set_exception(e)

@@ -1,0 +1,104 @@
+"""A rank for the launcher's tests: `launch_rank.py MARKER ACTION [ARGS...]`.
+
+MARKER only makes this process (and the children it starts) findable in the process table.
+Actions:
+  env [ARGS...]        print one JSON line: the FASTCOLL_* variables, argv, cwd, executable
+  sleep                print "ready", start a marked grandchild, sleep 60 s
+  ignore-term          like sleep, but ignore SIGTERM (so only SIGKILL ends it)
+  exit-if RANK CODE    rank RANK exits with CODE after 0.3 s; the others `sleep`
+  kill-if RANK SIG     rank RANK kills itself with SIG after 0.3 s; the others `sleep`
+  exit-or-ignore RANK CODE   rank RANK exits with CODE after 1 s; the others `ignore-term`
+  spam LINES           write LINES long lines to stdout and stderr, each in two pieces
+  junk                 write binary junk, then a last line with no newline
+  tokencheck           print whether the token appears on any process's command line
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def _grandchild(marker: str) -> None:
+    # A child in the rank's process group: the launcher must stop it too.
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", marker])
+
+
+def _sleep(marker: str) -> None:
+    _grandchild(marker)
+    print("ready", flush=True)
+    time.sleep(60)
+
+
+def _token_on_command_lines(token: bytes) -> bool:
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if token in f.read():
+                    return True
+        except OSError:
+            pass
+    return False
+
+
+def main() -> None:
+    marker, action, *args = sys.argv[1:]
+    rank = int(os.environ.get("FASTCOLL_RANK", "0"))
+    if action == "env":
+        info = {k: v for k, v in os.environ.items() if k.startswith("FASTCOLL_")}
+        info.update(
+            argv=args,
+            cwd=os.getcwd(),
+            executable=sys.executable,
+            extra=os.environ.get("EXTRA"),
+            passed=os.environ.get("PASSED"),
+            unbuffered=os.environ.get("PYTHONUNBUFFERED"),
+        )
+        print(json.dumps(info), flush=True)
+    elif action == "sleep":
+        _sleep(marker)
+    elif action == "ignore-term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _sleep(marker)
+    elif action == "exit-or-ignore":
+        if rank == int(args[0]):
+            time.sleep(1.0)
+            sys.exit(int(args[1]))
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _sleep(marker)
+    elif action in ("exit-if", "kill-if"):
+        if rank == int(args[0]):
+            time.sleep(0.3)
+            if action == "exit-if":
+                sys.exit(int(args[1]))
+            os.kill(os.getpid(), int(args[1]))
+        _sleep(marker)
+    elif action == "spam":
+        body = f"{rank}:" + "x" * 3000
+        for i in range(int(args[0])):
+            for stream in (sys.stdout, sys.stderr):
+                line = f"{body}:{i}\n"
+                stream.write(line[:1500])
+                stream.flush()
+                stream.write(line[1500:])
+                stream.flush()
+    elif action == "junk":
+        out = sys.stdout.buffer
+        out.write(b"junk:\xff\xfe\x00\x80 end\n")
+        out.write(b"tail-without-newline-%d" % rank)
+        out.flush()
+    elif action == "tokencheck":
+        token = os.environ["FASTCOLL_TOKEN"].encode()
+        print("token-on-command-line:", _token_on_command_lines(token), flush=True)
+    else:
+        sys.exit(f"unknown action {action!r}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""fastcoll-launch with real local processes: environment, output, failure, signals, timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "progs"))
+from launch_support import launches, survivors, wait_for_lines  # noqa: E402,F401
+
+
+def _json_lines(out: bytes) -> dict[int, dict]:
+    ranks = {}
+    for line in out.decode().splitlines():
+        m = re.fullmatch(r"\[(\d+)\] (\{.*\})", line)
+        assert m, f"untagged or torn line: {line!r}"
+        ranks[int(m.group(1))] = json.loads(m.group(2))
+    return ranks
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_local_ranks_get_env_and_prefix(launches, n):
+    prog_args = ["--lr", "3e-4", "-n", "7", "a b", "--env", "X=1", "--"]
+    code, out, err, _ = launches.run(
+        ["-n", str(n), "--env", "EXTRA=hello world", *launches.rank_args("env", *prog_args)]
+    )
+    assert code == 0, err.decode()
+    ranks = _json_lines(out)
+    assert sorted(ranks) == list(range(n))
+    coordinators = {r["FASTCOLL_COORDINATOR"] for r in ranks.values()}
+    tokens = {r["FASTCOLL_TOKEN"] for r in ranks.values()}
+    assert len(coordinators) == 1 and len(tokens) == 1
+    host, port = coordinators.pop().rsplit(":", 1)
+    assert host == "127.0.0.1" and 0 < int(port) < 65536
+    assert re.fullmatch(r"[0-9a-f]{64}", tokens.pop())
+    for rank, info in ranks.items():
+        assert info["FASTCOLL_RANK"] == str(rank)
+        assert info["FASTCOLL_WORLD_SIZE"] == str(n)
+        assert info["FASTCOLL_LOCAL_RANK"] == str(rank)
+        assert info["FASTCOLL_INTERFACE"] == "127.0.0.1"
+        assert info["argv"] == prog_args  # everything after the program, untouched
+        assert info["extra"] == "hello world"
+        assert info["executable"] == sys.executable  # `python` became the launcher's Python
+        assert info["unbuffered"] == "1"
+
+
+def test_each_job_gets_a_fresh_token(launches):
+    tokens = set()
+    for _ in range(2):
+        code, out, err, _ = launches.run(launches.rank_args("env"))
+        assert code == 0, err.decode()
+        tokens.add(_json_lines(out)[0]["FASTCOLL_TOKEN"])
+    assert len(tokens) == 2
+
+
+def test_env_without_value_passes_the_launchers_value(launches, monkeypatch):
+    monkeypatch.setenv("PASSED", "from-launcher")
+    code, out, err, _ = launches.run(["-n", "2", "-x", "PASSED", *launches.rank_args("env")])
+    assert code == 0, err.decode()
+    assert {r["passed"] for r in _json_lines(out).values()} == {"from-launcher"}
+
+
+def test_failing_rank_stops_job_with_its_code(launches):
+    code, out, err, took = launches.run(["-n", "4", *launches.rank_args("exit-if", "2", "3")])
+    assert code == 3, err.decode()
+    assert took < 10
+    assert re.search(rb"rank 2 \(host \S+\) exited with code 3", err), err.decode()
+    assert survivors(launches.marker) == []
+
+
+def test_rank_killed_by_signal(launches):
+    code, out, err, took = launches.run(
+        ["-n", "3", *launches.rank_args("kill-if", "1", str(int(signal.SIGKILL)))]
+    )
+    assert code == 128 + signal.SIGKILL, err.decode()
+    assert b"rank 1" in err and b"SIGKILL" in err, err.decode()
+    assert took < 10
+    assert survivors(launches.marker) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_to_launcher_leaves_no_survivors(launches, sig):
+    proc = launches.start(["-n", "3", *launches.rank_args("sleep")])
+    wait_for_lines(proc, b"ready", 3, timeout=20)
+    # Every rank and grandchild is up (each rank starts its child before saying ready).
+    assert len(survivors(launches.marker, wait=0)) >= 1 + 3 + 3
+    began = time.monotonic()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 128 + sig, err.decode()
+    assert time.monotonic() - began < 10
+    assert f"received {signal.Signals(sig).name}".encode() in err
+    assert survivors(launches.marker) == []
+
+
+def test_rank_ignoring_sigterm_is_killed_after_grace(launches):
+    # Rank 0 exits 5; the others ignore SIGTERM, so only the SIGKILL after --grace ends them.
+    code, out, err, took = launches.run(
+        ["-n", "3", "--grace", "1", *launches.rank_args("exit-or-ignore", "0", "5")]
+    )
+    assert code == 5, err.decode()
+    assert 1.0 <= took < 10
+    assert survivors(launches.marker) == []
+
+
+def test_timeout_stops_the_job(launches):
+    code, out, err, took = launches.run(
+        ["-n", "2", "--timeout", "1.5", *launches.rank_args("sleep")]
+    )
+    assert code == 124, err.decode()
+    assert b"--timeout" in err
+    assert took < 10
+    assert survivors(launches.marker) == []
+
+
+def test_lines_are_whole_and_tagged(launches):
+    lines = 200
+    code, out, err, _ = launches.run(["-n", "4", *launches.rank_args("spam", str(lines))])
+    assert code == 0, err.decode()
+    for stream in (out, err):
+        seen: dict[int, int] = {}
+        for line in stream.decode().splitlines():
+            m = re.fullmatch(r"\[(\d)\] (\d):x{3000}:(\d+)", line)
+            assert m, f"torn or untagged line: {line[:80]!r}...{line[-40:]!r}"
+            assert m.group(1) == m.group(2)
+            rank, i = int(m.group(1)), int(m.group(3))
+            assert i == seen.get(rank, 0)  # in order, none lost
+            seen[rank] = i + 1
+        assert seen == {r: lines for r in range(4)}
+
+
+def test_binary_junk_and_last_line_without_newline(launches):
+    code, out, err, _ = launches.run(["-n", "2", *launches.rank_args("junk")])
+    assert code == 0, err.decode()
+    got = out.split(b"\n")
+    for r in range(2):
+        assert b"[%d] junk:\xff\xfe\x00\x80 end" % r in got
+        assert b"[%d] tail-without-newline-%d" % (r, r) in got
+    assert out.endswith(b"\n")
+
+
+def test_no_tag_output_and_log_dir(launches, tmp_path):
+    logs = tmp_path / "logs"
+    code, out, err, _ = launches.run(
+        ["-n", "2", "--no-tag-output", "--log-dir", str(logs), *launches.rank_args("junk")]
+    )
+    assert code == 0, err.decode()
+    assert not re.search(rb"^\[\d\] ", out, re.M)
+    assert sorted(p.name for p in logs.iterdir()) == ["rank.0.log", "rank.1.log"]
+    for r in range(2):
+        text = (logs / f"rank.{r}.log").read_bytes()
+        assert text == b"junk:\xff\xfe\x00\x80 end\ntail-without-newline-%d\n" % r
+
+
+def test_missing_program_is_a_clear_error(launches):
+    code, out, err, _ = launches.run(["-n", "2", "no-such-program-" + launches.marker])
+    assert code == 127
+    assert b"cannot run" in err and b"No such file" in err, err.decode()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], b"no program to run"),
+        (["--hosts", "localhost:2", "-n", "3", "true"], b"more ranks than the hosts have slots"),
+        (["--env", "1BAD=x", "true"], b"not a variable name"),
+    ],
+)
+def test_usage_errors(launches, args, message):
+    code, out, err, _ = launches.run(args)
+    assert code == 2
+    assert message in err, err.decode()

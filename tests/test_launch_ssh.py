@@ -1,0 +1,295 @@
+"""fastcoll-launch over ssh, against a real OpenSSH server that this module starts itself.
+
+The server listens on 127.0.0.1 at a random port with its own sshd_config, a throwaway host key
+and a throwaway client key; the client side is an ssh_config passed with `--ssh "ssh -F FILE"`,
+in which the aliases fc-a and fc-b lead to that server (so every "host" is this machine, reached
+through ssh), fc-badkey offers a key the server does not accept, and fc-down points at a closed
+port. Skipped, saying why, only where sshd is missing or cannot be started.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "progs"))
+from launch_support import REPO, launches, survivors, wait_for_lines  # noqa: E402,F401
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+
+
+class SshServer:
+    """A running test sshd and the ssh client configuration that reaches it."""
+
+    def __init__(self, root: Path, port: int, proc: subprocess.Popen) -> None:
+        self.root = root
+        self.port = port
+        self.proc = proc
+        self.ssh_config = root / "ssh_config"
+
+    @property
+    def ssh_option(self) -> list[str]:
+        return ["--ssh", f"ssh -F {self.ssh_config}"]
+
+    def hostfile(self, entries: list[dict], name: str = "hosts.json") -> str:
+        path = self.root / name
+        path.write_text(json.dumps(entries))
+        return str(path)
+
+
+def _free_port_near(base: int) -> int:
+    for _ in range(50):
+        port = base + random.randrange(20000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port")
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens once the socket closes
+
+
+def _keygen(path: Path) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)],
+                   check=True, stdin=subprocess.DEVNULL, timeout=30)
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _stop_sshd(proc: subprocess.Popen) -> None:
+    # sshd puts each connection in a session of its own: kill the whole tree, not a group.
+    for pid in [*_descendants(proc.pid), proc.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory) -> Iterator[SshServer]:
+    """Start sshd on 127.0.0.1 (a random port >= 2222); skip with the reason where it cannot."""
+    for tool in (SSHD, "ssh", "ssh-keygen"):
+        if not shutil.which(tool):
+            pytest.skip(f"{tool} is not installed (apt-get install -y openssh-server)")
+    root = tmp_path_factory.mktemp("sshd")
+    root.chmod(0o700)
+    for key in ("host_key", "client_key", "stranger_key"):
+        _keygen(root / key)
+    (root / "authorized_keys").write_text((root / "client_key.pub").read_text())
+    if os.geteuid() == 0 and not os.path.isdir("/run/sshd"):
+        os.makedirs("/run/sshd", mode=0o755)  # sshd's privilege separation directory
+    user = getpass.getuser()
+    proc = None
+    errors = []
+    for _ in range(3):
+        port = _free_port_near(2222)
+        (root / "sshd_config").write_text(f"""
+Port {port}
+ListenAddress 127.0.0.1
+HostKey {root}/host_key
+PidFile {root}/sshd.pid
+AuthorizedKeysFile {root}/authorized_keys
+StrictModes no
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+UsePAM no
+MaxStartups 100
+MaxSessions 100
+""")
+        log = open(root / "sshd.log", "wb")
+        proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(root / "sshd_config")],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+        deadline = time.monotonic() + 10
+        up = False
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                up = True
+                break
+            except OSError:
+                time.sleep(0.05)
+        if up:
+            break
+        if proc.poll() is None:
+            _stop_sshd(proc)
+        errors.append((root / "sshd.log").read_text(errors="replace").strip())
+        proc = None
+    if proc is None:
+        pytest.skip(f"cannot start sshd on 127.0.0.1: {errors[-1] if errors else 'unknown'}")
+    common = f"""  User {user}
+  StrictHostKeyChecking no
+  UserKnownHostsFile /dev/null
+  IdentitiesOnly yes
+  LogLevel ERROR
+"""
+    (root / "ssh_config").write_text(f"""
+Host fc-a fc-b
+  HostName 127.0.0.1
+  Port {port}
+  IdentityFile {root}/client_key
+{common}
+Host fc-badkey
+  HostName 127.0.0.1
+  Port {port}
+  IdentityFile {root}/stranger_key
+{common}
+Host fc-down
+  HostName 127.0.0.1
+  Port {_closed_port()}
+  IdentityFile {root}/client_key
+{common}
+""")
+    server = SshServer(root, port, proc)
+    try:
+        probe = subprocess.run(
+            ["ssh", "-F", str(server.ssh_config), "-o", "BatchMode=yes", "fc-a", "true"],
+            capture_output=True, timeout=30, stdin=subprocess.DEVNULL,
+        )
+        if probe.returncode != 0:
+            pytest.skip("sshd started but refuses the test's key login: "
+                        + probe.stderr.decode(errors="replace").strip()
+                        + " / " + (root / "sshd.log").read_text(errors="replace").strip())
+        yield server
+    finally:
+        _stop_sshd(proc)
+
+
+def _agents_left() -> list:
+    # The remote helper's command line names it; nothing else here runs one.
+    return [p for p in survivors("fastcoll-agent", wait=2.0) if "fctest-" not in p[1]]
+
+
+def test_remote_ranks_env_output_and_no_token_on_command_lines(sshd, launches):
+    hosts = sshd.hostfile([
+        {"ssh": "localhost", "ips": ["127.0.0.1"]},  # rank 0 runs here, without ssh
+        {"ssh": "fc-a", "ips": ["127.0.0.1"]},
+        {"ssh": "fc-b", "ips": ["127.0.0.1"]},
+    ])
+    args = ["--lr", "3e-4", "-n", "2", "a b"]
+    code, out, err, _ = launches.run(
+        [*sshd.ssh_option, "--hostfile", hosts, "--env", "EXTRA=over ssh",
+         *launches.rank_args("env", *args)], timeout=60)
+    assert code == 0, err.decode()
+    ranks = {}
+    for line in out.decode().splitlines():
+        m = re.fullmatch(r"\[(\d)\] (\{.*\})", line)
+        assert m, line
+        ranks[int(m.group(1))] = json.loads(m.group(2))
+    assert sorted(ranks) == [0, 1, 2]
+    assert len({r["FASTCOLL_TOKEN"] for r in ranks.values()}) == 1
+    assert len({r["FASTCOLL_COORDINATOR"] for r in ranks.values()}) == 1
+    for rank, info in ranks.items():
+        assert info["FASTCOLL_RANK"] == str(rank) and info["FASTCOLL_WORLD_SIZE"] == "3"
+        assert info["FASTCOLL_LOCAL_RANK"] == "0"  # three differently named hosts
+        assert info["FASTCOLL_INTERFACE"] == "127.0.0.1"
+        assert info["argv"] == args and info["extra"] == "over ssh"
+        assert info["cwd"] == str(REPO) and info["executable"] == sys.executable
+
+    code, out, err, _ = launches.run(
+        [*sshd.ssh_option, "--hosts", "fc-a,fc-b", "--coordinator", "127.0.0.1",
+         *launches.rank_args("tokencheck")], timeout=60)
+    assert code == 0, err.decode()
+    assert out.decode().splitlines() == [
+        "[0] token-on-command-line: False", "[1] token-on-command-line: False"], out.decode()
+
+
+def test_remote_failure_stops_every_rank(sshd, launches):
+    hosts = sshd.hostfile([{"ssh": "fc-a", "ips": ["127.0.0.1"]},
+                           {"ssh": "fc-b", "ips": ["127.0.0.1"]},
+                           {"ssh": "localhost", "ips": ["127.0.0.1"]}])
+    code, out, err, took = launches.run(
+        [*sshd.ssh_option, "--hostfile", hosts, *launches.rank_args("exit-if", "1", "3")],
+        timeout=60)
+    assert code == 3, err.decode()
+    assert took < 10
+    assert b"rank 1 (host fc-b) exited with code 3" in err, err.decode()
+    assert survivors(launches.marker) == []
+    assert _agents_left() == []
+
+
+def test_sigint_stops_remote_ranks(sshd, launches):
+    proc = launches.start([*sshd.ssh_option, "--hosts", "fc-a,fc-b", "--coordinator",
+                           "127.0.0.1", *launches.rank_args("sleep")])
+    wait_for_lines(proc, b"ready", 2, timeout=30)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err.decode()
+    assert survivors(launches.marker) == []
+    assert _agents_left() == []
+
+
+@pytest.mark.parametrize("host, words", [
+    ("fc-badkey", b"host fc-badkey refused the ssh key"),
+    ("fc-down", b"host fc-down is unreachable over ssh"),
+])
+def test_ssh_failure_names_the_host(sshd, launches, host, words):
+    code, out, err, took = launches.run(
+        [*sshd.ssh_option, "--hosts", f"fc-a,{host}", "--coordinator", "127.0.0.1",
+         *launches.rank_args("sleep")], timeout=60)
+    assert code == 255, err.decode()
+    assert words in err, err.decode()
+    assert took < 15
+    assert survivors(launches.marker) == []
+
+
+def test_check_passes_and_fails_with_a_table(sshd, launches):
+    good = sshd.hostfile([{"ssh": "fc-a", "ips": ["127.0.0.1"]},
+                          {"ssh": "fc-b", "ips": ["127.0.0.1"]}], "good.json")
+    code, out, err, _ = launches.run([*sshd.ssh_option, "--check", "--hostfile", good],
+                                     timeout=60)
+    text = out.decode()
+    assert code == 0, text + err.decode()
+    assert re.search(r"^fc-a\s+ok\s+\d+\.\d+\.\d+\s+\S+.*\bok$", text, re.M), text
+    assert "fc-b -> fc-a 127.0.0.1:" in text and "all hosts ok" in text
+
+    bad = sshd.hostfile([{"ssh": "fc-a", "ips": ["127.0.0.1"]}, {"ssh": "fc-down"},
+                         {"ssh": "fc-b", "ips": ["10.255.255.1"]}], "bad.json")
+    code, out, err, _ = launches.run([*sshd.ssh_option, "--check", "--hostfile", bad],
+                                     timeout=60)
+    text = out.decode()
+    assert code == 1, text + err.decode()
+    assert re.search(r"^fc-down\s+FAIL.*unreachable over ssh", text, re.M), text
+    assert re.search(r"^fc-b\s+ok.*FAIL: listed address 10.255.255.1 is not this host's", text,
+                     re.M), text
+    assert "some hosts FAILED" in text
+    assert _agents_left() == []
