@@ -31,6 +31,7 @@ from fastcoll.errors import (  # noqa: E402
     PeerLostError,
 )
 from fastcoll.group import Group  # noqa: E402
+from fastcoll.gradients import average_gradients  # noqa: E402
 from fastcoll.service import Work  # noqa: E402
 
 logging.getLogger("fastcoll").addHandler(logging.NullHandler())
@@ -38,6 +39,7 @@ logging.getLogger("fastcoll").addHandler(logging.NullHandler())
 __all__ = [
     "init", "finalize", "check", "is_initialized", "Group", "Work", "Config",
     "all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "send", "recv",
+    "average_gradients",
     "FastcollError", "PeerLostError", "CollectiveTimeoutError", "MismatchError", "AuthenticationError",
 ]
 

@@ -70,13 +70,16 @@ def _drain_gate(g: Group) -> None:
         g.gate.drain()
 
 
-def reduce_flat(call: Call, buf: np.ndarray, name: str, op: str) -> None:
-    """All-reduce a flat host buffer in place on the service thread (also the gate's exchange)."""
-    fold = dtypes.reducer(name, op)
-    if buf.nbytes <= DIRECT_MAX_BYTES:
-        direct.all_reduce(call, buf, fold)
+def reduce_flat(call: Call, src: np.ndarray, buf: np.ndarray, name: str, op: str) -> None:
+    """buf = the all-reduce of src (both flat host buffers; may be one array), on the service
+    thread. Also the gate's exchange."""
+    combine = dtypes.reducer(name, op)
+    if src.nbytes <= DIRECT_MAX_BYTES:
+        if buf is not src:
+            buf[...] = src
+        direct.all_reduce(call, buf, combine)
     else:
-        ring.all_reduce(call, buf, fold, _pieces(buf.itemsize))
+        ring.all_reduce(call, src, buf, combine, _pieces(buf.itemsize))
     if op == "mean":
         dtypes.finish_mean(name, buf, call.t.size)
 
@@ -101,10 +104,10 @@ def all_reduce(x: Any, op: str = "sum", group: Group | None = None, async_op: bo
     dtypes.check_reduction(h.name, op)
     if g.size() == 1:
         return _done(x, async_op)
-    out, buf = arrays.output(h.name, h.shape, h.mlx, init=h.flat)
+    out, buf = arrays.output(h.name, h.shape, h.mlx)
 
     def body(call: Call) -> Any:
-        reduce_flat(call, buf, h.name, op)
+        reduce_flat(call, h.flat, buf, h.name, op)
         return out
 
     return g.run(_sig("all_reduce", op, h.name, h.shape), body, timeout, async_op)
@@ -117,8 +120,9 @@ def _gated_all_reduce(g: Group, x: Any, op: str, async_op: bool, timeout: float 
     current: dict[str, Call] = {}
 
     def exchange(send: np.ndarray) -> np.ndarray:
-        buf = np.array(send, copy=True).reshape(-1)
-        reduce_flat(current["call"], buf, name, op)
+        flat = send.reshape(-1)
+        buf = np.empty_like(flat)
+        reduce_flat(current["call"], flat, buf, name, op)
         return buf
 
     def submit(fn):
@@ -177,16 +181,15 @@ def reduce_scatter(x: Any, op: str = "sum", group: Group | None = None, async_op
     if n == 1:
         return _done(x, async_op)
     shape = (h.shape[0] // n,) + tuple(h.shape[1:])
-    work_buf = h.flat.copy()
-    bounds = blocks(work_buf.size, n)
+    bounds = blocks(h.flat.size, n)
     out, obuf = arrays.output(h.name, shape, h.mlx)
 
     def body(call: Call) -> Any:
-        fold = dtypes.reducer(h.name, op)
-        if work_buf.nbytes <= DIRECT_MAX_BYTES:
-            mine = direct.reduce_scatter(call, work_buf, bounds, fold)
+        combine = dtypes.reducer(h.name, op)
+        if h.flat.nbytes <= DIRECT_MAX_BYTES:
+            mine = direct.reduce_scatter(call, h.flat, bounds, combine)
         else:
-            mine = ring.reduce_scatter(call, work_buf, bounds, fold, _pieces(work_buf.itemsize))
+            mine = ring.reduce_scatter(call, h.flat, bounds, combine, _pieces(h.flat.itemsize))
         obuf[...] = mine
         if op == "mean":
             dtypes.finish_mean(h.name, obuf, n)

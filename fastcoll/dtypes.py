@@ -45,12 +45,17 @@ def host_dtype(name: str) -> np.dtype:
     return _HOST[name]
 
 
+_BY_NUMPY = {dt: name for name, dt in _HOST.items() if name != "bfloat16"}
+
+
 def name_of_numpy(dtype: np.dtype) -> str:
     """The fastcoll name of a numpy dtype; TypeError for one fastcoll cannot move."""
-    dtype = np.dtype(dtype)
-    name = "bool" if dtype == np.bool_ else dtype.name
-    if name not in _HOST or name == "bfloat16":
-        raise TypeError(f"fastcoll does not support numpy dtype {dtype}")
+    name = _BY_NUMPY.get(dtype)  # a dict lookup: dtype.name costs microseconds per call
+    if name is None:
+        dtype = np.dtype(dtype)
+        name = _BY_NUMPY.get(dtype.newbyteorder("="))
+        if name is None:
+            raise TypeError(f"fastcoll does not support numpy dtype {dtype}")
     return name
 
 
@@ -66,16 +71,19 @@ def check_reduction(name: str, op: str) -> None:
         raise TypeError(f"op='mean' needs a floating or complex dtype, not {name}; use sum")
 
 
-def reducer(name: str, op: str) -> Callable[[np.ndarray, np.ndarray], None]:
-    """A function acc_op_in(acc, other) that folds `other` into `acc` in place (same dtype)."""
+Combine = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+
+
+def reducer(name: str, op: str) -> Combine:
+    """combine(a, b, out): out = a op b, element-wise, all of dtype `name` (out may be a)."""
     ufunc = _UFUNC[op]
     if name != "bfloat16":
-        return lambda acc, other: ufunc(acc, other, out=acc)
+        return lambda a, b, out: ufunc(a, b, out=out)
 
-    def reduce_bf16(acc: np.ndarray, other: np.ndarray) -> None:
-        acc[...] = float32_to_bf16(ufunc(bf16_to_float32(acc), bf16_to_float32(other)))
+    def combine_bf16(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+        out[...] = float32_to_bf16(ufunc(bf16_to_float32(a), bf16_to_float32(b)))
 
-    return reduce_bf16
+    return combine_bf16
 
 
 def finish_mean(name: str, out: np.ndarray, world_size: int) -> None:

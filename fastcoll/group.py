@@ -51,6 +51,16 @@ class Group:
     def __repr__(self) -> str:
         return f"<fastcoll.Group rank={self.rank()} size={self.size()} transport={self.config.transport}>"
 
+    def split(self, color: int, key: int = -1) -> "Group":
+        """Split into sub-groups by `color` (every rank must call it), as mx.distributed does.
+
+        Ranks with the same color form a group, ordered by `key` (negative: by rank here). The
+        sub-group shares this group's connections; see fastcoll.subgroup for the ordering rule.
+        """
+        from fastcoll.subgroup import split
+
+        return split(self, color, key)
+
     def check(self) -> None:
         """Raise the error that broke this group (or a gate's pending error), if any."""
         if self._closed:

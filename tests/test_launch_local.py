@@ -12,7 +12,12 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "progs"))
-from launch_support import launches, survivors, wait_for_lines  # noqa: E402,F401
+from launch_support import (  # noqa: E402,F401
+    launches,
+    processes_with,
+    survivors,
+    wait_for_lines,
+)
 
 
 def _json_lines(out: bytes) -> dict[int, dict]:
@@ -88,8 +93,11 @@ def test_rank_killed_by_signal(launches):
 def test_signal_to_launcher_leaves_no_survivors(launches, sig):
     proc = launches.start(["-n", "3", *launches.rank_args("sleep")])
     wait_for_lines(proc, b"ready", 3, timeout=20)
-    # Every rank and grandchild is up (each rank starts its child before saying ready).
-    assert len(survivors(launches.marker, wait=0)) >= 1 + 3 + 3
+    # The launcher, 3 ranks and their 3 children (a child may still be in exec: give it time).
+    deadline = time.monotonic() + 5
+    while len(processes_with(launches.marker)) < 1 + 3 + 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(processes_with(launches.marker)) == 1 + 3 + 3
     began = time.monotonic()
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=20)
@@ -176,3 +184,11 @@ def test_usage_errors(launches, args, message):
     code, out, err, _ = launches.run(args)
     assert code == 2
     assert message in err, err.decode()
+
+
+def test_check_on_this_machine(launches):
+    code, out, err, _ = launches.run(["--check", "--hosts", "localhost"])
+    text = out.decode()
+    assert code == 0, text + err.decode()
+    assert re.search(r"^localhost\s+local\s+\d+\.\d+\.\d+\s+\S+\s+\S+\s+ok$", text, re.M), text
+    assert "all hosts ok" in text

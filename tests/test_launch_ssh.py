@@ -293,3 +293,14 @@ def test_check_passes_and_fails_with_a_table(sshd, launches):
                      re.M), text
     assert "some hosts FAILED" in text
     assert _agents_left() == []
+
+
+def test_remote_ranks_stop_when_the_launcher_is_killed(sshd, launches):
+    # SIGKILL cannot be forwarded; ssh's input ends instead, and the remote helper stops its rank.
+    proc = launches.start([*sshd.ssh_option, "--hosts", "fc-a,fc-b", "--coordinator",
+                           "127.0.0.1", "--grace", "1", *launches.rank_args("sleep")])
+    wait_for_lines(proc, b"ready", 2, timeout=30)
+    os.killpg(proc.pid, signal.SIGKILL)  # the launcher's group: itself only
+    proc.wait(timeout=10)
+    assert survivors(launches.marker, wait=5.0) == []
+    assert _agents_left() == []

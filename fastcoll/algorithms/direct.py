@@ -6,20 +6,17 @@ same bits.
 
 from __future__ import annotations
 
-from typing import Callable
-
 import numpy as np
 
 from fastcoll.algorithms import Call
-
-Reduce = Callable[[np.ndarray, np.ndarray], None]
+from fastcoll.dtypes import Combine
 
 
 def _peers(call: Call) -> list[int]:
     return [p for p in range(call.t.size) if p != call.t.rank]
 
 
-def all_reduce(call: Call, buf: np.ndarray, reduce: Reduce) -> None:
+def all_reduce(call: Call, buf: np.ndarray, reduce: Combine) -> None:
     """buf (flat, this rank's contribution) becomes the reduction over all ranks."""
     n, r = call.t.size, call.t.rank
     for p in _peers(call):
@@ -31,7 +28,7 @@ def all_reduce(call: Call, buf: np.ndarray, reduce: Reduce) -> None:
     parts[r] = buf
     buf[...] = parts[0]
     for p in range(1, n):
-        reduce(buf, parts[p])
+        reduce(buf, parts[p], buf)
 
 
 def all_gather(call: Call, out: np.ndarray, bounds: list[tuple[int, int]]) -> None:
@@ -45,7 +42,7 @@ def all_gather(call: Call, out: np.ndarray, bounds: list[tuple[int, int]]) -> No
     call.t.flush()
 
 
-def reduce_scatter(call: Call, buf: np.ndarray, bounds: list[tuple[int, int]], reduce: Reduce) -> np.ndarray:
+def reduce_scatter(call: Call, buf: np.ndarray, bounds: list[tuple[int, int]], reduce: Combine) -> np.ndarray:
     """Return this rank's block of the reduction of every rank's `buf` (flat)."""
     n, r = call.t.size, call.t.rank
     for p in _peers(call):
@@ -59,7 +56,7 @@ def reduce_scatter(call: Call, buf: np.ndarray, bounds: list[tuple[int, int]], r
     call.t.flush()
     out = parts[0].copy()
     for p in range(1, n):
-        reduce(out, parts[p])
+        reduce(out, parts[p], out)
     return out
 
 

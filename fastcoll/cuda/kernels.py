@@ -55,9 +55,9 @@ FC_DEVICE void fc_barrier() {{
   __syncthreads();
 }}
 
-// Copy n bytes as thread tid of nthreads. CUDA: 16-byte words where both ends allow it, loaded
-// FC_BATCH deep before they are stored so that one thread keeps FC_BATCH loads in flight (the
-// receive mailbox is in host memory: each load is a bus round trip), else 4-byte words, else bytes.
+// Copy count units as thread tid of nthreads. CUDA: each thread loads FC_BATCH units before it
+// stores them, so that one thread keeps FC_BATCH loads in flight (the receive mailbox is in host
+// memory: each load is a bus round trip).
 #define FC_BATCH 16
 template <typename U>
 FC_DEVICE void fc_copy_units(U* dst, const U* src, fc_uint count, fc_uint tid, fc_uint nthreads) {{
@@ -80,7 +80,8 @@ FC_DEVICE void fc_copy_units(U* dst, const U* src, fc_uint count, fc_uint tid, f
   }}
 }}
 
-FC_DEVICE void fc_copy(unsigned char* dst, const unsigned char* src, fc_uint n, fc_uint tid, fc_uint nthreads) {{
+// CUDA only: n bytes in 16-byte units where both ends allow it, else 4-byte units, else bytes.
+FC_DEVICE void fc_copy_bytes(unsigned char* dst, const unsigned char* src, fc_uint n, fc_uint tid, fc_uint nthreads) {{
   const unsigned long long a =
       reinterpret_cast<unsigned long long>(dst) | reinterpret_cast<unsigned long long>(src) | n;
   if ((a & 15u) == 0) {{
@@ -95,13 +96,13 @@ FC_DEVICE void fc_copy(unsigned char* dst, const unsigned char* src, fc_uint n, 
 // x (n bytes) into the send mailbox.
 template <typename T>
 FC_DEVICE void fc_copy_in(fc_bytes_t dst, const FC_X_SPACE T* src, fc_uint n, fc_uint tid, fc_uint nthreads) {{
-  fc_copy(dst, reinterpret_cast<const unsigned char*>(src), n, tid, nthreads);
+  fc_copy_bytes(dst, reinterpret_cast<const unsigned char*>(src), n, tid, nthreads);
 }}
 
 // The receive mailbox (n bytes) into out.
 template <typename T>
 FC_DEVICE void fc_copy_out(T* dst, fc_bytes_t src, fc_uint n, fc_uint tid, fc_uint nthreads) {{
-  fc_copy(reinterpret_cast<unsigned char*>(dst), src, n, tid, nthreads);
+  fc_copy_bytes(reinterpret_cast<unsigned char*>(dst), src, n, tid, nthreads);
 }}
 
 // All-ones bytes into out: NaN in every float type, -1 in every signed integer type.

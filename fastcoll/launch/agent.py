@@ -10,7 +10,8 @@ Requests (the first JSON line after the source):
   start the rank in its own session, then obey ``signal N`` lines on stdin; on end of input
   (the launcher or the connection is gone) stop the rank: SIGTERM, then SIGKILL after the grace
   period. The rank's stdout and stderr are this process's, i.e. ssh's. Status lines go to
-  stderr, after a marker only the launcher knows: ``<m>started <pid>``, then ``<m>exit <code>`` or ``<m>signal <number>``.
+  stderr, after a marker only the launcher knows: ``<m>started <pid>``, then ``<m>exit <code>``
+  or ``<m>signal <number>``.
 - ``{"mode": "port"}``: print a free TCP port on this host and exit.
 - ``{"mode": "check", ...}``: see `check_mode`; the replies are JSON lines on stdout, after
   the marker.

@@ -80,9 +80,11 @@ def run_check(
             if c.routes and c.session is not None:
                 reply = c.session.reply(max(1.0, deadline - time.monotonic()) + CONNECT_TIMEOUT)
                 results = (reply or {}).get("results") or []
+                padded = results + [None] * len(c.routes)
                 c.routes = [
-                    (h, a, p, bool(r.get("ok")), r.get("error", "")) if r else (h, a, p, False, "no answer")
-                    for (h, a, p, _, _), r in zip(c.routes, results + [None] * len(c.routes))
+                    (h, a, p, bool(r.get("ok")), r.get("error", "")) if r
+                    else (h, a, p, False, "no answer")
+                    for (h, a, p, _, _), r in zip(c.routes, padded)
                 ]
     finally:
         for c in checks:

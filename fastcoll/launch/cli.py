@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--hostfile", metavar="FILE",
                        help="mpirun-style (host slots=N) or MLX JSON hostfile")
     where.add_argument("--ssh", metavar="CMD", default="ssh",
-                       help="ssh command and its options, e.g. 'ssh -F cluster.conf' (default: ssh)")
+                       help="ssh command and its options, e.g. 'ssh -F cluster.conf' "
+                       "(default: ssh)")
     where.add_argument("--python", metavar="PATH",
                        help="Python interpreter on every host (default: the launcher's, "
                        f"{sys.executable})")
@@ -90,6 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `fastcoll-launch`; returns (and, as a script, exits with) the job's code."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C before any rank started (e.g. while asking a host)
+        sys.stderr.write("fastcoll-launch: interrupted\n")
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     program = list(args.program)

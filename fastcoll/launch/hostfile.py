@@ -214,7 +214,9 @@ def _parse_json(text: str, path: str) -> HostList:
             isinstance(e, str) and "=" in e for e in raw_envs
         ):
             line = _line_of_key(text, "envs")
-            raise HostfileError(f'{path}, line {line}: "envs" must be a list of "KEY=VALUE" strings')
+            raise HostfileError(
+                f'{path}, line {line}: "envs" must be a list of "KEY=VALUE" strings'
+            )
         envs = tuple(raw_envs)
         entries = data["hosts"]
         list_start = _list_start_after_key(text, "hosts")

@@ -124,6 +124,9 @@ def plan_job(
         )
     argv = program_argv(program, python)
     extra = parse_env_items(list(hosts.envs) + list(env_items), environ)
+    # The launcher's own FASTCOLL_* settings (FASTCOLL_TRANSPORT=zmq fastcoll-launch ...) reach
+    # remote ranks too, as they reach local ones through inheritance.
+    inherited = {k: v for k, v in environ.items() if k.startswith("FASTCOLL_")}
 
     placement: list[tuple[Host, int]] = []
     per_host: dict[str, int] = {}
@@ -147,6 +150,7 @@ def plan_job(
         if not all_local and not interface:
             _refuse_loopback_name(host, own)
         env = {"PYTHONUNBUFFERED": "1"}  # live output; --env PYTHONUNBUFFERED= turns it off
+        env.update(inherited)
         env.update(extra)
         env.update(
             FASTCOLL_RANK=str(rank),

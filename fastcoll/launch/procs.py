@@ -110,6 +110,9 @@ class LocalRank:
         code = self._proc.poll()
         if code is None:
             return None
+        # Let its last lines (a traceback, often) out before anyone reports how it ended; a
+        # grandchild holding the pipes open only costs this short wait.
+        _join(self._threads, 0.5)
         if code < 0:
             self._signalled = True
             return 128 - code
@@ -239,6 +242,7 @@ class RemoteRank:
         if code is None:
             return None
         self._stderr_done.wait(2.0)  # the status line may still be in the pipe
+        _join(self._threads[1:2], 0.5)  # and its last lines of stdout
         if self._status is not None:
             kind, n = self._status
             return 128 + n if kind == "signal" else n

@@ -37,7 +37,9 @@ class RemoteError(RuntimeError):
     """A remote host could not be used; the message names the host and what to do."""
 
 
-def agent_command(ssh: Sequence[str] | None, host: str | None, python: str, label: str) -> list[str]:
+def agent_command(
+    ssh: Sequence[str] | None, host: str | None, python: str, label: str
+) -> list[str]:
     """argv that starts the agent: over ssh on `host`, or here when `host` is None.
 
     `label` is shown by `ps` beside the agent (a job id and rank, never a secret).
@@ -154,7 +156,9 @@ class AgentSession:
             del self.stderr[:-50]
 
 
-def remote_free_port(ssh: Sequence[str] | None, host: str, python: str, timeout: float = 30.0) -> int:
+def remote_free_port(
+    ssh: Sequence[str] | None, host: str, python: str, timeout: float = 30.0
+) -> int:
     """Ask `host` for a TCP port that is free there now (the coordinator's port)."""
     argv = agent_command(ssh, host, python, "port")
     try:

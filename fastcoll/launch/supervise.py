@@ -81,6 +81,16 @@ class Supervisor:
                 break
         killed = forced = False
         while True:
+            now = time.monotonic()
+            while self._signals:
+                sig = self._signals.pop(0)
+                name = signal.Signals(sig).name
+                if stop is None:
+                    self._mux.message(f"received {name}; stopping all ranks")
+                    stop = self._begin_stop(procs, codes, 128 + sig, sig)
+                elif not killed:
+                    self._mux.message(f"received {name} again; killing all ranks now")
+                    stop.started_at = now - self._grace
             for p in procs:
                 if p.rank in codes:
                     continue
@@ -99,15 +109,6 @@ class Supervisor:
             if len(codes) == len(procs):
                 break
             now = time.monotonic()
-            while self._signals:
-                sig = self._signals.pop(0)
-                name = signal.Signals(sig).name
-                if stop is None:
-                    self._mux.message(f"received {name}; stopping all ranks")
-                    stop = self._begin_stop(procs, codes, 128 + sig, sig)
-                elif not killed:
-                    self._mux.message(f"received {name} again; killing all ranks now")
-                    stop.started_at = now - self._grace
             if stop is None and self._timeout is not None and now - began > self._timeout:
                 self._mux.message(
                     f"the job ran past --timeout {self._timeout:g} s; stopping all ranks"
@@ -120,11 +121,17 @@ class Supervisor:
                     if p.rank not in codes:
                         p.kill()
                 killed = True
-            if killed and not forced and now - stop.started_at >= self._grace + 5.0:
+            overdue = stop is not None and now - stop.started_at >= self._grace + 5.0
+            if killed and not forced and overdue:
                 for p in procs:
                     if p.rank not in codes:
                         p.force()
                 forced = True
+            if stop is not None and forced and now - stop.started_at >= self._grace + 15.0:
+                # Only a process stuck in the kernel survives SIGKILL this long; stop waiting.
+                left = [p.rank for p in procs if p.rank not in codes]
+                self._mux.message(f"rank(s) {left} did not end after SIGKILL; giving up on them")
+                break
             time.sleep(self._poll)
         for p in procs:
             p.cleanup()

@@ -127,7 +127,9 @@ def launches() -> Iterator[Launches]:
         lx.cleanup()
 
 
-def wait_for_lines(proc: subprocess.Popen, needle: bytes, count: int, timeout: float) -> list[bytes]:
+def wait_for_lines(
+    proc: subprocess.Popen, needle: bytes, count: int, timeout: float
+) -> list[bytes]:
     """Read the launcher's stdout until `count` lines contain `needle`; returns lines read."""
     import selectors
 

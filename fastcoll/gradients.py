@@ -1,0 +1,157 @@
+"""Average a tree of gradients over the ranks, small arrays fused into buckets (tensor fusion).
+
+Data-parallel training reduces many small arrays (biases, norms) and a few large ones every
+step. One collective per small array pays the per-collective latency many times over, so, as
+Horovod's tensor fusion does, small arrays of one dtype are packed into a flat bucket and the
+bucket is reduced by one collective; arrays at least `bucket_bytes` large go alone. The buckets'
+collectives are issued asynchronously in tree order, so packing the next bucket overlaps the
+exchange of the previous one.
+
+Exactness: the result for every array is the one `fastcoll.all_reduce(x, op="mean")` gives for
+that array alone, bit for bit, at the default bucket size. A reduction is element-wise and, on
+fastcoll's direct (small-message) path, folds the ranks in rank order whatever the buffer
+around an element holds; the default `bucket_bytes` is that path's upper bound
+(`fastcoll.collectives.DIRECT_MAX_BYTES`), so a bucket and each small array in it both take it.
+With a larger `bucket_bytes` a bucket may take the ring path, whose order of ranks differs from
+block to block: on two ranks that changes nothing (a + b == b + a exactly), on three or more a
+float element may then differ in the last place from averaging its array alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fastcoll import arrays, collectives, dtypes
+from fastcoll.group import Group
+
+DEFAULT_BUCKET_BYTES = collectives.DIRECT_MAX_BYTES
+_AVERAGEABLE = ("float16", "bfloat16", "float32", "float64", "complex64")
+
+
+def _group(group: Any) -> Group:
+    if group is None:
+        from fastcoll import init
+
+        return init()
+    inner = getattr(group, "fastcoll_group", None)  # an mlx_compat.Group
+    if isinstance(inner, Group):
+        return inner
+    if isinstance(group, Group):
+        return group
+    raise TypeError(f"group must be a fastcoll Group, an mlx_compat Group or None, not {type(group).__name__}")
+
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, np.ndarray) or arrays.is_mlx(x)
+
+
+def _leaves(tree: Any, out: list) -> None:
+    if isinstance(tree, dict):
+        for v in tree.values():
+            _leaves(v, out)
+    elif isinstance(tree, (list, tuple)):
+        for v in tree:
+            _leaves(v, out)
+    elif _is_array(tree):
+        out.append(tree)
+
+
+def _rebuild(tree: Any, it) -> Any:
+    if isinstance(tree, dict):
+        items = [(k, _rebuild(v, it)) for k, v in tree.items()]
+        try:
+            return type(tree)(items)
+        except TypeError:
+            return dict(items)
+    if isinstance(tree, (list, tuple)):
+        items = [_rebuild(v, it) for v in tree]
+        if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # a namedtuple
+            return type(tree)(*items)
+        try:
+            return type(tree)(items)
+        except TypeError:
+            return list(items)
+    if _is_array(tree):
+        return next(it)
+    return tree
+
+
+def _name(x: Any) -> str:
+    return arrays._mx_name(x.dtype) if arrays.is_mlx(x) else dtypes.name_of_numpy(x.dtype)
+
+
+def average_gradients(grads: Any, group: Any = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Any:
+    """Average every array of `grads` over the ranks of `group`; the tree keeps its structure.
+
+    Args:
+        grads: a tree of mx.array / numpy.ndarray leaves in dicts, lists and tuples (what
+            `mlx.utils.tree_flatten` walks, e.g. `nn.value_and_grad`'s gradients), the same
+            structure, shapes and dtypes on every rank. Other leaves (None, numbers) pass
+            through untouched.
+        group: a fastcoll Group, an mlx_compat Group, or None for the default group.
+        bucket_bytes: arrays smaller than this are packed into flat buckets of at most this
+            many bytes per dtype, one collective per bucket; larger ones are reduced alone.
+            0 or less turns fusion off. The default keeps results bit-identical to averaging
+            each array alone at any world size (see the module docstring).
+    Returns:
+        The same tree with each array replaced by its mean over the ranks (same shape, dtype and
+        array type). On a group of one, `grads` itself.
+    """
+    g = _group(group)
+    if g.size() == 1:
+        return grads
+    leaves: list = []
+    _leaves(grads, leaves)
+    if not leaves:
+        return grads
+    names = [_name(x) for x in leaves]
+    for x, name in zip(leaves, names):
+        if name not in _AVERAGEABLE:
+            raise TypeError(f"average_gradients needs floating or complex arrays; got a {name} array of shape {tuple(x.shape)}")
+    mlx_leaves = [x for x in leaves if arrays.is_mlx(x)]
+    if mlx_leaves:
+        arrays.mx.eval(*mlx_leaves)  # one evaluation for the whole tree, not one per array
+
+    # Plan in tree order (identical on every rank): units are single arrays or buckets.
+    units: list[tuple[str, list[int]]] = []
+    open_buckets: dict[tuple[str, bool], tuple[list[int], int]] = {}
+    for i, x in enumerate(leaves):
+        nbytes = x.nbytes
+        if bucket_bytes <= 0 or nbytes >= bucket_bytes:
+            units.append(("alone", [i]))
+            continue
+        kind = (names[i], arrays.is_mlx(x))
+        members, size = open_buckets.get(kind, ([], 0))
+        if members and size + nbytes > bucket_bytes:
+            units.append(("bucket", members))
+            members, size = [], 0
+        open_buckets[kind] = (members + [i], size + nbytes)
+    units.extend(("bucket", members) for members, _ in open_buckets.values() if members)
+
+    results: list[Any] = [None] * len(leaves)
+    pending = []
+    for kind, members in units:
+        if kind == "alone":
+            x = leaves[members[0]]
+            pending.append((members, None, collectives.all_reduce(x, op="mean", group=g, async_op=True)))
+            continue
+        parts = [leaves[i].reshape(-1) for i in members]
+        if arrays.is_mlx(leaves[members[0]]):
+            flat = arrays.mx.concatenate(parts) if len(parts) > 1 else parts[0]
+        else:
+            flat = np.concatenate(parts)
+        pending.append((members, flat, collectives.all_reduce(flat, op="mean", group=g, async_op=True)))
+    for members, flat, work in pending:
+        out = work.wait()
+        if flat is None:
+            results[members[0]] = out
+            continue
+        start = 0
+        for i in members:
+            x = leaves[i]
+            n = int(np.prod(x.shape)) if x.shape else 1
+            results[i] = out[start : start + n].reshape(x.shape)
+            start += n
+    return _rebuild(grads, iter(results))

@@ -1,0 +1,150 @@
+"""Sub-groups: `Group.split(color, key)` as MPI_Comm_split does it, over the parent's connections.
+
+A sub-group opens no sockets and starts no thread. It is a view of its root group (the one
+`fastcoll.init()` made):
+
+- Its transport maps sub-group ranks to parent ranks and passes every message to the parent's
+  transport, so the ring and direct algorithms run unchanged on sub-group ranks.
+- It numbers its collectives in a sequence of its own.
+- Every signature it sends starts with a prefix of its own (`s<n>c<color>/`: the n-th split of
+  its parent, this color; nested splits add to the parent's prefix). A message of one group can
+  therefore never be taken for a message of another: it fails the header check
+  (`MismatchError`), it is never reduced into the wrong buffer.
+- It shares the root's service thread and its ordering lock, so the sockets still have one user
+  at a time and collectives of all groups of a rank run in that rank's call order.
+
+The rule that follows (the one NCCL states for communicators that share a stream): two ranks
+that share several groups must call the collectives that involve both of them in the same
+order. Collectives of groups that share no pair of ranks are independent. A program that breaks
+the rule gets a `MismatchError` on the ranks concerned, not a hang and not wrong data.
+
+Because a failure leaves the shared connections mid-message, an error in a sub-group breaks the
+root group too (and so every other group of the job), and the root's errors reach every
+sub-group. `finalize()` on a sub-group only retires the view; `fastcoll.finalize()` closes the
+connections under every group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import numpy as np
+
+from fastcoll.errors import FastcollError
+from fastcoll.group import Group
+from fastcoll.transport.base import Transport
+from fastcoll.wire import Header
+
+
+class SubTransport(Transport):
+    """The parent's transport seen through a map: sub-group rank -> parent rank."""
+
+    def __init__(self, parent: Transport, members: list[int], rank: int):
+        super().__init__(rank, len(members))
+        self.parent = parent
+        self.members = list(members)
+
+    def send(self, peer: int, header: Header, payload: memoryview | None) -> None:
+        self.parent.send(self.members[peer], header, payload)
+
+    def flush(self) -> None:
+        self.parent.flush()
+
+    def _next_header(self, peer: int, deadline: float) -> Header:
+        return self.parent._next_header(self.members[peer], deadline)
+
+    def _read_payload(self, peer: int, out: memoryview) -> None:
+        self.parent._read_payload(self.members[peer], out)
+
+    def _send_abort(self, header: Header) -> None:
+        # The connections are shared: every rank of the job must learn that they are broken.
+        self.parent._send_abort(header)
+
+    def close(self) -> None:
+        """Nothing to release: the root group owns the sockets."""
+
+
+class SubGroup(Group):
+    """A group made by `Group.split`: `rank()` and `size()` are within the sub-group."""
+
+    def __init__(self, parent: Group, members: list[int], prefix: str):
+        rank = members.index(parent.rank())
+        config = dataclasses.replace(parent.config, rank=rank, world_size=len(members))
+        # No transport and no gate here, so Group.__init__ starts no service thread.
+        super().__init__(config, None, None)
+        self.parent = parent
+        self.root: Group = parent.root if isinstance(parent, SubGroup) else parent
+        self.prefix = prefix
+        # parent ranks -> root ranks, for members() and messages
+        up = parent.members() if isinstance(parent, SubGroup) else list(range(parent.size()))
+        self._root_ranks = [up[m] for m in members]
+        if len(members) > 1:
+            self._transport = SubTransport(parent._transport, members, rank)
+            self._service = self.root._service
+            self._lock = self.root._lock
+
+    def members(self) -> list[int]:
+        """The root-group (global) rank of each rank of this group, in sub-group rank order."""
+        return list(self._root_ranks)
+
+    def __repr__(self) -> str:
+        return (
+            f"<fastcoll.SubGroup rank={self.rank()} size={self.size()} "
+            f"global ranks={self._root_ranks} prefix={self.prefix!r}>"
+        )
+
+    def check(self) -> None:
+        if self._closed:
+            raise FastcollError("this group was finalized")
+        self.root.check()
+        if self._error is not None:
+            raise type(self._error)(str(self._error))
+
+    def run(
+        self,
+        sig: str,
+        body: Callable[[Any], Any],
+        timeout: float | None = None,
+        async_op: bool = False,
+        p2p: tuple[str, int] | None = None,
+    ) -> Any:
+        gate = self.root.gate
+        if gate is not None and gate.pending():
+            gate.drain()  # a gated root collective nobody evaluated yet would hold the queue
+        return super().run(self.prefix + sig, body, timeout, async_op, p2p)
+
+    def _fail(self, error: FastcollError) -> None:
+        if self._error is None:
+            self._error = error
+        self.root._fail(error)  # logs once and tells every rank of the job
+
+    def finalize(self) -> None:
+        """Retire this view; the connections stay open for the root and its other groups."""
+        self._closed = True
+
+
+def split(group: Group, color: int, key: int = -1, timeout: float | None = None) -> SubGroup:
+    """Split `group` into sub-groups by `color`; every rank of `group` must call it.
+
+    Ranks that pass the same color form one sub-group. Within it, ranks are ordered by `key`
+    (ties and negative keys: by rank in `group`), as MPI_Comm_split and mx.distributed's
+    Group.split document. A group of one splits into a group of one without communicating.
+    """
+    for name, v in (("color", color), ("key", key)):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+            raise TypeError(f"split {name} must be an int, not {type(v).__name__}")
+    group.check()
+    index = getattr(group, "_fastcoll_splits", 0)
+    group._fastcoll_splits = index + 1
+    parent_prefix = group.prefix if isinstance(group, SubGroup) else ""
+    prefix = f"{parent_prefix}s{index}c{int(color)}/"
+    if group.size() == 1:
+        return SubGroup(group, [0], prefix)
+    from fastcoll.collectives import all_gather
+
+    mine = np.array([[int(color), int(key)]], dtype=np.int64)
+    table = all_gather(mine, group=group, timeout=timeout)
+    same = [r for r in range(group.size()) if table[r, 0] == color]
+    members = sorted(same, key=lambda r: (int(table[r, 1]) if table[r, 1] >= 0 else r, r))
+    return SubGroup(group, members, prefix)

@@ -1,0 +1,58 @@
+"""The fence gate on a real GPU (Metal or CUDA through MLX); skipped, with the reason, without one.
+
+On the H200: `python3 -m pytest tests/test_gate_gpu.py -s`.
+bench/gate_bench.py measures it; this checks that it is right.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fastcoll.config import Config
+from fastcoll.cuda import kernels as cuda_kernels
+from fastcoll.metal import kernels as metal_kernels
+
+_reasons = [r for r in (metal_kernels.unavailable(), cuda_kernels.unavailable()) if r]
+_GPU = len(_reasons) < 2
+if not _GPU:
+    print(f"\ntest_gate_gpu: skipped, no GPU backend for the fence gate ({'; '.join(_reasons)})")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not _GPU, reason="no GPU: " + "; ".join(_reasons)),
+]
+
+
+@pytest.fixture
+def gate():
+    from fastcoll.gate import probe
+
+    g = probe(Config(fast_sync=True, gate_max_bytes=64 * 1024, fence_max_iters=50_000_000))
+    assert g is not None, "a GPU is present but probe() returned None (see the log)"
+    yield g
+    g.close()
+
+
+def test_gated_results_are_exact(gate):
+    import mlx.core as mx
+
+    from fastcoll.gate.sim import SerialService
+
+    service = SerialService()
+    try:
+        y = mx.ones((4096,), dtype=mx.bfloat16)
+        for i in range(200):
+            # Identity exchange plus one: every step depends on the previous gate's result.
+            y = gate.all_reduce(y * 1, "sum", lambda s: (np.asarray(s).view(np.uint16) + 0).copy(), service.submit)
+        mx.eval(y)
+        assert np.array_equal(np.array(y.astype(mx.float32)), np.ones(4096, np.float32))
+        xs = [mx.arange(n, dtype=dt) for n in (1, 7, 8, 100, 16384) for dt in (mx.float32, mx.int8, mx.float16)]
+        ys = [gate.all_reduce(x, "max", lambda s: np.array(s) * 2, service.submit) for x in xs]
+        mx.eval(ys)
+        for x, y in zip(xs, ys):
+            assert np.array_equal(np.array(y), np.array(x) * 2)
+        gate.check()
+        assert not gate.pending()
+    finally:
+        service.close()

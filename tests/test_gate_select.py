@@ -1,0 +1,86 @@
+"""Gate selection (every rank decides alike), the fallback without a GPU, and wrap-aware compares."""
+
+from __future__ import annotations
+
+import itertools
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from fastcoll.config import Config
+from fastcoll.gate import Gate, probe
+from fastcoll.gate.layout import ControlLayout
+from fastcoll.gate.select import gate_accepts
+from fastcoll.gate.seq import seq_add, seq_diff, seq_reached
+from fastcoll.gate.sim import SimDevice
+
+SHAPES = [(), (1,), (7,), (8,), (4096,), (2, 4096), (16384,), (16385,), (64, 64, 4), (0,)]
+DTYPES = [mx.bool_, mx.uint8, mx.int16, mx.uint32, mx.int64, mx.float16, mx.bfloat16, mx.float32, mx.complex64]
+OPS = ["sum", "prod", "min", "max", "mean", "median"]
+
+
+def gate(max_bytes: int) -> Gate:
+    config = Config(fast_sync=True, gate_max_bytes=max_bytes)
+    return Gate(SimDevice(ControlLayout(max_bytes), start=False), config)
+
+
+def test_ranks_decide_alike():
+    # Two ranks' gates, made apart from the same config, must agree on every call.
+    a, b = gate(64 * 1024), gate(64 * 1024)
+    decided = set()
+    for shape, dtype, op in itertools.product(SHAPES, DTYPES, OPS):
+        x_a = mx.zeros(shape, dtype=dtype)
+        x_b = mx.ones(shape, dtype=dtype)  # different values, same shape and dtype
+        assert a.accepts(x_a, op) == b.accepts(x_b, op), (shape, dtype, op)
+        decided.add(a.accepts(x_a, op))
+    assert decided == {True, False}
+
+
+def test_threshold_and_exclusions():
+    g = gate(64 * 1024)
+    assert g.accepts(mx.zeros((16384,), mx.float32), "sum")  # exactly gate_max_bytes
+    assert not g.accepts(mx.zeros((16385,), mx.float32), "sum")  # one element over
+    assert g.accepts(mx.zeros((), mx.float32), "max")  # a scalar
+    assert not g.accepts(mx.zeros((0,), mx.float32), "sum")  # nothing to gate
+    assert not g.accepts(np.zeros(8, np.float32), "sum")  # numpy keeps the host path
+    assert not g.accepts(mx.zeros((8,), mx.bool_), "sum")  # no reduction of bool
+    assert not g.accepts(mx.zeros((8,), mx.int32), "mean")  # the host path raises for it
+    assert not g.accepts(mx.zeros((8,), mx.complex64), "sum")
+    assert not g.accepts(mx.zeros((8,), mx.float32), "median")
+    assert g.accepts(mx.zeros((8,), mx.bfloat16), "mean")
+
+
+def test_rule_reads_only_shape_dtype_op_and_threshold():
+    assert gate_accepts((4096,), "bfloat16", "sum", 8192)
+    assert not gate_accepts((4097,), "bfloat16", "sum", 8192)
+    assert gate_accepts((2, 2048), "bfloat16", "sum", 8192)
+
+
+def test_probe_falls_back_without_a_gpu():
+    # This machine has no Metal or CUDA GPU: probe must say None, not raise.
+    if mx.metal.is_available() or (hasattr(mx, "cuda") and mx.cuda.is_available()):
+        pytest.skip("a GPU is present here; tests/test_gate_gpu.py covers it")
+    assert probe(Config(fast_sync=True)) is None
+
+
+def test_probe_is_off_by_default():
+    assert probe(Config()) is None  # FASTCOLL_FAST_SYNC unset: never a gate, whatever the GPU
+
+
+def test_gate_max_bytes_must_fit_the_mailboxes():
+    with pytest.raises(ValueError):
+        Gate(SimDevice(ControlLayout(1024), start=False), Config(fast_sync=True, gate_max_bytes=4096 * 2))
+
+
+def test_wrap_aware_compare():
+    top = 2**32 - 1
+    assert seq_add(top) == 0
+    assert seq_add(0, -1) == top
+    assert seq_diff(0, top) == 1
+    assert seq_diff(top, 0) == -1
+    assert seq_reached(2, top)  # 2 comes after 2**32 - 1
+    assert not seq_reached(top, 2)
+    assert seq_reached(5, 5)
+    assert seq_diff(2**31 - 1, 0) == 2**31 - 1
+    assert seq_diff(2**31, 0) == -(2**31)
