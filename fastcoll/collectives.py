@@ -73,7 +73,7 @@ def _drain_gate(g: Group) -> None:
 def reduce_flat(call: Call, src: np.ndarray, buf: np.ndarray, name: str, op: str) -> None:
     """buf = the all-reduce of src (both flat host buffers; may be one array), on the service
     thread. Also the gate's exchange."""
-    combine = dtypes.reducer(name, op)
+    combine = call.traced(dtypes.reducer(name, op))
     if src.nbytes <= DIRECT_MAX_BYTES:
         if buf is not src:
             buf[...] = src
@@ -185,7 +185,7 @@ def reduce_scatter(x: Any, op: str = "sum", group: Group | None = None, async_op
     out, obuf = arrays.output(h.name, shape, h.mlx)
 
     def body(call: Call) -> Any:
-        combine = dtypes.reducer(h.name, op)
+        combine = call.traced(dtypes.reducer(h.name, op))
         if h.flat.nbytes <= DIRECT_MAX_BYTES:
             mine = direct.reduce_scatter(call, h.flat, bounds, combine)
         else:
@@ -243,7 +243,7 @@ def send(x: Any, dst: int, group: Group | None = None, timeout: float | None = N
     def body(call: Call) -> None:
         for i, (a, b) in enumerate(_p2p_pieces(h.flat)):
             call.send(dst, i, h.flat[a:b])
-        call.t.flush()
+        call.flush()
 
     g.run(sig, body, timeout, p2p=("send", dst))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import ipaddress
 import logging
@@ -39,6 +40,12 @@ class Group:
         self._p2p_seq: dict[tuple[str, int], int] = {}  # ("send", dst) / ("recv", src) -> count
         self._error: FastcollError | None = None
         self._closed = False
+        self._tracer = None
+        if config.trace and transport is not None:
+            from fastcoll.trace import Tracer
+
+            self._tracer = Tracer(config.trace, config.rank)
+            atexit.register(self._write_trace)
 
     def rank(self) -> int:
         """This process's rank, 0 <= rank < size."""
@@ -93,7 +100,8 @@ class Group:
             else:
                 seq = self._p2p_seq.get(p2p, 0)
                 self._p2p_seq[p2p] = seq + 1
-            job = functools.partial(self._execute, seq, sig, body, limit)
+            queued = self._tracer.now() if self._tracer is not None else 0
+            job = functools.partial(self._execute, seq, sig, body, limit, queued)
             # Claiming the run lock while still holding the order lock keeps call order.
             inline = not async_op and self._service.claim_if_idle()
             if not inline:
@@ -105,12 +113,16 @@ class Group:
                 self._service.release()
         return work if async_op else work.wait()
 
-    def _execute(self, seq: int, sig: str, body: Callable[[Call], Any], limit: float) -> Any:
+    def _execute(self, seq: int, sig: str, body: Callable[[Call], Any], limit: float, queued: int = 0) -> Any:
         if self._error is not None:
             raise type(self._error)(str(self._error))
-        call = Call(self._transport, seq, sig, time.monotonic() + limit)
+        call = Call(self._transport, seq, sig, time.monotonic() + limit, tracer=self._tracer)
         try:
-            return body(call)
+            if self._tracer is None:
+                return body(call)
+            self._tracer.span("queue", queued, seq=seq)
+            with self._tracer.phase(sig, seq=seq):
+                return body(call)
         except FastcollError as e:
             self._fail(e)
             raise
@@ -138,6 +150,12 @@ class Group:
             self.gate.close()
         if self._transport is not None:
             self._transport.close()
+        self._write_trace()
+
+    def _write_trace(self) -> None:
+        if self._tracer is not None:
+            path = self._tracer.write()
+            log.info("rank %d: wrote the trace %s", self.rank(), path)
 
 
 def bind_host(config: Config) -> str:

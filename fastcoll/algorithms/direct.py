@@ -24,7 +24,7 @@ def all_reduce(call: Call, buf: np.ndarray, reduce: Combine) -> None:
     parts = np.empty((n,) + buf.shape, dtype=buf.dtype)
     for p in _peers(call):
         call.recv(p, 0, parts[p])
-    call.t.flush()
+    call.flush()
     parts[r] = buf
     buf[...] = parts[0]
     for p in range(1, n):
@@ -39,7 +39,7 @@ def all_gather(call: Call, out: np.ndarray, bounds: list[tuple[int, int]]) -> No
     for p in _peers(call):
         pa, pb = bounds[p]
         call.recv(p, 0, out[pa:pb])
-    call.t.flush()
+    call.flush()
 
 
 def reduce_scatter(call: Call, buf: np.ndarray, bounds: list[tuple[int, int]], reduce: Combine) -> np.ndarray:
@@ -53,7 +53,7 @@ def reduce_scatter(call: Call, buf: np.ndarray, bounds: list[tuple[int, int]], r
     parts[r] = buf[a:b]
     for p in _peers(call):
         call.recv(p, 0, parts[p])
-    call.t.flush()
+    call.flush()
     out = parts[0].copy()
     for p in range(1, n):
         reduce(out, parts[p], out)
@@ -65,7 +65,7 @@ def broadcast(call: Call, buf: np.ndarray, root: int) -> None:
     if call.t.rank == root:
         for p in _peers(call):
             call.send(p, 0, buf)
-        call.t.flush()
+        call.flush()
     else:
         call.recv(root, 0, buf)
 

@@ -79,7 +79,7 @@ def all_reduce(call: Call, src: np.ndarray, buf: np.ndarray, reduce: Combine, pi
     ring = _Ring(call, buf, blocks(buf.size, call.t.size), piece_items, src)
     ring.reduce_scatter(reduce, forward_last=True)
     ring.all_gather(send_own=False)
-    call.t.flush()
+    call.flush()
 
 
 def reduce_scatter(
@@ -89,7 +89,7 @@ def reduce_scatter(
     buf = np.empty_like(src)
     ring = _Ring(call, buf, bounds, piece_items, src)
     ring.reduce_scatter(reduce, forward_last=False)
-    call.t.flush()
+    call.flush()
     a, b = bounds[call.t.rank]
     return buf[a:b]
 
@@ -98,7 +98,7 @@ def all_gather(call: Call, out: np.ndarray, bounds: list[tuple[int, int]], piece
     """out (flat) holds this rank's block at bounds[rank]; fill in everyone else's."""
     ring = _Ring(call, out, bounds, piece_items)
     ring.all_gather(send_own=True)
-    call.t.flush()
+    call.flush()
 
 
 def broadcast(call: Call, buf: np.ndarray, root: int, piece_items: int) -> None:
@@ -111,4 +111,4 @@ def broadcast(call: Call, buf: np.ndarray, root: int, piece_items: int) -> None:
             ring.recv(buf[a:b])
         if not is_last:
             ring.send(a, b)
-    call.t.flush()
+    call.flush()

@@ -161,6 +161,7 @@ class HostHalf:
                     "all_reduce never evaluated?", seq, waited),
                 slow_after=self._timeout,
             )
+            t_arrived = time.perf_counter()
             arrived = self.page.load(L.ARRIVAL)
             if arrived != seq:
                 raise FastcollError(f"gate protocol error: waiting for gate {seq}, the GPU published {arrived}")
@@ -171,9 +172,10 @@ class HostHalf:
             result = exchange(send)
             exchange_s = time.perf_counter() - t_exchange
             self._write_result(ticket, result)
-            release_us, iters = self._release_and_time(seq)
+            t_release, release_us, iters = self._release_and_time(seq)
             if self._profile is not None:
-                self._profile.record(GateTiming(seq, arrival_s * 1e6, exchange_s * 1e6, release_us, iters, "ok"))
+                host_us = (t_release - t_arrived) * 1e6
+                self._profile.record(GateTiming(seq, arrival_s * 1e6, exchange_s * 1e6, host_us, release_us, iters, "ok"))
         except Stopped:
             err = GateClosedError(f"the fence gate was closed before gate {seq} arrived")
             with self._lock:
@@ -196,23 +198,25 @@ class HostHalf:
         dst = self.page.recv[: ticket.nbytes].view(expected)
         np.copyto(dst, result.reshape(-1))
 
-    def _release_and_time(self, seq: int) -> tuple[float | None, int | None]:
-        """Store the ok release; when profiling, wait for the spinning kernel's acknowledgement."""
+    def _release_and_time(self, seq: int) -> tuple[float, float | None, int | None]:
+        """Store the ok release; when profiling, wait for the spinning kernel's acknowledgement.
+
+        Returns (when the release was stored, the release latency in us, the spin's iterations)."""
         with self._lock:
             self._release_locked(seq, L.OK)
             t_store = time.perf_counter()
         if self._profile is None:
-            return None, None
+            return t_store, None, None
         deadline = t_store + ACK_WAIT_S
         tight_until = t_store + ACK_TIGHT_S
         while seq_diff(self.page.load(L.ACK), seq) < 0:
             now = time.perf_counter()
             if now > deadline:
-                return None, None
+                return t_store, None, None
             if now > tight_until:
                 time.sleep(0)  # a late acknowledgement: let other threads have the GIL meanwhile
         release_us = (time.perf_counter() - t_store) * 1e6
-        return release_us, self.page.load(L.SPIN_ITERS)
+        return t_store, release_us, self.page.load(L.SPIN_ITERS)
 
     def _release_locked(self, seq: int, status: int) -> None:
         """Store STATUS then RELEASE (never moving RELEASE backwards). Holds self._lock."""

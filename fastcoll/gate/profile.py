@@ -27,6 +27,7 @@ class GateTiming:
     seq: int
     arrival_us: float
     exchange_us: float
+    host_us: float  # arrival seen -> release stored: the exchange plus the host half's own work
     release_us: float | None
     spin_iters: int | None
     status: str
@@ -35,7 +36,7 @@ class GateTiming:
 class GateProfile:
     """Collects GateTimings, logs each one, and summarizes the steady state."""
 
-    FIELDS = ("arrival_us", "exchange_us", "release_us", "spin_iters")
+    FIELDS = ("arrival_us", "exchange_us", "host_us", "release_us", "spin_iters")
 
     def __init__(self, warmup: int = DEFAULT_WARMUP, logger: logging.Logger = log):
         self.warmup = warmup
@@ -48,8 +49,8 @@ class GateProfile:
     def record(self, t: GateTiming) -> None:
         """Keep one gate's timing (past the warm-up) and log it."""
         self._log.info(
-            "gate %d: arrival wait %.1f us, exchange %.1f us, release %s, spin %s iters, %s",
-            t.seq, t.arrival_us, t.exchange_us,
+            "gate %d: arrival wait %.1f us, exchange %.1f us, host %.1f us, release %s, spin %s iters, %s",
+            t.seq, t.arrival_us, t.exchange_us, t.host_us,
             "n/a" if t.release_us is None else f"{t.release_us:.1f} us",
             "n/a" if t.spin_iters is None else t.spin_iters, t.status,
         )
@@ -90,11 +91,12 @@ class GateProfile:
         g = s["gates"]
         self._log.info(
             "gate profile, steady state (%d of %d gates; medians, p90 in brackets): "
-            "arrival wait %.1f us [%.1f], exchange %.1f us [%.1f], release %.1f us [%.1f], "
-            "spin %.0f iters [%.0f]%s",
+            "arrival wait %.1f us [%.1f], exchange %.1f us [%.1f], host %.1f us [%.1f], "
+            "release %.1f us [%.1f], spin %.0f iters [%.0f]%s",
             g["steady"], g["total"],
             s["arrival_us"]["median"], s["arrival_us"]["p90"],
             s["exchange_us"]["median"], s["exchange_us"]["p90"],
+            s["host_us"]["median"], s["host_us"]["p90"],
             s["release_us"]["median"], s["release_us"]["p90"],
             s["spin_iters"]["median"], s["spin_iters"]["p90"],
             f"; {int(g['missing_acks'])} releases not acknowledged in time" if g["missing_acks"] else "",

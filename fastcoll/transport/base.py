@@ -66,9 +66,17 @@ class Transport(abc.ABC):
     def close(self) -> None:
         """Release every socket."""
 
-    def recv(self, peer: int, seq: int, sig: str, chunk: int, out: memoryview | None, deadline: float) -> None:
-        """Receive message (seq, sig, chunk) from `peer` into `out`; MismatchError if it is another."""
+    def recv(
+        self, peer: int, seq: int, sig: str, chunk: int, out: memoryview | None, deadline: float, tracer=None
+    ) -> None:
+        """Receive message (seq, sig, chunk) from `peer` into `out`; MismatchError if it is another.
+
+        With a tracer, the time spent waiting for the header and reading the payload are
+        recorded as `wait` and `receive`."""
+        t0 = tracer.now() if tracer is not None else 0
         h = self._next_header(peer, deadline)
+        if tracer is not None:
+            tracer.span("wait", t0, peer=peer)
         nbytes = 0 if out is None else out.nbytes
         if h.seq != seq or h.sig != sig:
             raise MismatchError(
@@ -80,7 +88,10 @@ class Transport(abc.ABC):
                 f"from rank {peer}, which sent chunk {h.chunk} of {h.nbytes} bytes"
             )
         if nbytes:
+            t0 = tracer.now() if tracer is not None else 0
             self._read_payload(peer, out)
+            if tracer is not None:
+                tracer.span("receive", t0, peer=peer, bytes=nbytes)
 
     def abort(self, error: FastcollError) -> None:
         """Tell every peer why this rank stopped, so that they raise the same kind of error."""
