@@ -186,7 +186,7 @@ def connect_group(config: Config, gate: Any = None) -> Group:
 
     deadline = time.monotonic() + config.timeout
     host = bind_host(config)
-    caps = {"transport": config.transport, "gate": gate is not None}
+    caps = {"transport": config.transport, "gate": gate is not None, "connections": config.connections}
     if config.transport == "zmq":
         from fastcoll.transport.zmq import ZmqListener, ZmqTransport
 
@@ -209,16 +209,7 @@ def connect_group(config: Config, gate: Any = None) -> Group:
             lhost, lport = listener.address
             table = rdv.rendezvous(config, f"{lhost}:{lport}", caps, deadline)
             _agree(config, table.caps)
-            socks = {}
-            try:
-                for p in range(config.rank):
-                    phost, pport = parse_address(table.addresses[p], f"rank {p}'s address")
-                    socks[p] = rdv.connect(phost, pport, config.token, config.rank, deadline, f"rank {p}")
-                socks.update(listener.accept(set(range(config.rank + 1, config.world_size)), deadline))
-            except BaseException:
-                for s in socks.values():
-                    s.close()
-                raise
+            socks = _tcp_mesh(config, listener, table.addresses, deadline)
         finally:
             listener.close()
         transport = TcpTransport(config.rank, config.world_size, socks, config.timeout)
@@ -229,8 +220,41 @@ def connect_group(config: Config, gate: Any = None) -> Group:
     return Group(config, transport, gate)
 
 
+# A connection's claimed id in the handshake: rank + channel * _CHANNEL_STRIDE.
+_CHANNEL_STRIDE = 1 << 16
+
+
+def _tcp_mesh(config: Config, listener: Any, addresses: list[str], deadline: float) -> dict[int, list[socket.socket]]:
+    """FASTCOLL_CONNECTIONS authenticated sockets to every peer: this rank connects to the
+    lower ranks and accepts the higher ones, so no two ranks wait on each other."""
+    from fastcoll.transport import rendezvous as rdv
+
+    c, me = config.connections, config.rank
+    got: dict[int, socket.socket] = {}
+    try:
+        for p in range(me):
+            phost, pport = parse_address(addresses[p], f"rank {p}'s address")
+            for ch in range(c):
+                got[p + ch * _CHANNEL_STRIDE] = rdv.connect(
+                    phost, pport, config.token, me + ch * _CHANNEL_STRIDE, deadline, f"rank {p}"
+                )
+        higher = {p + ch * _CHANNEL_STRIDE for p in range(me + 1, config.world_size) for ch in range(c)}
+        accepted = listener.accept(higher, deadline)
+    except BaseException:
+        for s in got.values():
+            s.close()
+        raise
+    # What a lower rank accepted from us arrived under our id; what we accepted, under theirs.
+    got.update(accepted)
+    return {
+        p: [got[p + ch * _CHANNEL_STRIDE] for ch in range(c)]
+        for p in range(config.world_size)
+        if p != me
+    }
+
+
 def _agree(config: Config, caps: list[dict]) -> None:
-    kinds = {c.get("transport") for c in caps}
-    if len(kinds) > 1:
-        which = {r: c.get("transport") for r, c in enumerate(caps)}
-        raise MismatchError(f"ranks disagree on FASTCOLL_TRANSPORT: {which}")
+    for key, var in (("transport", "FASTCOLL_TRANSPORT"), ("connections", "FASTCOLL_CONNECTIONS")):
+        if len({c.get(key) for c in caps}) > 1:
+            which = {r: c.get(key) for r, c in enumerate(caps)}
+            raise MismatchError(f"ranks disagree on {var}: {which}")

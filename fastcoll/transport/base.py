@@ -51,11 +51,11 @@ class Transport(abc.ABC):
         """Wait until every queued send has left this rank's buffers."""
 
     @abc.abstractmethod
-    def _next_header(self, peer: int, deadline: float) -> Header:
-        """The next header from `peer`, watching every peer for aborts and closes meanwhile."""
+    def _next_header(self, peer: int, chunk: int, deadline: float) -> Header:
+        """The next header from `peer` (message `chunk`), watching every peer meanwhile."""
 
     @abc.abstractmethod
-    def _read_payload(self, peer: int, out: memoryview) -> None:
+    def _read_payload(self, peer: int, chunk: int, out: memoryview) -> None:
         """The payload that follows the header just taken from `peer`, into `out`."""
 
     @abc.abstractmethod
@@ -74,7 +74,7 @@ class Transport(abc.ABC):
         With a tracer, the time spent waiting for the header and reading the payload are
         recorded as `wait` and `receive`."""
         t0 = tracer.now() if tracer is not None else 0
-        h = self._next_header(peer, deadline)
+        h = self._next_header(peer, chunk, deadline)
         if tracer is not None:
             tracer.span("wait", t0, peer=peer)
         nbytes = 0 if out is None else out.nbytes
@@ -89,7 +89,7 @@ class Transport(abc.ABC):
             )
         if nbytes:
             t0 = tracer.now() if tracer is not None else 0
-            self._read_payload(peer, out)
+            self._read_payload(peer, chunk, out)
             if tracer is not None:
                 tracer.span("receive", t0, peer=peer, bytes=nbytes)
 

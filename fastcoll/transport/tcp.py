@@ -155,30 +155,41 @@ class _Sender:
         self._thread.join(timeout=1)
 
 
-class TcpTransport(Transport):
-    """Messages over one authenticated TCP socket per peer."""
+Link = tuple[int, int]  # (peer, channel): one socket
 
-    def __init__(self, rank: int, size: int, socks: dict[int, socket.socket], timeout: float):
+
+class TcpTransport(Transport):
+    """Messages over authenticated TCP sockets: `channels` per peer (FASTCOLL_CONNECTIONS).
+
+    Message `chunk` of a collective travels on channel chunk % channels, so consecutive pieces
+    of a large message are striped over the sockets (each with its own sender thread) the way
+    MLX's ring stripes over several Thunderbolt cables; both ends derive the channel alike.
+    """
+
+    def __init__(self, rank: int, size: int, socks: dict[int, list[socket.socket]], timeout: float):
         super().__init__(rank, size)
-        self._socks = socks
+        self._links = {(p, ch): s for p, ss in socks.items() for ch, s in enumerate(ss)}
+        self._channels = len(next(iter(socks.values())))
         self._timeout = timeout
-        self._readers = {p: _Reader(s, p) for p, s in socks.items()}
-        self._pending: dict[int, Header] = {}
-        self._fd_peer = {s.fileno(): p for p, s in socks.items()}
+        self._readers = {link: _Reader(s, link[0]) for link, s in self._links.items()}
+        self._pending: dict[Link, Header] = {}
+        self._fd_link = {s.fileno(): link for link, s in self._links.items()}
         self._poll = select.poll()
-        for p, s in socks.items():
+        for s in self._links.values():
             tune(s)
             s.settimeout(timeout)
             self._poll.register(s.fileno(), select.POLLIN)
-        self._sender = _Sender()
+        self._senders = [_Sender() for _ in range(self._channels)]
         self._closed_peers: set[int] = set()
 
     def send(self, peer: int, header: Header, payload: memoryview | None) -> None:
         frame = wire.pack(header)
-        sock = self._socks[peer]
+        ch = header.chunk % self._channels
+        sock = self._links[(peer, ch)]
+        sender = self._senders[ch]
         if payload is not None and payload.nbytes == 0:
             payload = None
-        if (payload is None or payload.nbytes <= INLINE_BYTES) and self._sender.idle():
+        if (payload is None or payload.nbytes <= INLINE_BYTES) and sender.idle():
             try:
                 if payload is None:
                     sock.sendall(frame)
@@ -190,31 +201,35 @@ class TcpTransport(Transport):
             except OSError as e:
                 raise _lost(peer, e) from None
         else:
-            self._sender.put(peer, sock, frame, payload)
+            sender.put(peer, sock, frame, payload)
 
     def flush(self) -> None:
-        self._sender.flush()
+        for sender in self._senders:
+            sender.flush()
 
-    def _take(self, peer: int, h: Header) -> Header:
+    def _finalized(self, peer: int) -> PeerLostError:
+        return PeerLostError(f"rank {peer} called finalize() while rank {self.rank} still needed it")
+
+    def _take(self, link: Link, h: Header) -> Header:
         if h.kind == ABORT:
             raise abort_error(h)
         if h.kind == CLOSE:
-            self._closed_peers.add(peer)
-            self._poll.unregister(self._socks[peer].fileno())
-            raise PeerLostError(f"rank {peer} called finalize() while rank {self.rank} still needed it")
+            self._closed_peers.add(link[0])
+            self._poll.unregister(self._links[link].fileno())
+            raise self._finalized(link[0])
         return h
 
-    def _next_header(self, peer: int, deadline: float) -> Header:
-        h = self._pending.pop(peer, None)
+    def _next_header(self, peer: int, chunk: int, deadline: float) -> Header:
+        link = (peer, chunk % self._channels)
+        h = self._pending.pop(link, None)
         if h is not None:
-            self._poll.register(self._socks[peer].fileno(), select.POLLIN)
+            self._poll.register(self._links[link].fileno(), select.POLLIN)
             return h
         if peer in self._closed_peers:
-            raise PeerLostError(f"rank {peer} called finalize() while rank {self.rank} still needed it")
-        reader = self._readers[peer]
-        h = reader.parse()
+            raise self._finalized(peer)
+        h = self._readers[link].parse()
         if h is not None:
-            return self._take(peer, h)
+            return self._take(link, h)
         while True:
             left = remaining(deadline)
             if left <= 0:
@@ -222,34 +237,35 @@ class TcpTransport(Transport):
                     f"rank {self.rank} waited {self._timeout:g}s for rank {peer}, which did not answer"
                 )
             events = self._poll.poll(min(left, 1.0) * 1000)
-            if self._sender.error is not None:
-                raise self._sender.error
+            for sender in self._senders:
+                if sender.error is not None:
+                    raise sender.error
             for fd, _ in events:
-                p = self._fd_peer[fd]
-                r = self._readers[p]
+                other = self._fd_link[fd]
+                r = self._readers[other]
                 r.fill()
                 h = r.parse()
                 if h is None:
                     continue
-                if h.kind == CLOSE and p != peer:
+                if h.kind == CLOSE and other[0] != peer:
                     # A clean finalize elsewhere is an error only for whoever still needs that peer.
-                    self._closed_peers.add(p)
+                    self._closed_peers.add(other[0])
                     self._poll.unregister(fd)
                     continue
-                h = self._take(p, h)
-                if p == peer:
+                h = self._take(other, h)
+                if other == link:
                     return h
-                # A message from another peer that runs ahead: keep its header, read its
+                # A message on another socket that runs ahead: keep its header, read its
                 # payload when that message's turn comes, and stop watching it till then.
-                self._pending[p] = h
+                self._pending[other] = h
                 self._poll.unregister(fd)
 
-    def _read_payload(self, peer: int, out: memoryview) -> None:
-        self._readers[peer].read_into(out)
+    def _read_payload(self, peer: int, chunk: int, out: memoryview) -> None:
+        self._readers[(peer, chunk % self._channels)].read_into(out)
 
     def _send_abort(self, header: Header) -> None:
         frame = wire.pack(header)
-        for peer, sock in self._socks.items():
+        for sock in self._links.values():
             try:
                 sock.send(frame, socket.MSG_DONTWAIT)
                 sock.shutdown(socket.SHUT_WR)
@@ -258,14 +274,15 @@ class TcpTransport(Transport):
 
     def close(self) -> None:
         try:
-            self._sender.flush()
+            self.flush()
             frame = wire.pack(Header(CLOSE, -1, "", 0, 0))
-            for sock in self._socks.values():
+            for sock in self._links.values():
                 sock.sendall(frame)
         except (OSError, FastcollError):
             pass
-        self._sender.close()
-        for sock in self._socks.values():
+        for sender in self._senders:
+            sender.close()
+        for sock in self._links.values():
             try:
                 sock.close()
             except OSError:

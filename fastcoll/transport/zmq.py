@@ -219,7 +219,7 @@ class ZmqTransport(Transport):
             self._finalized.add(peer)
         self._queues[peer].append((h, payload))
 
-    def _next_header(self, peer: int, deadline: float) -> Header:
+    def _next_header(self, peer: int, chunk: int, deadline: float) -> Header:
         q = self._queues[peer]
         while True:
             if q:
@@ -243,7 +243,7 @@ class ZmqTransport(Transport):
                 )
             self._drain(min(left, 0.05 if self._gone else 1.0) * 1000)
 
-    def _read_payload(self, peer: int, out: memoryview) -> None:
+    def _read_payload(self, peer: int, chunk: int, out: memoryview) -> None:
         out.cast("B")[:] = self._current.pop(peer)
 
     def _send_abort(self, header: Header) -> None:
