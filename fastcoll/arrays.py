@@ -6,6 +6,7 @@ a fresh mx.array's memory; the only copy on the host path is the one that makes 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,38 +59,24 @@ def to_host(x: Any) -> Host:
     raise TypeError(f"expected an mx.array or a numpy.ndarray, got {type(x).__name__}")
 
 
-def dtype_of(name: str, mlx: bool) -> Any:
-    """The dtype object the caller uses for `name`."""
-    if mlx:
-        return getattr(mx, "bool_" if name == "bool" else name)
-    if name == "bfloat16":
-        raise TypeError("numpy has no bfloat16; pass an mx.array")
-    return dtypes.host_dtype(name)
+# Below this size a fresh mx.array is made from an uninitialised numpy buffer (a small copy,
+# ~3 us); above it by mx.zeros, whose evaluation costs ~70 us of MLX scheduling but only writes
+# the memory rather than copying it.
+_MX_ZEROS_BYTES = 256 * 1024
 
 
-def output(name: str, shape: tuple[int, ...], mlx: bool, init: np.ndarray | None = None) -> tuple[Any, np.ndarray]:
-    """A fresh result array and a writable flat host view of it, filled from `init` if given."""
+def output(name: str, shape: tuple[int, ...], mlx: bool) -> tuple[Any, np.ndarray]:
+    """A fresh result array of the caller's kind and a writable flat host view of its memory."""
     host = dtypes.host_dtype(name)
     if not mlx:
         out = np.empty(shape, dtype=host)
-        flat = out.reshape(-1)
-        if init is not None:
-            flat[...] = init
-        return out, flat
-    if init is not None:
-        arr = mx.array(np.asarray(init, dtype=host).reshape(shape))
+        return out, out.reshape(-1)
+    if math.prod(shape) * host.itemsize <= _MX_ZEROS_BYTES:
+        arr = mx.array(np.empty(shape, dtype=host))
     else:
         arr = mx.zeros(shape, dtype=getattr(mx, "bool_" if name == "bool" else host.name))
-    mx.eval(arr)
+        mx.eval(arr)
     flat = np.array(arr, copy=False).reshape(-1)
     if name == "bfloat16":
         arr = arr.view(mx.bfloat16)
     return arr, flat
-
-
-def from_host(flat: np.ndarray, name: str, shape: tuple[int, ...], mlx: bool) -> Any:
-    """Wrap a finished host buffer as the caller's array type (a copy for MLX)."""
-    if not mlx:
-        return flat.reshape(shape)
-    arr = mx.array(flat.reshape(shape))
-    return arr.view(mx.bfloat16) if name == "bfloat16" else arr

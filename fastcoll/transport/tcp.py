@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import select
 import socket
+import struct
 import threading
 
 from fastcoll import wire
@@ -24,8 +25,21 @@ INLINE_BYTES = 64 * 1024
 READ_BUFFER = 256 * 1024
 
 
+def _kernel_timeouts(sock: socket.socket, seconds: float) -> None:
+    """Blocking socket whose sends and receives the kernel gives up on after `seconds`.
+
+    A Python-level timeout (settimeout) makes CPython poll() before every send and receive;
+    with the kernel's SO_SNDTIMEO/SO_RCVTIMEO a small exchange takes two system calls, not
+    four. A timed-out call fails with EAGAIN, which _lost() reports as a timeout."""
+    sock.settimeout(None)
+    sec = int(seconds)
+    tv = struct.pack("ll", sec, int((seconds - sec) * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+
+
 def _lost(peer: int, e: BaseException) -> FastcollError:
-    if isinstance(e, socket.timeout):
+    if isinstance(e, (socket.timeout, BlockingIOError)):
         return CollectiveTimeoutError(f"rank {peer} stopped taking data (send timed out)")
     return PeerLostError(f"connection to rank {peer} failed: {e}")
 
@@ -53,10 +67,25 @@ class _Reader:
         try:
             k = self.sock.recv_into(self.view[self.end :])
         except OSError as e:
+            if self._complete():
+                return
             raise _lost(self.peer, e) from None
         if k == 0:
+            if self._complete():
+                return  # what the peer sent before it closed (an ABORT, a CLOSE) is read first
             raise PeerLostError(f"rank {self.peer} closed its connection (it exited or was killed)")
         self.end += k
+
+    def _complete(self) -> bool:
+        """True when the buffer holds a whole header (or a bad prefix that parse() reports)."""
+        avail = self.end - self.start
+        if avail < wire.PREFIX.size:
+            return False
+        try:
+            n = wire.header_length(self.view[self.start : self.start + wire.PREFIX.size])
+        except ValueError:
+            return True
+        return avail >= wire.PREFIX.size + n
 
     def parse(self) -> Header | None:
         """The next complete header in the buffer, if there is one."""
@@ -103,6 +132,7 @@ class _Sender:
         self._cond = threading.Condition()
         self._outstanding = 0
         self._error: FastcollError | None = None
+        self.broken: dict[int, FastcollError] = {}  # peers whose connection broke: sends dropped
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="fastcoll-sender", daemon=True)
         self._thread.start()
@@ -138,12 +168,16 @@ class _Sender:
                     return
                 peer, sock, frame, payload = self._items.popleft()
             try:
-                if self._error is None:
+                if self._error is None and peer not in self.broken:
                     sock.sendall(frame)
                     if payload is not None:
                         sock.sendall(payload)
             except OSError as e:
-                self._error = _lost(peer, e)
+                err = _lost(peer, e)
+                if isinstance(err, CollectiveTimeoutError):
+                    self._error = err
+                else:  # reported by TcpTransport.flush, after what the peer sent is read
+                    self.broken.setdefault(peer, err)
             with self._cond:
                 self._outstanding -= 1
                 self._cond.notify_all()
@@ -177,10 +211,11 @@ class TcpTransport(Transport):
         self._poll = select.poll()
         for s in self._links.values():
             tune(s)
-            s.settimeout(timeout)
+            _kernel_timeouts(s, timeout)
             self._poll.register(s.fileno(), select.POLLIN)
         self._senders = [_Sender() for _ in range(self._channels)]
         self._closed_peers: set[int] = set()
+        self._broken: dict[int, FastcollError] = {}  # peers a send to failed (sends dropped)
 
     def send(self, peer: int, header: Header, payload: memoryview | None) -> None:
         frame = wire.pack(header)
@@ -189,6 +224,8 @@ class TcpTransport(Transport):
         sender = self._senders[ch]
         if payload is not None and payload.nbytes == 0:
             payload = None
+        if peer in self._broken:
+            return
         if (payload is None or payload.nbytes <= INLINE_BYTES) and sender.idle():
             try:
                 if payload is None:
@@ -199,13 +236,22 @@ class TcpTransport(Transport):
                         rest = (frame + payload.cast("B").tobytes())[sent:]
                         sock.sendall(rest)
             except OSError as e:
-                raise _lost(peer, e) from None
+                err = _lost(peer, e)
+                if isinstance(err, CollectiveTimeoutError):
+                    raise err from None
+                # A peer that gave up sent its ABORT (or a header that shows a mismatch) before
+                # it closed: report the break in flush(), once that has been read.
+                self._broken.setdefault(peer, err)
         else:
             sender.put(peer, sock, frame, payload)
 
     def flush(self) -> None:
         for sender in self._senders:
             sender.flush()
+            for peer, err in sender.broken.items():
+                self._broken.setdefault(peer, err)
+        if self._broken:
+            self.explain_broken(self._broken)
 
     def _finalized(self, peer: int) -> PeerLostError:
         return PeerLostError(f"rank {peer} called finalize() while rank {self.rank} still needed it")
@@ -234,7 +280,7 @@ class TcpTransport(Transport):
             left = remaining(deadline)
             if left <= 0:
                 raise CollectiveTimeoutError(
-                    f"rank {self.rank} waited {self._timeout:g}s for rank {peer}, which did not answer"
+                    f"rank {self.rank} timed out waiting for rank {peer}, which did not answer"
                 )
             events = self._poll.poll(min(left, 1.0) * 1000)
             for sender in self._senders:
