@@ -71,10 +71,12 @@ def output(name: str, shape: tuple[int, ...], mlx: bool) -> tuple[Any, np.ndarra
     if not mlx:
         out = np.empty(shape, dtype=host)
         return out, out.reshape(-1)
+    mx_dtype = getattr(mx, "bool_" if name == "bool" else host.name)
     if math.prod(shape) * host.itemsize <= _MX_ZEROS_BYTES:
-        arr = mx.array(np.empty(shape, dtype=host))
+        # dtype= matters: mx.array() of a float64 numpy array is float32 otherwise.
+        arr = mx.array(np.empty(shape, dtype=host), dtype=mx_dtype)
     else:
-        arr = mx.zeros(shape, dtype=getattr(mx, "bool_" if name == "bool" else host.name))
+        arr = mx.zeros(shape, dtype=mx_dtype)
         mx.eval(arr)
     flat = np.array(arr, copy=False).reshape(-1)
     if name == "bfloat16":

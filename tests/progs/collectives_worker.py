@@ -38,11 +38,11 @@ def values(name: str, shape: tuple, rank: int, case: int) -> np.ndarray:
 def make(name: str, v: np.ndarray, use_mx: bool):
     if name == "bool":
         a = v.astype(np.bool_)
-        return mx.array(a) if use_mx else a
+        return mx.array(a, dtype=mx.bool_) if use_mx else a
     if name == "bfloat16":
         return mx.array(v.astype(np.float32)).astype(mx.bfloat16)
     a = v.astype(dtypes.host_dtype(name))
-    return mx.array(a) if use_mx else a
+    return mx.array(a, dtype=getattr(mx, name)) if use_mx else a
 
 
 def to_np(y, name: str) -> np.ndarray:
