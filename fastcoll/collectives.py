@@ -6,6 +6,7 @@ before any byte is sent, so a bad call raises TypeError/ValueError and leaves th
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -97,7 +98,8 @@ def all_reduce(x: Any, op: str = "sum", group: Group | None = None, async_op: bo
     """
     g = _group(group)
     g.check()
-    if g.gate is not None and arrays.is_mlx(x) and g.gate.accepts(x, op):
+    # A world of one has nothing to exchange; the gate would only add its fixed costs.
+    if g.gate is not None and g.size() > 1 and arrays.is_mlx(x) and g.gate.accepts(x, op):
         return _gated_all_reduce(g, x, op, async_op, timeout)
     _drain_gate(g)
     h = arrays.to_host(x)
@@ -120,9 +122,13 @@ def _gated_all_reduce(g: Group, x: Any, op: str, async_op: bool, timeout: float 
     current: dict[str, Call] = {}
 
     def exchange(send: np.ndarray) -> np.ndarray:
+        call = current["call"]
+        # The GPU arrives when the caller evaluates, which may be long after the job started:
+        # the timeout is for waiting on peers, so it starts now.
+        call.deadline = time.monotonic() + (g.config.timeout if timeout is None else float(timeout))
         flat = send.reshape(-1)
         buf = np.empty_like(flat)
-        reduce_flat(current["call"], flat, buf, name, op)
+        reduce_flat(call, flat, buf, name, op)
         return buf
 
     def submit(fn):

@@ -68,6 +68,16 @@ class Group:
 
         return split(self, color, key)
 
+    def split(self, color: int, key: int = -1) -> "Group":
+        """Split into sub-groups by `color` (every rank must call it), as mx.distributed does.
+
+        Ranks with the same color form a group, ordered by `key` (negative: by rank here). The
+        sub-group shares this group's connections; see fastcoll.subgroup for the ordering rule.
+        """
+        from fastcoll.subgroup import split
+
+        return split(self, color, key)
+
     def check(self) -> None:
         """Raise the error that broke this group (or a gate's pending error), if any."""
         if self._closed:
@@ -137,6 +147,8 @@ class Group:
         if self._error is None:
             self._error = error
             log.error("rank %d: %s: %s", self.rank(), type(error).__name__, error)
+            if self.gate is not None:
+                self.gate.abort(error)  # release every issued gate, so no GPU spins on
             self._transport.abort(error)
 
     def finalize(self) -> None:
@@ -144,10 +156,17 @@ class Group:
         if self._closed:
             return
         self._closed = True
+        if self.gate is not None:
+            # Evaluate what was gated while the peers still answer, then release the rest, so
+            # that the service thread is never left waiting on a GPU nobody will run.
+            if self._error is None and self.gate.pending():
+                try:
+                    self.gate.drain()
+                except Exception as e:  # finalize goes on; the error was recorded for check()
+                    log.warning("rank %d: gated results failed at finalize: %s", self.rank(), e)
+            self.gate.close()
         if self._service is not None:
             self._service.close(timeout=self.config.timeout)
-        if self.gate is not None:
-            self.gate.close()
         if self._transport is not None:
             self._transport.close()
         self._write_trace()

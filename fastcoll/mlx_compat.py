@@ -10,6 +10,9 @@
     with mlx_compat.patched():  # the same, for a block
         ...
 
+    python -m fastcoll.mlx_compat train.py ARGS         # run a script, or a module (-m), with
+    python -m fastcoll.mlx_compat -m mlx_lm.generate ARGS  # the patch installed first
+
 How the patch reaches MLX's code: mlx.nn's sharded layers (`AllToShardedLinear`,
 `ShardedToAllLinear`, `shard_linear`), `mlx.nn.average_gradients` and mlx-lm's models look the
 functions up as attributes of the `mlx.core.distributed` module each time they call them
@@ -414,3 +417,29 @@ def patched() -> Iterator[None]:
     finally:
         if not was:
             uninstall()
+
+
+def run_main(argv: list[str]) -> None:
+    """`python -m fastcoll.mlx_compat [-m MODULE | SCRIPT] ARGS`: install(), then run it."""
+    import runpy
+    import sys
+
+    if not argv or argv[0] in ("-h", "--help") or (argv[0] == "-m" and len(argv) < 2):
+        print("usage: python -m fastcoll.mlx_compat (-m MODULE | SCRIPT) [ARGS...]\n"
+              "Runs the program with mx.distributed routed to fastcoll.", file=sys.stderr)
+        raise SystemExit(0 if argv and argv[0] in ("-h", "--help") else 2)
+    install()
+    if argv[0] == "-m":
+        sys.argv = [argv[1], *argv[2:]]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(argv)
+        runpy.run_path(argv[0], run_name="__main__")
+
+
+if __name__ == "__main__":
+    import sys as _sys
+
+    from fastcoll import mlx_compat as _installed  # the module everyone else imports
+
+    _installed.run_main(_sys.argv[1:])

@@ -33,36 +33,40 @@ import numpy as np
 
 from fastcoll.errors import FastcollError
 from fastcoll.group import Group
-from fastcoll.transport.base import Transport
-from fastcoll.wire import Header
 
 
-class SubTransport(Transport):
-    """The parent's transport seen through a map: sub-group rank -> parent rank."""
+class SubTransport:
+    """The parent's transport seen through a map: sub-group rank -> parent rank.
 
-    def __init__(self, parent: Transport, members: list[int], rank: int):
-        super().__init__(rank, len(members))
+    It passes whole calls through (send, recv, flush, abort) rather than implementing the
+    Transport internals, so the parent keeps doing the header checks: its errors name the
+    parent's ranks and the sub-group's signature prefix."""
+
+    def __init__(self, parent: Any, members: list[int], rank: int):
         self.parent = parent
         self.members = list(members)
+        self.rank = rank
+        self.size = len(members)
 
-    def send(self, peer: int, header: Header, payload: memoryview | None) -> None:
-        self.parent.send(self.members[peer], header, payload)
+    def send(self, peer: int, *args: Any, **kwargs: Any) -> Any:
+        return self.parent.send(self.members[peer], *args, **kwargs)
+
+    def recv(self, peer: int, *args: Any, **kwargs: Any) -> Any:
+        return self.parent.recv(self.members[peer], *args, **kwargs)
 
     def flush(self) -> None:
         self.parent.flush()
 
-    def _next_header(self, peer: int, deadline: float) -> Header:
-        return self.parent._next_header(self.members[peer], deadline)
-
-    def _read_payload(self, peer: int, out: memoryview) -> None:
-        self.parent._read_payload(self.members[peer], out)
-
-    def _send_abort(self, header: Header) -> None:
+    def abort(self, error: FastcollError) -> None:
         # The connections are shared: every rank of the job must learn that they are broken.
-        self.parent._send_abort(header)
+        self.parent.abort(error)
 
     def close(self) -> None:
         """Nothing to release: the root group owns the sockets."""
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything else a transport offers (settings, counters) is the parent's.
+        return getattr(self.parent, name)
 
 
 class SubGroup(Group):

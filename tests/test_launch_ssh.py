@@ -229,7 +229,7 @@ def test_remote_ranks_env_output_and_no_token_on_command_lines(sshd, launches):
         [*sshd.ssh_option, "--hosts", "fc-a,fc-b", "--coordinator", "127.0.0.1",
          *launches.rank_args("tokencheck")], timeout=60)
     assert code == 0, err.decode()
-    assert out.decode().splitlines() == [
+    assert sorted(out.decode().splitlines()) == [
         "[0] token-on-command-line: False", "[1] token-on-command-line: False"], out.decode()
 
 

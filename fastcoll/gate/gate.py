@@ -146,9 +146,11 @@ class Gate:
             log.addHandler(self._log_handler)
 
 
+try:
+    from mlx.core import array as _mx_array
+except ImportError:  # numpy-only installs: nothing is ever gated
+    _mx_array = None
+
+
 def _is_mx_array(x: Any) -> bool:
-    try:
-        import mlx.core as mx
-    except ImportError:
-        return False
-    return isinstance(x, mx.array)
+    return _mx_array is not None and isinstance(x, _mx_array)

@@ -164,6 +164,7 @@ class HostHalf:
             t_arrived = time.perf_counter()
             arrived = self.page.load(L.ARRIVAL)
             if arrived != seq:
+                self.check()  # a spin that hit its bound lets the GPU run ahead: report that
                 raise FastcollError(f"gate protocol error: waiting for gate {seq}, the GPU published {arrived}")
             self.page.fence()  # the mailbox is read only after ARRIVAL was seen
             send = self.page.send[: ticket.nbytes].view(dtypes.host_dtype(ticket.name))

@@ -77,7 +77,7 @@ class MlxBackend:
 
     def launch(self, x: Any, seq: int, nbytes: int, max_iters: int, after: Any) -> tuple[Any, Any]:
         mx = self._mx
-        flat = x.reshape(-1)  # MLX passes a 0-d input by reference, not by pointer
+        flat = x if x.ndim == 1 else x.reshape(-1)  # MLX passes a 0-d input by reference
         params = mx.array([seq, nbytes, max_iters, self.layout.recv_offset], dtype=mx.uint32)
         template = [("T", x.dtype)]
         space = self._lang.x_space(flat.size)
@@ -103,7 +103,7 @@ class MlxBackend:
                 grid=(DELIVER_THREADS, 1, 1), threadgroup=(DELIVER_THREADS, 1, 1),
                 output_shapes=[flat.shape, (1,)], output_dtypes=[x.dtype, mx.uint32],
             )
-        return out.reshape(x.shape), token
+        return (out if x.ndim == 1 else out.reshape(x.shape)), token
 
     def wait(self, token: Any) -> None:
         self._mx.eval(token)

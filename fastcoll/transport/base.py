@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import time
 
 from fastcoll import errors
 from fastcoll.errors import FastcollError, MismatchError
@@ -100,6 +101,19 @@ class Transport(abc.ABC):
             self._send_abort(Header(ABORT, -1, note[:2000], 0, 0))
         except Exception as e:  # the peers may be gone already; nothing more to do
             log.debug("abort notice not delivered: %s", e)
+
+    def explain_broken(self, broken: dict[int, FastcollError]) -> None:
+        """Raise why sending to a peer failed. A peer that gave up sent its ABORT (or CLOSE)
+        before closing, so what it sent is read first: its error, not the broken pipe it left,
+        is what every rank reports. Only if it sent nothing more is `broken`'s error raised."""
+        peer, err = next(iter(broken.items()))
+        deadline = time.monotonic() + 0.5
+        try:
+            self._next_header(peer, 0, deadline)
+        except errors.CollectiveTimeoutError:
+            if time.monotonic() < deadline:
+                raise  # a peer's abort notice, not this short wait running out
+        raise err
 
 
 

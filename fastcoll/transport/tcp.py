@@ -60,12 +60,16 @@ class _Reader:
         self.view[:n] = self.view[self.start : self.end]
         self.start, self.end = 0, n
 
-    def fill(self) -> None:
-        """Read what the socket has (call only when it is readable)."""
+    def fill(self, flags: int = 0) -> None:
+        """Read what the socket has (call only when it is readable, or with MSG_DONTWAIT)."""
         if self.end == len(self.buf):
             self._compact()
         try:
-            k = self.sock.recv_into(self.view[self.end :])
+            k = self.sock.recv_into(self.view[self.end :], 0, flags)
+        except BlockingIOError:
+            if flags:
+                return  # nothing there yet
+            raise _lost(self.peer, BlockingIOError()) from None
         except OSError as e:
             if self._complete():
                 return
@@ -273,7 +277,13 @@ class TcpTransport(Transport):
             return h
         if peer in self._closed_peers:
             raise self._finalized(peer)
-        h = self._readers[link].parse()
+        reader = self._readers[link]
+        h = reader.parse()
+        if h is None:
+            # In a lock-step exchange the peer's message has often landed by now: one
+            # non-blocking read then saves a poll() and the wake-up that follows it.
+            reader.fill(socket.MSG_DONTWAIT)
+            h = reader.parse()
         if h is not None:
             return self._take(link, h)
         while True:

@@ -61,6 +61,7 @@ class ZmqTransport(Transport):
         self._trackers: list[zmq.MessageTracker] = []
         self._gone: dict[int, tuple[str, float]] = {}
         self._finalized: set[int] = set()
+        self._broken: dict[int, FastcollError] = {}  # peers a send to failed (sends dropped)
         self._ranks: dict[bytes, int] = {}  # ROUTER routing id -> the rank it proved to be
         self._handshakes: dict[bytes, auth.Pending] = {}
         self._strangers: set[bytes] = set()
@@ -133,6 +134,8 @@ class ZmqTransport(Transport):
         # NOBLOCK: a DEALER whose only connection is gone would block for ever (it never
         # reconnects); with an unbounded send queue, Again can only mean that.
         d = self._dealers[peer]
+        if peer in self._broken:
+            return
         frame = wire.pack(header)
         try:
             if payload is None or payload.nbytes == 0:
@@ -144,9 +147,14 @@ class ZmqTransport(Transport):
                 d.send(frame, flags=zmq.NOBLOCK | zmq.SNDMORE)
                 self._trackers.append(d.send(payload, flags=zmq.NOBLOCK, copy=False, track=True))
         except zmq.ZMQError as e:
-            raise PeerLostError(f"sending to rank {peer} failed: its connection is gone ({e})") from None
+            # What the peer sent before it went (its ABORT, or a header that shows a mismatch)
+            # explains this better: flush() reports the break once that has been read.
+            err = PeerLostError(f"sending to rank {peer} failed: its connection is gone ({e})")
+            self._broken.setdefault(peer, err)
 
     def flush(self) -> None:
+        if self._broken:
+            self.explain_broken(self._broken)
         deadline = time.monotonic() + self._timeout
         for t in self._trackers:
             while not t.done:
@@ -232,14 +240,14 @@ class ZmqTransport(Transport):
                     raise PeerLostError(why)
                 self._current[peer] = payload
                 return h
-            self._raise_if_gone(peer)
-            for p, pq in self._queues.items():
+            for p, pq in self._queues.items():  # an abort notice explains a lost peer: first
                 if pq and pq[0][0].kind == ABORT:
                     raise abort_error(pq[0][0])
+            self._raise_if_gone(peer)
             left = remaining(deadline)
             if left <= 0:
                 raise CollectiveTimeoutError(
-                    f"rank {self.rank} waited {self._timeout:g}s for rank {peer}, which did not answer"
+                    f"rank {self.rank} timed out waiting for rank {peer}, which did not answer"
                 )
             self._drain(min(left, 0.05 if self._gone else 1.0) * 1000)
 
@@ -247,6 +255,7 @@ class ZmqTransport(Transport):
         out.cast("B")[:] = self._current.pop(peer)
 
     def _send_abort(self, header: Header) -> None:
+        self._trackers.clear()  # a broken group's close() must not wait for a lost peer
         frame = wire.pack(header)
         for d in self._dealers.values():
             try:

@@ -18,6 +18,7 @@ Exit status: 0 after OK, 3 after a fastcoll error, 4 when a call that should fai
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import sys
@@ -27,7 +28,8 @@ import time
 import numpy as np
 
 import fastcoll
-import faulthandler; faulthandler.dump_traceback_later(8, exit=True)
+
+faulthandler.dump_traceback_later(40, exit=True)  # a hang shows its stack (the tests allow far less)
 
 SCENARIO, VICTIM = sys.argv[1], int(sys.argv[2])
 SIZE = int(sys.argv[3]) if len(sys.argv) > 3 else 1024
@@ -156,6 +158,16 @@ def main() -> int:
             return expect_error(fastcoll.all_reduce, x)
         time.sleep(TIMEOUT + 1.5)
         return expect_error(fastcoll.barrier)
+
+    if SCENARIO == "extra-then-finalize":
+        # The victim calls all_reduce once more; the others finalize cleanly and exit.
+        loop(3, x)
+        if victim:
+            fault("extra call")
+            return expect_error(fastcoll.all_reduce, x)
+        fastcoll.finalize()
+        say("OK 3")
+        return 0
 
     if SCENARIO == "finalize":
         # The victim finalizes and stays alive; the others still work among themselves, then

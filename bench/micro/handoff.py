@@ -1,0 +1,74 @@
+"""What a thread hand-off costs next to the exchange itself: two processes swap 4 KiB over a
+loopback TCP socket, first directly, then with each exchange handed to a service thread and
+back (queue + event), as a naive service-thread design would.
+
+    python bench/micro/handoff.py
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import socket
+import threading
+import time
+
+import numpy as np
+
+N = 3000
+
+
+def side(server: bool, port, out) -> None:
+    if server:
+        lst = socket.socket()
+        lst.bind(("127.0.0.1", 0))
+        lst.listen()
+        port.value = lst.getsockname()[1]
+        s, _ = lst.accept()
+    else:
+        while port.value == 0:
+            time.sleep(0.01)
+        s = socket.create_connection(("127.0.0.1", port.value))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    msg, buf = b"x" * 4096, bytearray(4096)
+
+    def exchange() -> None:
+        s.sendall(msg)
+        n = 0
+        while n < 4096:
+            n += s.recv_into(memoryview(buf)[n:])
+
+    direct = []
+    for _ in range(N):
+        t = time.perf_counter()
+        exchange()
+        direct.append(time.perf_counter() - t)
+    q: queue.SimpleQueue = queue.SimpleQueue()
+
+    def service() -> None:
+        while True:
+            fn, done = q.get()
+            fn()
+            done.set()
+
+    threading.Thread(target=service, daemon=True).start()
+    handed = []
+    for _ in range(N):
+        t = time.perf_counter()
+        done = threading.Event()
+        q.put((exchange, done))
+        done.wait()
+        handed.append(time.perf_counter() - t)
+    if server:
+        out.put((np.median(direct) * 1e6, np.median(handed) * 1e6))
+
+
+if __name__ == "__main__":
+    port, out = mp.Value("i", 0), mp.Queue()
+    ps = [mp.Process(target=side, args=(srv, port, out)) for srv in (True, False)]
+    for p in ps:
+        p.start()
+    d, h = out.get()
+    for p in ps:
+        p.join()
+    print(f"4 KiB exchange on loopback, median of {N}: direct {d:.1f} us; through a service thread {h:.1f} us")
