@@ -108,18 +108,23 @@ class Progress:
             self.next_line = done + max(1, self.total // 10)
 
 
-def train(model, opt, xs, ys, average, progress: Progress | None) -> float:
+def train(model, opt, xs, ys, average, progress: Progress | None) -> tuple[float, float]:
+    """Run the steps; (total seconds, seconds spent averaging gradients)."""
     step_fn = nn.value_and_grad(model, loss_fn)
-    t0 = time.perf_counter()
+    t0, in_average = time.perf_counter(), 0.0
     for step in range(len(xs)):
         loss, grads = step_fn(model, mx.array(xs[step]), mx.array(ys[step]))
         if average is not None:
+            mx.eval(grads)  # so that the averaging time below is communication, not backprop
+            t = time.perf_counter()
             grads = average(grads)
+            mx.eval(grads)
+            in_average += time.perf_counter() - t
         opt.update(model, grads)
         mx.eval(model.parameters(), opt.state, loss)
         if progress is not None:
             progress.update(step, loss.item())
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, in_average
 
 
 def main(argv=None) -> int:
@@ -145,12 +150,12 @@ def main(argv=None) -> int:
 
     model, opt = build(a)
     progress = Progress(a.steps, a.progress, rank == 0)
-    dp_time = train(model, opt, xs[:, mine], ys[:, mine], average, progress)
+    dp_time, avg_time = train(model, opt, xs[:, mine], ys[:, mine], average, progress)
 
     # The single-process run on the full batch, from the same initial weights: every rank makes
     # it (to check its own weights), rank 0 first and alone, so that its timing is fair.
     ref, ref_opt = build(a)
-    single_time = train(ref, ref_opt, xs, ys, None, None) if rank == 0 else float("nan")
+    single_time = train(ref, ref_opt, xs, ys, None, None)[0] if rank == 0 else float("nan")
     fastcoll.barrier()
     if rank != 0:
         train(ref, ref_opt, xs, ys, None, None)
@@ -173,6 +178,8 @@ def main(argv=None) -> int:
         print(f"final loss (full batch, last step's data): {final_loss:.5f}")
         print(f"max |w - w_single| = {diff:.3g} (tolerance {tol:.3g}): {'OK' if everyone else 'MISMATCH'}")
         print(f"steps/s: data-parallel {a.steps / dp_time:.1f}, single process on the full batch {a.steps / single_time:.1f}")
+        buckets = "" if a.mlx_average else f", bucket_bytes={a.bucket_bytes if a.bucket_bytes is not None else 'default'}"
+        print(f"gradient averaging: {1e3 * avg_time / a.steps:.3f} ms/step ({n_arrays} arrays, {how}{buckets})")
         print(f"RESULT weights_match={everyone} max_diff={diff:.3g} world={size}", flush=True)
     if a.mlx_average:
         from fastcoll import mlx_compat

@@ -7,6 +7,10 @@ bucket is reduced by one collective; arrays at least `bucket_bytes` large go alo
 collectives are issued asynchronously in tree order, so packing the next bucket overlaps the
 exchange of the previous one.
 
+Packing: the leaves are evaluated once, together; a bucket is packed on the host from their
+zero-copy numpy views, reduced as one numpy buffer, and each result is copied back into an
+array of the leaf's kind (bfloat16, which numpy lacks, is packed with mx.concatenate instead).
+
 Exactness: the result for every array is the one `fastcoll.all_reduce(x, op="mean")` gives for
 that array alone, bit for bit, at the default bucket size. A reduction is element-wise and, on
 fastcoll's direct (small-message) path, folds the ranks in rank order whatever the buffer
@@ -106,28 +110,29 @@ def average_gradients(grads: Any, group: Any = None, bucket_bytes: int = DEFAULT
     _leaves(grads, leaves)
     if not leaves:
         return grads
+    is_mx = [arrays.is_mlx(x) for x in leaves]
     names = [_name(x) for x in leaves]
     for x, name in zip(leaves, names):
         if name not in _AVERAGEABLE:
             raise TypeError(f"average_gradients needs floating or complex arrays; got a {name} array of shape {tuple(x.shape)}")
-    mlx_leaves = [x for x in leaves if arrays.is_mlx(x)]
+    mlx_leaves = [x for x, m in zip(leaves, is_mx) if m]
     if mlx_leaves:
         arrays.mx.eval(*mlx_leaves)  # one evaluation for the whole tree, not one per array
 
-    # Plan in tree order (identical on every rank): units are single arrays or buckets.
+    # Plan in tree order (identical on every rank): units are single arrays or per-dtype
+    # buckets (mx.array and numpy leaves of one dtype share a bucket).
     units: list[tuple[str, list[int]]] = []
-    open_buckets: dict[tuple[str, bool], tuple[list[int], int]] = {}
+    open_buckets: dict[str, tuple[list[int], int]] = {}
     for i, x in enumerate(leaves):
         nbytes = x.nbytes
         if bucket_bytes <= 0 or nbytes >= bucket_bytes:
             units.append(("alone", [i]))
             continue
-        kind = (names[i], arrays.is_mlx(x))
-        members, size = open_buckets.get(kind, ([], 0))
+        members, size = open_buckets.get(names[i], ([], 0))
         if members and size + nbytes > bucket_bytes:
             units.append(("bucket", members))
             members, size = [], 0
-        open_buckets[kind] = (members + [i], size + nbytes)
+        open_buckets[names[i]] = (members + [i], size + nbytes)
     units.extend(("bucket", members) for members, _ in open_buckets.values() if members)
 
     results: list[Any] = [None] * len(leaves)
@@ -137,21 +142,33 @@ def average_gradients(grads: Any, group: Any = None, bucket_bytes: int = DEFAULT
             x = leaves[members[0]]
             pending.append((members, None, collectives.all_reduce(x, op="mean", group=g, async_op=True)))
             continue
-        parts = [leaves[i].reshape(-1) for i in members]
-        if arrays.is_mlx(leaves[members[0]]):
+        name = names[members[0]]
+        if name == "bfloat16":
+            # numpy has no bfloat16 (and only mx.arrays hold it): pack with MLX
+            parts = [leaves[i].reshape(-1) for i in members]
             flat = arrays.mx.concatenate(parts) if len(parts) > 1 else parts[0]
         else:
-            flat = np.concatenate(parts)
+            # pack on the host: the leaves are evaluated, so their numpy views cost nothing
+            flat = np.empty(sum(leaves[i].size for i in members), dtype=dtypes.host_dtype(name))
+            start = 0
+            for i in members:
+                x = leaves[i]
+                view = np.array(x, copy=False) if is_mx[i] else x
+                flat[start : start + x.size] = view.reshape(-1)
+                start += x.size
         pending.append((members, flat, collectives.all_reduce(flat, op="mean", group=g, async_op=True)))
     for members, flat, work in pending:
         out = work.wait()
         if flat is None:
             results[members[0]] = out
             continue
+        host_out = isinstance(out, np.ndarray)
         start = 0
         for i in members:
             x = leaves[i]
-            n = int(np.prod(x.shape)) if x.shape else 1
-            results[i] = out[start : start + n].reshape(x.shape)
-            start += n
+            piece = out[start : start + x.size].reshape(x.shape)
+            if is_mx[i] and host_out:
+                piece = arrays.mx.array(piece, dtype=x.dtype)  # a copy, in the leaf's dtype
+            results[i] = piece
+            start += x.size
     return _rebuild(grads, iter(results))

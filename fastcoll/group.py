@@ -68,16 +68,6 @@ class Group:
 
         return split(self, color, key)
 
-    def split(self, color: int, key: int = -1) -> "Group":
-        """Split into sub-groups by `color` (every rank must call it), as mx.distributed does.
-
-        Ranks with the same color form a group, ordered by `key` (negative: by rank here). The
-        sub-group shares this group's connections; see fastcoll.subgroup for the ordering rule.
-        """
-        from fastcoll.subgroup import split
-
-        return split(self, color, key)
-
     def check(self) -> None:
         """Raise the error that broke this group (or a gate's pending error), if any."""
         if self._closed:
@@ -226,7 +216,8 @@ def connect_group(config: Config, gate: Any = None) -> Group:
         listener = AuthListener(host, 0, config.token)
         try:
             lhost, lport = listener.address
-            table = rdv.rendezvous(config, f"{lhost}:{lport}", caps, deadline)
+            where = f"[{lhost}]:{lport}" if ":" in lhost else f"{lhost}:{lport}"  # IPv6 bracketed
+            table = rdv.rendezvous(config, where, caps, deadline)
             _agree(config, table.caps)
             socks = _tcp_mesh(config, listener, table.addresses, deadline)
         finally:

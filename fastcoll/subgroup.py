@@ -27,7 +27,7 @@ connections under every group.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -87,6 +87,9 @@ class SubGroup(Group):
             self._transport = SubTransport(parent._transport, members, rank)
             self._service = self.root._service
             self._lock = self.root._lock
+            # FASTCOLL_TRACE: the root's tracer records this group's collectives too (their
+            # names carry the prefix); the root writes the file.
+            self._tracer = getattr(self.root, "_tracer", None)
 
     def members(self) -> list[int]:
         """The root-group (global) rank of each rank of this group, in sub-group rank order."""
@@ -105,18 +108,12 @@ class SubGroup(Group):
         if self._error is not None:
             raise type(self._error)(str(self._error))
 
-    def run(
-        self,
-        sig: str,
-        body: Callable[[Any], Any],
-        timeout: float | None = None,
-        async_op: bool = False,
-        p2p: tuple[str, int] | None = None,
-    ) -> Any:
+    def run(self, sig: str, *args: Any, **kwargs: Any) -> Any:
+        """Group.run with this group's signature prefix, after draining the root's gate."""
         gate = self.root.gate
         if gate is not None and gate.pending():
             gate.drain()  # a gated root collective nobody evaluated yet would hold the queue
-        return super().run(self.prefix + sig, body, timeout, async_op, p2p)
+        return super().run(self.prefix + sig, *args, **kwargs)
 
     def _fail(self, error: FastcollError) -> None:
         if self._error is None:

@@ -73,13 +73,13 @@ def parse(rank: int, code: int | None, out: str, err: str) -> Rank:
 
 
 def run_fault(launch, world, transport, scenario, victim, size=1024, within=None, timeout=TIMEOUT,
-              wait_victim=False):
+              wait_victim=False, per_rank_env=None):
     """Start the job; wait until every rank (but the victim, unless `wait_victim`) has exited on
     its own (at most `within` seconds), then end the victim. Returns {rank: Rank} and a printable
     detail; asserts that no process remains."""
     job = launch(
         world, "fault_worker.py", scenario, str(victim), str(size),
-        transport=transport, timeout=str(timeout),
+        transport=transport, timeout=str(timeout), per_rank_env=per_rank_env,
     )
     survivors = [p for r, p in enumerate(job.procs) if r != victim or wait_victim]
     limit = within if within is not None else timeout + 12  # process start-up included
@@ -152,6 +152,31 @@ def test_sigkill(launch, transport, world, scenario):
 def test_sigkill_fails_async_handles(launch, transport):
     ranks, detail = run_fault(launch, 3, transport, "kill-async", 1)
     check_survivors(ranks, detail, 1, "PeerLostError", at_once_after_fault=True, what=f"{transport} async")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_sigkill_before_init(launch, transport):
+    # The victim never joins: the others' init() raises CollectiveTimeoutError, not a hang.
+    ranks, detail = run_fault(launch, 3, transport, "kill-before-init", 2)
+    for r in (0, 1):
+        x = ranks[r]
+        assert x.code == 3 and x.error == "CollectiveTimeoutError", f"rank {r}\n{detail}"
+        assert x.elapsed <= TIMEOUT + 1.0, f"rank {r}: {x.elapsed}\n{detail}"
+    MEASURED.append(f"{transport} kill-before-init: init raised after {ranks[0].elapsed:.2f}s")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_rank_with_wrong_token(launch, transport):
+    # A rank with another token is refused at the rendezvous: it raises AuthenticationError at
+    # once (the coordinator could not prove the token to it); the others time out waiting for it.
+    ranks, detail = run_fault(
+        launch, 2, transport, "wrong-token", 1, wait_victim=True,
+        per_rank_env=lambda r: {"FASTCOLL_TOKEN": "another-token"} if r == 1 else {},
+    )
+    assert ranks[1].code == 3 and ranks[1].error == "AuthenticationError", detail
+    assert ranks[1].elapsed < TIMEOUT, detail
+    assert ranks[0].code == 3 and ranks[0].error == "CollectiveTimeoutError", detail
+    assert ranks[0].elapsed <= TIMEOUT + 1.0, detail
 
 
 # --- SIGSTOP: a rank that stops answering without closing anything ---------------------------

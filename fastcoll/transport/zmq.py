@@ -37,6 +37,9 @@ class ZmqListener:
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.MAXMSGSIZE, max_message)
         self.router.setsockopt(zmq.LINGER, 0)
+        if ":" in host:  # an IPv6 address: ZeroMQ wants it bracketed, and IPv6 turned on
+            self.router.setsockopt(zmq.IPV6, 1)
+            host = f"[{host}]"
         port = self.router.bind_to_random_port(f"tcp://{host}")
         self.address = f"tcp://{host}:{port}"
 
@@ -71,11 +74,15 @@ class ZmqTransport(Transport):
         for peer in self._queues:
             d = listener.ctx.socket(zmq.DEALER)
             d.setsockopt(zmq.SNDHWM, 0)
-            d.setsockopt(zmq.LINGER, int(timeout * 1000))
+            # The linger set here, not the one close() passes, is what ctx.term() waited on for
+            # a lost peer (FASTCOLL_TIMEOUT seconds after an error; measured): keep it short.
+            d.setsockopt(zmq.LINGER, 1000)
             d.setsockopt(zmq.RECONNECT_IVL, -1)
             d.setsockopt(zmq.HEARTBEAT_IVL, 1000)
             d.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(max(timeout, 1) * 1000))
             mon = d.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
+            if "[" in addresses[peer]:
+                d.setsockopt(zmq.IPV6, 1)
             d.connect(addresses[peer])
             self._dealers[peer] = d
             self._monitors[mon] = peer
@@ -274,6 +281,7 @@ class ZmqTransport(Transport):
             d.disable_monitor()
         for mon in self._monitors:
             mon.close(linger=0)
-        for d in self._dealers.values():
-            d.close(linger=1000)
+        for peer, d in self._dealers.items():
+            # Lingering on a peer that is gone only holds ctx.term() up (seconds, measured).
+            d.close(linger=0 if peer in self._gone or peer in self._broken else 1000)
         self._listener.close()

@@ -7,6 +7,7 @@ rank's input and sums are exact in every dtype. Exits non-zero on the first fail
 
 from __future__ import annotations
 
+import os
 import sys
 
 import mlx.core as mx
@@ -82,8 +83,8 @@ def main() -> None:
     d = mx.distributed
     g = d.init()
     n, r = g.size(), g.rank()
-    check(n == int(__import__("os").environ["FASTCOLL_WORLD_SIZE"]), "size")
-    check(r == int(__import__("os").environ["FASTCOLL_RANK"]), "rank")
+    check(n == int(os.environ["FASTCOLL_WORLD_SIZE"]), "size")
+    check(r == int(os.environ["FASTCOLL_RANK"]), "rank")
     check(d.init() is g and d.init(backend="ring") is g and d.init(strict=True) is g, "init caches its group")
     check(d.is_available() and d.is_available("fastcoll") and not d.is_available("bogus"), "is_available")
     raises(ValueError, lambda: d.init(backend="bogus"), "bad backend", "bogus")

@@ -75,7 +75,27 @@ def loop(n: int, x) -> None:
         fastcoll.all_reduce(x)
 
 
+def init_error() -> int:
+    """init() itself is expected to fail (a rank missing, a wrong token): report how."""
+    start = time.monotonic()
+    try:
+        fastcoll.init()
+    except fastcoll.FastcollError as e:
+        say("ERROR", type(e).__name__, f"{time.monotonic() - start:.4f}", f"{time.time():.6f}")
+        say("MESSAGE", str(e).replace("\n", " ")[:300])
+        return 3
+    say("NOERROR", f"{time.monotonic() - start:.4f}")
+    return 4
+
+
 def main() -> int:
+    if SCENARIO == "kill-before-init":
+        # The victim dies before it joins; the others' init() must not wait for ever.
+        if int(os.environ["FASTCOLL_RANK"]) == VICTIM:
+            fault("sigkill", signal.SIGKILL)
+        return init_error()
+    if SCENARIO == "wrong-token":  # the victim was started with another FASTCOLL_TOKEN
+        return init_error()
     g = fastcoll.init()
     r, n = g.rank(), g.size()
     say("READY", r, os.getpid())
@@ -222,8 +242,11 @@ def main() -> int:
     if SCENARIO == "late-call-timeout":
         # FASTCOLL_TIMEOUT is long; the victim is late by more than the per-call timeout.
         if victim:
+            # The others sent their contributions before they gave up, so the late rank's first
+            # call may still complete with the right result; it learns of their notice (a
+            # CollectiveTimeoutError) no later than its next call.
             time.sleep(3.0)
-            return expect_error(fastcoll.all_reduce, x, timeout=1.0)
+            return expect_error(lambda: [fastcoll.all_reduce(x, timeout=1.0) for _ in range(2)])
         return expect_error(fastcoll.all_reduce, x, timeout=1.0)
 
     raise SystemExit(f"unknown scenario {SCENARIO}")
