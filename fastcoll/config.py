@@ -82,7 +82,26 @@ class Config:
         )
 
 
+def _mlx_hosts(env: Mapping[str, str]) -> list | None:
+    """mlx.launch's MLX_HOSTFILE: a JSON list with one entry per rank (ring backend: a list of
+    "ip:port" strings; mlx.distributed_config: {"ssh": name, "ips": [...]})."""
+    path = env.get("MLX_HOSTFILE")
+    if not path or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        hosts = json.load(f)
+    if not isinstance(hosts, list) or not hosts:
+        raise ValueError(f"MLX_HOSTFILE {path} is not a non-empty JSON list")
+    return hosts
+
+
 def _ranks(env: Mapping[str, str]) -> tuple[int, int, int, str]:
+    if "MLX_RANK" in env and "MLX_WORLD_SIZE" not in env and "FASTCOLL_RANK" not in env:
+        # mlx.launch sets MLX_RANK and MLX_HOSTFILE only: the world is the hostfile's length.
+        hosts = _mlx_hosts(env)
+        if hosts is None:
+            raise ValueError("MLX_RANK is set but neither MLX_WORLD_SIZE nor MLX_HOSTFILE is")
+        env = {**env, "MLX_WORLD_SIZE": str(len(hosts))}
     for rank_var, size_var, local_var, launcher in _LAUNCHER_RANKS:
         if rank_var in env or size_var in env:
             if rank_var not in env or size_var not in env:
@@ -114,13 +133,14 @@ def _coordinator(env: Mapping[str, str], launcher: str) -> tuple[str, int]:
 
 def _first_host(env: Mapping[str, str]) -> str | None:
     """The first host of the job, as mlx.launch, Slurm or a local mpirun describe it."""
-    hostfile = env.get("MLX_HOSTFILE")
-    if hostfile and os.path.exists(hostfile):
-        with open(hostfile) as f:
-            hosts = json.load(f)
-        if hosts and isinstance(hosts[0], dict):
-            ips = hosts[0].get("ips") or []
-            return ips[0] if ips else hosts[0].get("ssh")
+    hosts = _mlx_hosts(env)
+    if hosts:
+        first = hosts[0]
+        if isinstance(first, dict):
+            ips = first.get("ips") or []
+            return ips[0] if ips else first.get("ssh")
+        if isinstance(first, list) and first and isinstance(first[0], str):
+            return first[0].rsplit(":", 1)[0].strip("[]")  # "ip:port" of MLX's own ring
     nodes = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
     if nodes:
         return first_slurm_node(nodes)
