@@ -62,7 +62,8 @@ def _done(result: Any, async_op: bool) -> Any:
 
 
 def _sig(kind: str, *parts: Any) -> str:
-    return f"{kind}({','.join(str(p) for p in parts)})"
+    """'all_reduce(sum,float32,(4, 8))': what every rank must agree on, sent in each header."""
+    return kind + "(" + ",".join(map(str, parts)) + ")"
 
 
 def _drain_gate(g: Group) -> None:
@@ -72,13 +73,11 @@ def _drain_gate(g: Group) -> None:
 
 
 def reduce_flat(call: Call, src: np.ndarray, buf: np.ndarray, name: str, op: str) -> None:
-    """buf = the all-reduce of src (both flat host buffers; may be one array), on the service
-    thread. Also the gate's exchange."""
+    """buf = the all-reduce of src (two flat host buffers), on the service thread.
+    Also the gate's exchange."""
     combine = call.traced(dtypes.reducer(name, op))
     if src.nbytes <= DIRECT_MAX_BYTES:
-        if buf is not src:
-            buf[...] = src
-        direct.all_reduce(call, buf, combine)
+        direct.all_reduce(call, src, buf, combine)
     else:
         ring.all_reduce(call, src, buf, combine, _pieces(buf.itemsize))
     if op == "mean":

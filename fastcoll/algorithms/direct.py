@@ -16,18 +16,25 @@ def _peers(call: Call) -> list[int]:
     return [p for p in range(call.t.size) if p != call.t.rank]
 
 
-def all_reduce(call: Call, buf: np.ndarray, reduce: Combine) -> None:
-    """buf (flat, this rank's contribution) becomes the reduction over all ranks."""
+def all_reduce(call: Call, src: np.ndarray, buf: np.ndarray, reduce: Combine) -> None:
+    """buf (flat) becomes the reduction over all ranks of their src (flat, left unchanged)."""
     n, r = call.t.size, call.t.rank
-    for p in _peers(call):
-        call.send(p, 0, buf)
-    parts = np.empty((n,) + buf.shape, dtype=buf.dtype)
-    for p in _peers(call):
+    peers = _peers(call)
+    for p in peers:
+        call.send(p, 0, src)
+    if n == 2:
+        # The common case, without the stack of contributions: x0 op x1 on both ranks.
+        call.recv(peers[0], 0, buf)
+        call.flush()
+        reduce(src, buf, buf) if r == 0 else reduce(buf, src, buf)
+        return
+    parts = np.empty((n,) + src.shape, dtype=src.dtype)
+    for p in peers:
         call.recv(p, 0, parts[p])
     call.flush()
-    parts[r] = buf
-    buf[...] = parts[0]
-    for p in range(1, n):
+    parts[r] = src
+    reduce(parts[0], parts[1], buf)
+    for p in range(2, n):
         reduce(buf, parts[p], buf)
 
 

@@ -83,19 +83,24 @@ class AuthListener:
         conn.settimeout(None)
         self._ready.put((rank, conn))
 
-    def accept(self, ranks: set[int], deadline: float) -> dict[int, socket.socket]:
-        """Authenticated sockets from exactly `ranks`, each once, before `deadline`."""
+    def accept(self, ranks: set[int], deadline: float, notify=None) -> dict[int, socket.socket]:
+        """Authenticated sockets from exactly `ranks`, each once, before `deadline`.
+
+        On timeout, notify(sock, error) tells each rank already connected why (if given)."""
         got: dict[int, socket.socket] = {}
         while len(got) < len(ranks):
             try:
                 rank, conn = self._ready.get(timeout=max(0.001, remaining(deadline)))
             except queue.Empty:
-                for c in got.values():
-                    c.close()
                 missing = sorted(ranks - set(got))
-                raise CollectiveTimeoutError(
+                error = CollectiveTimeoutError(
                     f"ranks {missing} did not connect to {self.address[0]}:{self.address[1]} in time"
-                ) from None
+                )
+                for c in got.values():
+                    if notify is not None:
+                        notify(c, error)
+                    c.close()
+                raise error from None
             if rank not in ranks or rank in got:
                 log.warning("refused an authenticated connection claiming rank %d twice or unexpectedly", rank)
                 conn.close()

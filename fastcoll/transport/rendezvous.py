@@ -48,6 +48,16 @@ def connect(host: str, port: int, token: bytes, rank: int, deadline: float, what
         return sock
 
 
+def _tell(sock: socket.socket, error: FastcollError) -> None:
+    """Best effort: tell a rank waiting for the table why there will be none (so that it raises
+    the same error as the coordinator, not a bare 'connection reset')."""
+    try:
+        sock.settimeout(1.0)
+        send_message(sock, {"error": str(error), "kind": type(error).__name__}, MESSAGE_LIMIT)
+    except (OSError, ValueError):
+        pass
+
+
 def rendezvous(config: Config, address: str, caps: dict, deadline: float) -> Table:
     """Exchange data addresses and capabilities with every rank through the coordinator."""
     host, port = config.coordinator
@@ -60,12 +70,14 @@ def rendezvous(config: Config, address: str, caps: dict, deadline: float) -> Tab
         finally:
             sock.close()
         if not isinstance(reply, dict) or "error" in reply:
-            raise MismatchError(f"rendezvous refused: {reply.get('error') if isinstance(reply, dict) else reply}")
+            timed_out = isinstance(reply, dict) and reply.get("kind") == "CollectiveTimeoutError"
+            cls = CollectiveTimeoutError if timed_out else MismatchError
+            raise cls(f"rendezvous refused: {reply.get('error') if isinstance(reply, dict) else reply}")
         return Table(reply["addresses"], reply["caps"])
 
     listener = AuthListener(host, port, config.token)
     try:
-        socks = listener.accept(set(range(1, config.world_size)), deadline)
+        socks = listener.accept(set(range(1, config.world_size)), deadline, notify=_tell)
     finally:
         listener.close()
     entries = {0: me}
