@@ -44,7 +44,7 @@ class ZmqListener:
 
     A ZAP handler admits connections only while the job sets up; `close_door()` then refuses
     every new one in libzmq's handshake, before it can send a byte. Without it, a stranger could
-    connect at any time and have libzmq queue its messages (up to 1000 of ZMQ_MAXMSGSIZE each)
+    connect at any time and have libzmq queue its messages (up to RCVHWM of ZMQ_MAXMSGSIZE each)
     while the rank is idle: 150 x 4 MiB sent to an idle rank grew it by 600 MiB (measured). With
     ZAP on, libzmq also drops ZMTP/1.0 peers (random bytes) instead of reading them as messages."""
 
@@ -56,6 +56,10 @@ class ZmqListener:
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.zap_domain = b"fastcoll"
         self.router.setsockopt(zmq.MAXMSGSIZE, max_message)
+        # Per connection: a peer that fills it is only slowed (libzmq stops reading its socket
+        # until this rank catches up); a stranger that connected during the set-up window can
+        # park at most this many messages here while the rank is idle, not libzmq's 1000.
+        self.router.setsockopt(zmq.RCVHWM, 64)
         self.router.setsockopt(zmq.LINGER, 0)
         if ":" in host:  # an IPv6 address: ZeroMQ wants it bracketed, and IPv6 turned on
             self.router.setsockopt(zmq.IPV6, 1)
