@@ -4,8 +4,8 @@ size moves large messages fastest. Two (or --world N) ranks on localhost, TCP.
     python bench/crossover.py [--world 2] [--reps 7]
 
 Each size is timed with both algorithms forced, alternating, in one job, and the median of the
-per-call times is reported; the numbers behind fastcoll.collectives.DIRECT_MAX_BYTES and
-PIECE_BYTES come from this script (see bench/NOTES.md).
+per-call times is reported; the numbers behind fastcoll.collectives.DIRECT_MAX_BYTES(_TWO_RANKS)
+and PIECE_BYTES come from this script (see bench/NOTES.md).
 """
 
 from __future__ import annotations
@@ -52,10 +52,11 @@ def rank_main(reps: int) -> None:
         times = {"direct": [], "ring": []}
         for _ in range(reps):
             for algo in ("direct", "ring"):
-                collectives.DIRECT_MAX_BYTES = 1 << 40 if algo == "direct" else 0
+                bound = 1 << 40 if algo == "direct" else 0
+                collectives.DIRECT_MAX_BYTES = collectives.DIRECT_MAX_BYTES_TWO_RANKS = bound
                 times[algo].append(per_call(x, calls))
         rows.append({"bytes": size, **{k: _median(v) for k, v in times.items()}})
-    collectives.DIRECT_MAX_BYTES = 0
+    collectives.DIRECT_MAX_BYTES = collectives.DIRECT_MAX_BYTES_TWO_RANKS = 0
     pieces = []
     x = np.ones(BIG // 4, np.float32)
     per_call(x, 1)

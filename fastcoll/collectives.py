@@ -16,11 +16,22 @@ from fastcoll.algorithms import Call, blocks, direct, ring
 from fastcoll.group import MAX_PIECE_BYTES, Group
 from fastcoll.service import Work
 
-# Crossover between the direct (one hop) and the ring algorithms, and the ring's piece size.
-# Chosen by measurement with bench/crossover.py (two ranks on localhost, 2-core Linux box);
-# the figures behind them are in bench/NOTES.md.
-DIRECT_MAX_BYTES = 256 * 1024
+# Crossover between the direct (one hop) and the ring algorithms, and the ring's piece size,
+# measured with `python bench/crossover.py [--world 4]` (2-core Linux box, TCP on localhost,
+# median us per all-reduce, direct / ring). Two ranks: 4 KiB 51/93, 256 KiB 219/445,
+# 1 MiB 1051/1967, 4 MiB 4542/4836 -- direct wins up to megabytes, since with two ranks both
+# move the same bytes and the ring adds a step. Four ranks: 64 KiB 686/1361, 256 KiB
+# 1691/1724, 512 KiB 2816/3081, 1 MiB 5494/4263 -- direct sends (n-1)x the data and loses past
+# ~512 KiB. Ring pieces, 64 MiB: 256 KiB 56.6 ms, 1 MiB 47.4 ms, 4 MiB 53.6 ms (bench/NOTES.md).
+DIRECT_MAX_BYTES = 256 * 1024  # any world size (average_gradients' buckets rely on this bound)
+DIRECT_MAX_BYTES_TWO_RANKS = 1 << 20
 PIECE_BYTES = 1 << 20
+
+
+def _direct(nbytes: int, world: int) -> bool:
+    """Whether a collective of `nbytes` (the whole buffer) takes the direct algorithm."""
+    return nbytes <= (DIRECT_MAX_BYTES_TWO_RANKS if world == 2 else DIRECT_MAX_BYTES)
+
 
 _default: Group | None = None
 
@@ -67,16 +78,18 @@ def _sig(kind: str, *parts: Any) -> str:
 
 
 def _drain_gate(g: Group) -> None:
-    # A gated result nobody has evaluated yet would hold the service queue: evaluate it first.
-    if g.gate is not None and g.gate.pending():
-        g.gate.drain()
+    # A gated result nobody has evaluated yet would hold the service queue (which sub-groups
+    # share with their root): evaluate it first.
+    gate = g.root.gate
+    if gate is not None and gate.pending():
+        gate.drain()
 
 
 def reduce_flat(call: Call, src: np.ndarray, buf: np.ndarray, name: str, op: str) -> None:
     """buf = the all-reduce of src (two flat host buffers), on the service thread.
     Also the gate's exchange."""
     combine = call.traced(dtypes.reducer(name, op))
-    if src.nbytes <= DIRECT_MAX_BYTES:
+    if _direct(src.nbytes, call.t.size):
         direct.all_reduce(call, src, buf, combine)
     else:
         ring.all_reduce(call, src, buf, combine, _pieces(buf.itemsize))
@@ -160,7 +173,7 @@ def all_gather(x: Any, group: Group | None = None, async_op: bool = False, timeo
     buf[a:b] = h.flat
 
     def body(call: Call) -> Any:
-        if buf.nbytes <= DIRECT_MAX_BYTES:
+        if _direct(buf.nbytes, call.t.size):
             direct.all_gather(call, buf, bounds)
         else:
             ring.all_gather(call, buf, bounds, _pieces(buf.itemsize))
@@ -191,7 +204,7 @@ def reduce_scatter(x: Any, op: str = "sum", group: Group | None = None, async_op
 
     def body(call: Call) -> Any:
         combine = call.traced(dtypes.reducer(h.name, op))
-        if h.flat.nbytes <= DIRECT_MAX_BYTES:
+        if _direct(h.flat.nbytes, call.t.size):
             mine = direct.reduce_scatter(call, h.flat, bounds, combine)
         else:
             mine = ring.reduce_scatter(call, h.flat, bounds, combine, _pieces(h.flat.itemsize))
@@ -218,7 +231,7 @@ def broadcast(x: Any, root: int = 0, group: Group | None = None, async_op: bool 
         out, buf = arrays.output(h.name, h.shape, h.mlx)
 
     def body(call: Call) -> Any:
-        if buf.nbytes <= DIRECT_MAX_BYTES:
+        if _direct(buf.nbytes, call.t.size):
             direct.broadcast(call, buf, root)
         else:
             ring.broadcast(call, buf, root, _pieces(buf.itemsize))

@@ -34,6 +34,7 @@ class Group:
         self.config = config
         self._transport = transport
         self.gate = gate
+        self.root: Group = self  # the group that owns the connections (a sub-group's differs)
         self._service = Service() if transport is not None else None
         self._lock = threading.Lock()
         self._seq = 0
@@ -126,12 +127,15 @@ class Group:
         except FastcollError as e:
             self._fail(e)
             raise
-        except (TypeError, ValueError, MemoryError):
-            raise
-        except Exception as e:  # a bug must still break the group on every rank, not hang it
+        except Exception as e:
+            # Arguments were checked before the call was queued, so this is a bug; the peers may
+            # be mid-message, so it must still break the group on every rank, not hang it.
             err = FastcollError(f"internal error in {sig}: {e!r}")
             self._fail(err)
             raise err from e
+        except BaseException:  # Ctrl-C mid-collective: tell the peers rather than leave them waiting
+            self._fail(FastcollError(f"rank {self.rank()} was interrupted during {sig}"))
+            raise
 
     def _fail(self, error: FastcollError) -> None:
         if self._error is None:

@@ -78,7 +78,7 @@ class SubGroup(Group):
         # No transport and no gate here, so Group.__init__ starts no service thread.
         super().__init__(config, None, None)
         self.parent = parent
-        self.root: Group = parent.root if isinstance(parent, SubGroup) else parent
+        self.root = parent.root
         self.prefix = prefix
         # parent ranks -> root ranks, for members() and messages
         up = parent.members() if isinstance(parent, SubGroup) else list(range(parent.size()))
@@ -109,10 +109,7 @@ class SubGroup(Group):
             raise type(self._error)(str(self._error))
 
     def run(self, sig: str, *args: Any, **kwargs: Any) -> Any:
-        """Group.run with this group's signature prefix, after draining the root's gate."""
-        gate = self.root.gate
-        if gate is not None and gate.pending():
-            gate.drain()  # a gated root collective nobody evaluated yet would hold the queue
+        """Group.run with this group's signature prefix."""
         return super().run(self.prefix + sig, *args, **kwargs)
 
     def _fail(self, error: FastcollError) -> None:

@@ -20,7 +20,7 @@ from fastcoll import dtypes
 MX_NAMES = [n for n in dtypes.names()]
 NP_NAMES = [n for n in dtypes.names() if n != "bfloat16"]
 SHAPES = [(), (0,), (1,), (7, 3), (5, 2, 2)]
-BIG = (70_001,)  # over the direct/ring crossover for 4-byte and wider dtypes
+BIG = (300_001,)  # over the direct/ring crossover (1 MiB for two ranks) for 4-byte and wider dtypes
 
 
 def values(name: str, shape: tuple, rank: int, case: int) -> np.ndarray:
