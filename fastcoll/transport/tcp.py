@@ -279,7 +279,7 @@ class TcpTransport(Transport):
         h = self._pending.pop(link, None)
         if h is not None:
             self._poll.register(self._links[link].fileno(), select.POLLIN)
-            return h
+            return self._take(link, h)
         if peer in self._closed_peers:
             raise self._finalized(peer)
         reader = self._readers[link]
@@ -316,11 +316,14 @@ class TcpTransport(Transport):
                     self._closed_peers.add(other[0])
                     self._poll.unregister(fd)
                     continue
-                h = self._take(other, h)
                 if other == link:
-                    return h
+                    return self._take(other, h)
                 # A message on another socket that runs ahead: keep its header, read its
                 # payload when that message's turn comes, and stop watching it till then.
+                # That holds for an ABORT too: that peer finished what this rank awaits from
+                # it before it gave up, so the collective under way may still complete; the
+                # abort is raised when this rank next needs that peer. (Everyone else heard
+                # it as well, so whoever this rank waits for answers or aborts in turn.)
                 self._pending[other] = h
                 self._poll.unregister(fd)
 

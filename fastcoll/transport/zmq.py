@@ -293,9 +293,9 @@ class ZmqTransport(Transport):
                     raise PeerLostError(why)
                 self._current[peer] = payload
                 return h
-            for p, pq in self._queues.items():  # an abort notice explains a lost peer: first
-                if pq and pq[0][0].kind == ABORT:
-                    raise abort_error(pq[0][0])
+            # Another peer's ABORT waits in its queue until this rank needs that peer (as on
+            # TCP: the collective under way may still complete); _raise_if_gone passes over
+            # lost peers whose queue still holds something, such as that notice.
             self._raise_if_gone(peer)
             if self._spin():
                 continue
