@@ -42,6 +42,7 @@ class Transport(abc.ABC):
     def __init__(self, rank: int, size: int):
         self.rank = rank
         self.size = size
+        self.aborted = False  # abort() was called: the connections carry nothing more
 
     @abc.abstractmethod
     def send(self, peer: int, header: Header, payload: memoryview | None) -> None:
@@ -96,6 +97,7 @@ class Transport(abc.ABC):
 
     def abort(self, error: FastcollError) -> None:
         """Tell every peer why this rank stopped, so that they raise the same kind of error."""
+        self.aborted = True
         try:
             note = f"rank {self.rank}: {type(error).__name__}: {error}"
             self._send_abort(Header(ABORT, -1, note[:2000], 0, 0))

@@ -335,18 +335,23 @@ class TcpTransport(Transport):
         for sock in self._links.values():
             try:
                 sock.send(frame, socket.MSG_DONTWAIT)
+            except OSError:
+                pass  # a full buffer (a stopped peer): the shutdown below still tells it
+            try:
+                # Also wakes a sender thread blocked on this socket (its send fails with EPIPE).
                 sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
 
     def close(self) -> None:
-        try:
-            self.flush()
-            frame = wire.pack(Header(CLOSE, -1, "", 0, 0))
-            for sock in self._links.values():
-                sock.sendall(frame)
-        except (OSError, FastcollError):
-            pass
+        if not self.aborted:  # after an abort nothing more is owed, and a peer may never read
+            try:
+                self.flush()
+                frame = wire.pack(Header(CLOSE, -1, "", 0, 0))
+                for sock in self._links.values():
+                    sock.sendall(frame)
+            except (OSError, FastcollError):
+                pass
         for sender in self._senders:
             sender.close()
         for sock in self._links.values():
