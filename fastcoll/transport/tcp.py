@@ -143,16 +143,34 @@ class _Sender:
         self._error: FastcollError | None = None
         self.broken: dict[int, FastcollError] = {}  # peers whose connection broke: sends dropped
         self._closed = False
+        self._current: socket.socket | None = None  # the socket a message is going out on now
+        self._last_word: tuple[socket.socket, bytes] | None = None  # see abort()
+        self._aborted = False
         self._thread = threading.Thread(target=self._loop, name="fastcoll-sender", daemon=True)
         self._thread.start()
 
     def idle(self) -> bool:
         return self._outstanding == 0
 
+    def abort(self, frame: bytes) -> socket.socket | None:
+        """Drop what is queued. If a message is going out now, return its socket: `frame` (the
+        ABORT) follows on it once that message is out, then the socket is shut for writing.
+        Written into the middle of a message it would corrupt the stream."""
+        with self._cond:
+            self._aborted = True
+            self._outstanding -= len(self._items)
+            self._items.clear()
+            if self._current is not None:
+                self._last_word = (self._current, frame)
+            self._cond.notify_all()
+            return self._current
+
     def put(self, peer: int, sock: socket.socket, frame: bytes, payload: memoryview | None) -> None:
         with self._cond:
             if self._error is not None:
                 raise self._error
+            if self._aborted:
+                return  # the group has failed: nothing more goes out
             self._items.append((peer, sock, frame, payload))
             self._outstanding += 1
             self._cond.notify_all()
@@ -176,6 +194,7 @@ class _Sender:
                 if self._closed:
                     return
                 peer, sock, frame, payload = self._items.popleft()
+                self._current = sock
             try:
                 if self._error is None and peer not in self.broken:
                     sock.sendall(frame)
@@ -188,14 +207,31 @@ class _Sender:
                 else:  # reported by TcpTransport.flush, after what the peer sent is read
                     self.broken.setdefault(peer, err)
             with self._cond:
+                self._current = None
                 self._outstanding -= 1
+                last, self._last_word = self._last_word, None
                 self._cond.notify_all()
+            if last is not None:
+                _say_last_word(*last)
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
         self._thread.join(timeout=1)
+
+
+def _say_last_word(sock: socket.socket, frame: bytes) -> None:
+    """Best effort: `frame` (an ABORT) on `sock`, then shut it for writing, which also wakes a
+    thread blocked sending on it."""
+    try:
+        sock.send(frame, socket.MSG_DONTWAIT)
+    except OSError:
+        pass  # a full buffer (a stopped peer): the shutdown still tells it
+    try:
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
 
 
 Link = tuple[int, int]  # (peer, channel): one socket
@@ -332,16 +368,11 @@ class TcpTransport(Transport):
 
     def _send_abort(self, header: Header) -> None:
         frame = wire.pack(header)
+        # A sender thread in the middle of a message on a socket says the last word there itself.
+        busy = {sender.abort(frame) for sender in self._senders}
         for sock in self._links.values():
-            try:
-                sock.send(frame, socket.MSG_DONTWAIT)
-            except OSError:
-                pass  # a full buffer (a stopped peer): the shutdown below still tells it
-            try:
-                # Also wakes a sender thread blocked on this socket (its send fails with EPIPE).
-                sock.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
+            if sock not in busy:
+                _say_last_word(sock, frame)
 
     def close(self) -> None:
         if not self.aborted:  # after an abort nothing more is owed, and a peer may never read
