@@ -251,7 +251,7 @@ class TcpTransport(Transport):
         self._channels = len(next(iter(socks.values())))
         self._timeout = timeout
         self._readers = {link: _Reader(s, link[0]) for link, s in self._links.items()}
-        self._pending: dict[Link, Header] = {}
+        self._pending: dict[Link, Header | FastcollError] = {}
         self._fd_link = {s.fileno(): link for link, s in self._links.items()}
         self._poll = select.poll()
         for s in self._links.values():
@@ -313,6 +313,8 @@ class TcpTransport(Transport):
     def _next_header(self, peer: int, chunk: int, deadline: float) -> Header:
         link = (peer, chunk % self._channels)
         h = self._pending.pop(link, None)
+        if isinstance(h, FastcollError):
+            raise h  # that peer was lost while this rank waited on another one
         if h is not None:
             self._poll.register(self._links[link].fileno(), select.POLLIN)
             return self._take(link, h)
@@ -343,7 +345,17 @@ class TcpTransport(Transport):
             for fd, _ in events:
                 other = self._fd_link[fd]
                 r = self._readers[other]
-                r.fill()
+                try:
+                    r.fill()
+                except FastcollError as e:
+                    if other == link:
+                        raise
+                    # Lost while this rank waits on another peer: what that peer owed this
+                    # collective has arrived (it came before the end of its stream), so the
+                    # collective may still complete; the loss is raised when it is next needed.
+                    self._pending[other] = e
+                    self._poll.unregister(fd)
+                    continue
                 h = r.parse()
                 if h is None:
                     continue

@@ -223,9 +223,12 @@ class ZmqTransport(Transport):
         The CLOSE message and the disconnect travel on different connections, so a disconnect
         is only believed after a short grace in which that peer's CLOSE may still arrive."""
         for p, (why, seen) in self._gone.items():
-            if p in self._finalized and p != needed:
+            if needed is not None and p != needed:
+                # A lost peer this rank is not waiting on: the collective under way may still
+                # complete; the loss is raised when that peer is next needed (or reaches this
+                # rank through the peer it waits on, which needs it too).
                 continue
-            if self._queues[p] and p != needed:
+            if needed is None and (p in self._finalized or self._queues[p]):
                 continue
             if time.monotonic() - seen > 0.1:
                 raise PeerLostError(why)
