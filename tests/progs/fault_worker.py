@@ -120,6 +120,10 @@ def main() -> int:
     if SCENARIO == "kill-after":
         fastcoll.all_reduce(x)
         if victim:
+            # ZeroMQ sends are asynchronous: a rank killed the instant its collective returns
+            # can take its last message to the others with it, and then they rightly fail in
+            # that collective. "After" means after the others have it: let libzmq flush.
+            time.sleep(0.2)
             fault("sigkill", signal.SIGKILL)
         time.sleep(0.5)  # the victim is long dead when the others call again
         return expect_error(fastcoll.all_reduce, x)
