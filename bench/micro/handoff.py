@@ -14,21 +14,13 @@ import threading
 import time
 
 import numpy as np
+from pair import connect_pair
 
 N = 3000
 
 
 def side(server: bool, port, out) -> None:
-    if server:
-        lst = socket.socket()
-        lst.bind(("127.0.0.1", 0))
-        lst.listen()
-        port.value = lst.getsockname()[1]
-        s, _ = lst.accept()
-    else:
-        while port.value == 0:
-            time.sleep(0.01)
-        s = socket.create_connection(("127.0.0.1", port.value))
+    s = connect_pair(server, port)
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     msg, buf = b"x" * 4096, bytearray(4096)
 

@@ -11,21 +11,13 @@ import socket
 import time
 
 import numpy as np
+from pair import connect_pair
 
 N = 64 << 20
 
 
 def side(server: bool, port, bufsize: int, out) -> None:
-    if server:
-        lst = socket.socket()
-        lst.bind(("127.0.0.1", 0))
-        lst.listen()
-        port.value = lst.getsockname()[1]
-        s, _ = lst.accept()
-    else:
-        while port.value == 0:
-            time.sleep(0.01)
-        s = socket.create_connection(("127.0.0.1", port.value))
+    s = connect_pair(server, port)
     if bufsize:
         for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
             s.setsockopt(socket.SOL_SOCKET, opt, bufsize)
