@@ -25,7 +25,7 @@ def tune(sock: socket.socket) -> None:
     """Low latency for a data connection.
 
     Buffer sizes are left to the kernel: setting SO_SNDBUF/SO_RCVBUF turns off autotuning and,
-    on loopback here, halved a 64 MiB transfer's throughput (2.3 -> 1.1 GB/s; bench/NOTES.md)."""
+    on loopback here, cost up to half of a 64 MiB transfer's throughput (bench/NOTES.md, entry 2)."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
