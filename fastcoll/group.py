@@ -14,7 +14,7 @@ from typing import Any, Callable
 from fastcoll.algorithms import Call
 from fastcoll.config import Config, parse_address
 from fastcoll.errors import FastcollError, MismatchError
-from fastcoll.service import Service, Work
+from fastcoll.service import Service
 from fastcoll.transport.base import Transport
 
 log = logging.getLogger("fastcoll")

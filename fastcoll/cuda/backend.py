@@ -7,7 +7,7 @@ import logging
 from fastcoll.cuda import kernels
 from fastcoll.cuda.advise import advise_towards_host
 from fastcoll.gate.layout import ControlLayout
-from fastcoll.gate.mlx_backend import MlxBackend, self_test
+from fastcoll.gate.mlx_backend import MlxBackend, verified
 
 log = logging.getLogger("fastcoll.gate")
 
@@ -23,10 +23,4 @@ def open_backend(layout: ControlLayout, run_self_test: bool = True) -> MlxBacken
     # MLX runs on CUDA device 0 of those visible (CUDA_VISIBLE_DEVICES picks which GPU that is).
     ordinal = getattr(mx.default_device(), "index", 0) or 0
     backend = MlxBackend(kernels, layout, advise=lambda page: advise_towards_host(page, ordinal))
-    if run_self_test:
-        problem = self_test(backend)
-        if problem is not None:
-            backend.close()
-            log.warning("the CUDA fence gate failed its self-test, so the host path is used: %s", problem)
-            return None
-    return backend
+    return verified(backend, "CUDA", run_self_test)

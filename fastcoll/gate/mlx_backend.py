@@ -144,6 +144,18 @@ class MlxBackend:
         return k
 
 
+def verified(backend: MlxBackend, name: str, run_self_test: bool = True) -> MlxBackend | None:
+    """`backend` if it passes self_test() (or the test is skipped), else None, closed and logged,
+    so that the caller falls back to the host path. Shared by the Metal and CUDA openers."""
+    if run_self_test:
+        problem = self_test(backend)
+        if problem is not None:
+            backend.close()
+            log.warning("the %s fence gate failed its self-test, so the host path is used: %s", name, problem)
+            return None
+    return backend
+
+
 def self_test(backend: MlxBackend, timeout_s: float = 30.0, max_iters: int = 20_000_000) -> str | None:
     """Run a few gates end to end against a helper thread; None if all went right, else why not.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from fastcoll.gate.layout import ControlLayout
-from fastcoll.gate.mlx_backend import MlxBackend, self_test
+from fastcoll.gate.mlx_backend import MlxBackend, verified
 from fastcoll.metal import kernels
 
 log = logging.getLogger("fastcoll.gate")
@@ -23,10 +23,4 @@ def open_backend(layout: ControlLayout, run_self_test: bool = True) -> MlxBacken
         return None
     # Apple GPUs share memory with the CPU: the page needs no advice.
     backend = MlxBackend(kernels, layout)
-    if run_self_test:
-        problem = self_test(backend)
-        if problem is not None:
-            backend.close()
-            log.warning("the Metal fence gate failed its self-test, so the host path is used: %s", problem)
-            return None
-    return backend
+    return verified(backend, "Metal", run_self_test)

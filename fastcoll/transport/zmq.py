@@ -208,7 +208,7 @@ class ZmqTransport(Transport):
     def _check_monitors(self) -> None:
         for mon, peer in self._monitors.items():
             while mon.poll(0):
-                event = zmq.utils.monitor.recv_monitor_message(mon)
+                zmq.utils.monitor.recv_monitor_message(mon)  # only disconnects are subscribed
                 if peer in self._gone:
                     continue
                 why = (
