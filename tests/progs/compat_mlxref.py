@@ -1,15 +1,18 @@
 """The same mx.distributed calls under MLX's own ring backend and under fastcoll.mlx_compat.
 
-    mlx.launch -n 2 --backend ring -- python compat_mlxref.py mlx
-    (FASTCOLL_* environment) python compat_mlxref.py fastcoll
+    mlx.launch -n 2 --backend ring -- python compat_mlxref.py mlx OUTDIR
+    (FASTCOLL_* environment) python compat_mlxref.py fastcoll OUTDIR
 
-Each rank prints one JSON line per case: {"rank", "case", "dtype", "shape", "values"} or
-{"rank", "case", "error"}. The test compares the two runs case by case.
+Each rank writes one JSON line per case to OUTDIR/<which>-<rank>.jsonl:
+{"rank", "case", "dtype", "shape", "values"} or {"rank", "case", "error"}. A file per rank,
+because mlx.launch forwards the ranks' stdout without keeping their lines apart. The test
+compares the two runs case by case.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import mlx.core as mx
@@ -30,7 +33,7 @@ def encode(y: mx.array) -> dict:
 
 
 def main() -> None:
-    which = sys.argv[1]
+    which, outdir = sys.argv[1], sys.argv[2]
     if which == "fastcoll":
         from fastcoll import mlx_compat
 
@@ -40,6 +43,7 @@ def main() -> None:
         group = mx.distributed.init(backend="ring", strict=True)
     d = mx.distributed
     r, n = group.rank(), group.size()
+    sink = open(os.path.join(outdir, f"{which}-{r}.jsonl"), "w")
 
     def case(name, fn):
         try:
@@ -48,7 +52,7 @@ def main() -> None:
             out = {"rank": r, "case": name, **encode(y)}
         except Exception as e:  # noqa: BLE001 - the error itself is the result
             out = {"rank": r, "case": name, "error": f"{type(e).__name__}"}
-        print(json.dumps(out), flush=True)
+        sink.write(json.dumps(out) + "\n")
 
     base = np.array([[1, 2, 3], [4, 0, 6]]) * (r + 1) - 2 * r
     for dt in (mx.float32, mx.float16, mx.bfloat16, mx.float64, mx.int32, mx.int8, mx.uint8, mx.int64, mx.uint64, mx.complex64):
@@ -93,6 +97,7 @@ def main() -> None:
     case("average_gradients", lambda: mx.concatenate([v.reshape(-1) for v in nn.average_gradients(grads).values() if isinstance(v, mx.array)]))
     case("split", lambda: mx.array(group.split(0).size()))
     case("sum_scatter", lambda: d.sum_scatter(mx.arange(4.0) + r))
+    sink.close()
 
 
 if __name__ == "__main__":
