@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sizes", default=None,
                    help="explicit sizes instead of the powers of 4, e.g. 4KiB,64MiB")
     p.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
-                   help="systems; variants: /cN connections, /mx mx.array inputs (fastcoll)")
+                   help="systems; variants: /cN connections, /aN loopback addresses, /mx mx.array inputs (fastcoll)")
     p.add_argument("--rounds", type=int, default=None,
                    help="interleaved rounds (default 3; --quick: 1)")
     p.add_argument("--iters", type=int, default=None,

@@ -2,8 +2,10 @@
 
 System names: `fastcoll-tcp`, `fastcoll-zmq`, `mlx-ring`, `mpi`, `gloo`, optionally followed by
 `/`-separated variants: `/cN` for N connections per neighbour (fastcoll: FASTCOLL_CONNECTIONS=N;
-mlx-ring: `mlx.launch --connections-per-ip N`) and `/mx` (fastcoll only: mx.array inputs instead
-of numpy arrays).  E.g. `fastcoll-tcp/c4`.
+mlx-ring: `mlx.launch --connections-per-ip N`), `/aN` (fastcoll only: every rank listens on N
+loopback addresses, 127.0.0.1 to 127.0.0.N, and opens a connection to each, as with a hostfile
+listing N ips per host) and `/mx` (fastcoll only: mx.array inputs instead of numpy arrays).
+E.g. `fastcoll-tcp/c4`, `fastcoll-tcp/a2`.
 
 How each is started:
   fastcoll-*  N processes started here with FASTCOLL_RANK, FASTCOLL_WORLD_SIZE,
@@ -58,6 +60,7 @@ class System:
     base: str
     connections: int = 1
     mx_arrays: bool = False
+    addresses: int = 1
 
     @property
     def kind(self) -> str:
@@ -77,7 +80,7 @@ def parse_system(name: str) -> System:
     base, *variants = name.strip().split("/")
     if base not in KINDS:
         raise ValueError(f"unknown system {base!r}; known: {', '.join(KINDS)}")
-    connections, mx_arrays = 1, False
+    connections, mx_arrays, addresses = 1, False, 1
     for v in variants:
         if v.startswith("c") and v[1:].isdigit() and int(v[1:]) >= 1:
             if KINDS[base] not in ("fastcoll", "mlx"):
@@ -85,9 +88,11 @@ def parse_system(name: str) -> System:
             connections = int(v[1:])
         elif v == "mx" and KINDS[base] == "fastcoll":
             mx_arrays = True
+        elif v.startswith("a") and v[1:].isdigit() and 1 <= int(v[1:]) <= 254 and KINDS[base] == "fastcoll":
+            addresses = int(v[1:])
         else:
-            raise ValueError(f"{name}: unknown variant {v!r} (known: /cN, /mx for fastcoll)")
-    return System(name.strip(), base, connections, mx_arrays)
+            raise ValueError(f"{name}: unknown variant {v!r} (known: /cN, /aN and /mx for fastcoll)")
+    return System(name.strip(), base, connections, mx_arrays, addresses)
 
 
 def _python_bin_tool(name: str) -> str | None:
@@ -295,6 +300,8 @@ def commands(system: System, world: int, worker_args: list[str]) -> list[tuple[l
                     "FASTCOLL_TOKEN": token, "FASTCOLL_TRANSPORT": transport}
     if system.connections > 1:
         common["FASTCOLL_CONNECTIONS"] = str(system.connections)
+    if system.addresses > 1:
+        common["FASTCOLL_INTERFACE"] = ",".join(f"127.0.0.{i}" for i in range(1, system.addresses + 1))
     return [([py, script, *worker_args, *extra],
              common | {"FASTCOLL_RANK": str(r), "FASTCOLL_LOCAL_RANK": str(r)})
             for r in range(world)]

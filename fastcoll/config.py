@@ -48,6 +48,11 @@ class Config:
     trace: str | None = None
     launcher: str = "none"
 
+    @property
+    def interfaces(self) -> tuple[str, ...]:
+        """FASTCOLL_INTERFACE's addresses in order (it may list several, comma-separated)."""
+        return split_interfaces(self.interface)
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Config":
         """Read the configuration from `env` (default: os.environ); bad values raise ValueError."""
@@ -59,6 +64,8 @@ class Config:
         transport = env.get("FASTCOLL_TRANSPORT", "tcp").strip().lower() or "tcp"
         if transport not in ("tcp", "zmq"):
             raise ValueError(f"FASTCOLL_TRANSPORT must be 'tcp' or 'zmq', not {transport!r}")
+        interface = env.get("FASTCOLL_INTERFACE", "").strip() or None
+        addresses = split_interfaces(interface)
         return cls(
             rank=rank,
             world_size=size,
@@ -67,8 +74,8 @@ class Config:
             token=env.get("FASTCOLL_TOKEN", "").encode(),
             transport=transport,
             timeout=_number(env, "FASTCOLL_TIMEOUT", DEFAULT_TIMEOUT, float, minimum=0.001),
-            interface=env.get("FASTCOLL_INTERFACE") or None,
-            connections=_number(env, "FASTCOLL_CONNECTIONS", 1, int, minimum=1),
+            interface=interface,
+            connections=_number(env, "FASTCOLL_CONNECTIONS", max(1, len(addresses)), int, minimum=1),
             fast_sync=_flag(env, "FASTCOLL_FAST_SYNC"),
             fence_max_iters=_number(
                 env, "FASTCOLL_FENCE_MAX_ITERS", DEFAULT_FENCE_MAX_ITERS, int, minimum=1
@@ -80,6 +87,16 @@ class Config:
             trace=env.get("FASTCOLL_TRACE") or None,
             launcher=launcher,
         )
+
+
+def split_interfaces(text: str | None) -> tuple[str, ...]:
+    """'10.0.0.1,10.0.1.1' -> ('10.0.0.1', '10.0.1.1'); a ValueError names an empty entry."""
+    if not text:
+        return ()
+    parts = tuple(p.strip() for p in text.split(","))
+    if not all(parts):
+        raise ValueError(f"FASTCOLL_INTERFACE must be addresses separated by commas, not {text!r}")
+    return parts
 
 
 def _mlx_hosts(env: Mapping[str, str]) -> list | None:

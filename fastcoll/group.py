@@ -171,12 +171,13 @@ class Group:
             log.info("rank %d: wrote the trace %s", self.rank(), path)
 
 
-def bind_host(config: Config) -> str:
-    """The interface to listen on: FASTCOLL_INTERFACE, else the one that reaches the coordinator.
+def bind_hosts(config: Config) -> list[str]:
+    """The addresses to listen on: FASTCOLL_INTERFACE's (one or several), else the one that
+    reaches the coordinator.
 
     Never every interface: a local job listens on loopback only."""
-    if config.interface:
-        return config.interface
+    if config.interfaces:
+        return list(config.interfaces)
     host, port = config.coordinator
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -184,13 +185,24 @@ def bind_host(config: Config) -> str:
         raise ValueError(f"cannot resolve the coordinator host {host!r}: {e}") from None
     family, _, _, _, addr = infos[0]
     if ipaddress.ip_address(addr[0]).is_loopback:
-        return addr[0]
+        return [addr[0]]
     probe = socket.socket(family, socket.SOCK_DGRAM)
     try:
         probe.connect(addr)  # no packet is sent: this only asks the routing table
-        return probe.getsockname()[0]
+        return [probe.getsockname()[0]]
     finally:
         probe.close()
+
+
+def _join_addresses(addresses: list[tuple[str, int]]) -> str:
+    """[("10.0.0.1", 5000), ("::1", 5001)] -> '10.0.0.1:5000,[::1]:5001' (the rendezvous form)."""
+    return ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in addresses)
+
+
+def _split_addresses(text: str, what: str) -> list[tuple[str, int]]:
+    if not isinstance(text, str) or not text:
+        raise FastcollError(f"{what} is missing from the rendezvous table")
+    return [parse_address(part, what) for part in text.split(",")]
 
 
 def connect_group(config: Config, gate: Any = None) -> Group:
@@ -198,12 +210,14 @@ def connect_group(config: Config, gate: Any = None) -> Group:
     from fastcoll.transport import rendezvous as rdv
 
     deadline = time.monotonic() + config.timeout
-    host = bind_host(config)
+    hosts = bind_hosts(config)
     caps = {"transport": config.transport, "gate": gate is not None, "connections": config.connections}
     if config.transport == "zmq":
         from fastcoll.transport.zmq import ZmqListener, ZmqTransport
 
-        zl = ZmqListener(host, config.token, MAX_PIECE_BYTES + 64 * 1024)
+        if len(hosts) > 1:
+            log.info("the zmq transport listens on the first of FASTCOLL_INTERFACE's addresses only: %s", hosts[0])
+        zl = ZmqListener(hosts[0], config.token, MAX_PIECE_BYTES + 64 * 1024)
         try:
             table = rdv.rendezvous(config, zl.address, caps, deadline)
             _agree(config, table.caps)
@@ -217,11 +231,9 @@ def connect_group(config: Config, gate: Any = None) -> Group:
         from fastcoll.transport.listen import AuthListener
         from fastcoll.transport.tcp import TcpTransport
 
-        listener = AuthListener(host, 0, config.token)
+        listener = AuthListener(hosts, 0, config.token)
         try:
-            lhost, lport = listener.address
-            where = f"[{lhost}]:{lport}" if ":" in lhost else f"{lhost}:{lport}"  # IPv6 bracketed
-            table = rdv.rendezvous(config, where, caps, deadline)
+            table = rdv.rendezvous(config, _join_addresses(listener.addresses), caps, deadline)
             _agree(config, table.caps)
             socks = _tcp_mesh(config, listener, table.addresses, deadline)
         finally:
@@ -240,15 +252,20 @@ _CHANNEL_STRIDE = 1 << 16
 
 def _tcp_mesh(config: Config, listener: Any, addresses: list[str], deadline: float) -> dict[int, list[socket.socket]]:
     """FASTCOLL_CONNECTIONS authenticated sockets to every peer: this rank connects to the
-    lower ranks and accepts the higher ones, so no two ranks wait on each other."""
+    lower ranks and accepts the higher ones, so no two ranks wait on each other.
+
+    Connection ch goes to the peer's address ch (modulo how many it listens on): with one
+    address per cable, as MLX's ring does with a hostfile's "ips", the channels stripe a large
+    message over every cable."""
     from fastcoll.transport import rendezvous as rdv
 
     c, me = config.connections, config.rank
     got: dict[int, socket.socket] = {}
     try:
         for p in range(me):
-            phost, pport = parse_address(addresses[p], f"rank {p}'s address")
+            theirs = _split_addresses(addresses[p], f"rank {p}'s address")
             for ch in range(c):
+                phost, pport = theirs[ch % len(theirs)]
                 got[p + ch * _CHANNEL_STRIDE] = rdv.connect(
                     phost, pport, config.token, me + ch * _CHANNEL_STRIDE, deadline, f"rank {p}"
                 )

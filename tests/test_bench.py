@@ -74,6 +74,9 @@ def test_ratio_arithmetic() -> None:
 
 def test_names_rotation_and_parsing() -> None:
     assert parse_system("fastcoll-tcp/c4").connections == 4
+    assert parse_system("fastcoll-tcp/a2").addresses == 2
+    with pytest.raises(ValueError, match="/aN"):
+        parse_system("gloo/a2")
     assert parse_system("mlx-ring").kind == "mlx"
     with pytest.raises(ValueError):
         parse_system("nccl")

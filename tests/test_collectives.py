@@ -29,3 +29,24 @@ def test_ranks_must_agree_on_connections(launch):
     results = job.wait(timeout=60)
     assert all(r.code != 0 for r in results)
     assert any("FASTCOLL_CONNECTIONS" in r.err for r in results)
+
+
+def test_several_addresses_per_host(launch):
+    """FASTCOLL_INTERFACE=a,b: a listener on each address and, by default, a connection per
+    address to every peer (channel ch goes to the peer's address ch), as MLX's ring uses a
+    hostfile's several "ips" (one per Thunderbolt cable). Loopback here: 127.0.0.1 and .2."""
+    import json
+
+    results = launch(3, "addresses_worker.py", FASTCOLL_INTERFACE="127.0.0.1,127.0.0.2").wait(timeout=120)
+    assert_ok(results)
+    for r in results:
+        doc = json.loads(r.out.strip().splitlines()[-1])
+        assert doc["connections"] == 2, doc
+        # The ends on this rank's side of the links it accepted, or the peer's side of those it made.
+        assert doc["ends"] == ["127.0.0.1", "127.0.0.2"], doc
+
+
+def test_empty_address_in_a_list_is_refused(launch):
+    results = launch(2, "addresses_worker.py", FASTCOLL_INTERFACE="127.0.0.1,,127.0.0.2").wait(timeout=60)
+    assert all(r.code != 0 for r in results)
+    assert all("FASTCOLL_INTERFACE must be addresses separated by commas" in r.err for r in results), results

@@ -13,6 +13,7 @@ from fastcoll.launch.hostfile import (
     HostfileError,
     HostList,
     is_local_host,
+    parse_hostfile_text,
     parse_hosts_arg,
     read_hostfile,
 )
@@ -211,3 +212,23 @@ def test_config_reads_what_the_launcher_sets():
         assert cfg.coordinator == ("127.0.0.1", int(plan.coordinator.rsplit(":", 1)[1]))
         assert cfg.token == plan.token.encode() and cfg.interface == "127.0.0.1"
 
+
+
+def test_plan_several_ips_give_a_connection_per_ip():
+    """MLX's hostfile lists one ip per Thunderbolt cable; each rank listens on all of its host's
+    and every rank opens as many connections as the host with the most."""
+    from fastcoll.config import Config
+
+    text = json.dumps([
+        {"ssh": "mac1", "ips": ["10.0.0.1", "10.0.1.1"]},
+        {"ssh": "mac2", "ips": ["10.0.0.2", "10.0.1.2"]},
+        {"ssh": "mac3", "ips": ["10.0.2.3"]},
+    ])
+    plan = plan_job(parse_hostfile_text(text), ["prog"], remote_port=lambda h: 7, environ={})
+    assert [r.env["FASTCOLL_INTERFACE"] for r in plan.ranks] == ["10.0.0.1,10.0.1.1", "10.0.0.2,10.0.1.2", "10.0.2.3"]
+    assert {r.env["FASTCOLL_CONNECTIONS"] for r in plan.ranks} == {"2"}
+    assert Config.from_env(dict(plan.ranks[0].env)).interfaces == ("10.0.0.1", "10.0.1.1")
+    # The user's own choice wins.
+    mine = plan_job(parse_hostfile_text(text), ["prog"], env_items=["FASTCOLL_CONNECTIONS=4"],
+                    remote_port=lambda h: 7, environ={})
+    assert {r.env["FASTCOLL_CONNECTIONS"] for r in mine.ranks} == {"4"}

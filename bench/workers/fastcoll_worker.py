@@ -65,7 +65,7 @@ def make_backend(group: Any, array: str = "numpy") -> Backend:
 
     meta = {"fastcoll": getattr(fastcoll, "__version__", "?"), "transport": transport,
             "array": array}
-    for var in ("FASTCOLL_CONNECTIONS", "FASTCOLL_FAST_SYNC"):
+    for var in ("FASTCOLL_CONNECTIONS", "FASTCOLL_INTERFACE", "FASTCOLL_FAST_SYNC"):
         if var in os.environ:
             meta[var] = os.environ[var]
     return Backend(

@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="set KEY=VALUE for every rank, or pass the launcher's KEY (repeatable)")
     env.add_argument("--interface", metavar="ADDR",
                      help="FASTCOLL_INTERFACE for every rank (default: each host's address in "
-                     "the job: its first listed ip, its name, or 127.0.0.1 for a local job)")
+                     "the job: its listed ips, else its name, or 127.0.0.1 for a local job; "
+                     "a host listing several ips gets a connection per ip)")
     env.add_argument("--coordinator", metavar="HOST[:PORT]",
                      help="where rank 0 listens (default: the first host, a free port)")
     out = p.add_argument_group("output")

@@ -143,10 +143,16 @@ def plan_job(
         coordinator = _with_port(coordinator, placement[0][0], all_local, remote_port)
     token = secrets.token_hex(32)
 
+    # A host listing several ips (one per Thunderbolt cable, as in MLX's hostfiles) gets a
+    # connection per address, as MLX's ring does; every rank must open the same number.
+    links = max(len(h.ips) for h, _ in placement)
+    if links > 1 and "FASTCOLL_CONNECTIONS" not in extra and "FASTCOLL_CONNECTIONS" not in inherited:
+        extra["FASTCOLL_CONNECTIONS"] = str(links)
+
     ranks = []
     for rank, (host, local_rank) in enumerate(placement):
         local = is_local_host(host.name)
-        own = interface or (LOOPBACK if all_local else host.address)
+        own = interface or (",".join(host.ips) if len(host.ips) > 1 else LOOPBACK if all_local else host.address)
         if not all_local and not interface:
             _refuse_loopback_name(host, own)
         env = {"PYTHONUNBUFFERED": "1"}  # live output; --env PYTHONUNBUFFERED= turns it off

@@ -44,27 +44,47 @@ def bind(host: str, port: int = 0) -> socket.socket:
 
 
 class AuthListener:
-    """Accepts and authenticates connections in the background until closed."""
+    """Accepts and authenticates connections in the background until closed.
 
-    def __init__(self, host: str, port: int, token: bytes, handshake_seconds: float = HANDSHAKE_SECONDS):
-        self._sock = bind(host, port)
+    It listens on each of `hosts` (one address per network link, say one per Thunderbolt cable),
+    each on its own port unless `port` is given."""
+
+    def __init__(self, hosts: str | list[str], port: int, token: bytes, handshake_seconds: float = HANDSHAKE_SECONDS):
+        socks: list[socket.socket] = []
+        try:
+            for host in [hosts] if isinstance(hosts, str) else hosts:
+                socks.append(bind(host, port))
+        except OSError:
+            for sock in socks:
+                sock.close()
+            raise
+        self._socks = socks
         self._token = token
         self._handshake_seconds = handshake_seconds
         self._ready: queue.Queue[tuple[int, socket.socket]] = queue.Queue()
         self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._accept_loop, name="fastcoll-accept", daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._accept_loop, args=(sock,), name="fastcoll-accept", daemon=True)
+            for sock in socks
+        ]
+        for t in self._threads:
+            t.start()
 
     @property
     def address(self) -> tuple[str, int]:
-        """(host, port) this listener is bound to."""
-        return self._sock.getsockname()[:2]
+        """(host, port) of the first address this listener is bound to."""
+        return self.addresses[0]
 
-    def _accept_loop(self) -> None:
-        self._sock.settimeout(0.1)
+    @property
+    def addresses(self) -> list[tuple[str, int]]:
+        """(host, port) of every address this listener is bound to, in the order given."""
+        return [sock.getsockname()[:2] for sock in self._socks]
+
+    def _accept_loop(self, sock: socket.socket) -> None:
+        sock.settimeout(0.1)
         while not self._closed.is_set():
             try:
-                conn, addr = self._sock.accept()
+                conn, addr = sock.accept()
             except socket.timeout:
                 continue
             except OSError:
@@ -111,5 +131,7 @@ class AuthListener:
     def close(self) -> None:
         """Stop accepting; connections already handed out stay open."""
         self._closed.set()
-        self._sock.close()
-        self._thread.join(timeout=1)
+        for sock in self._socks:
+            sock.close()
+        for t in self._threads:
+            t.join(timeout=1)

@@ -1,0 +1,21 @@
+"""One rank of a job given several listening addresses (FASTCOLL_INTERFACE=a,b): prints which
+of this rank's addresses its peers' connections arrived on or left from, then checks a striped
+all-reduce. Exits non-zero on a wrong result."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+import fastcoll
+
+g = fastcoll.init()
+links = g._transport._links  # (peer, channel) -> socket
+ends = sorted({s.getsockname()[0] if p > g.rank() else s.getpeername()[0] for (p, ch), s in links.items()})
+x = np.arange(3_000_000, dtype=np.float32) * (g.rank() + 1)  # 12 MB: the ring, in pieces
+y = fastcoll.all_reduce(x)
+want = np.arange(3_000_000, dtype=np.float32) * sum(range(1, g.size() + 1))
+assert np.array_equal(y, want), "wrong all_reduce result"
+print(json.dumps({"rank": g.rank(), "connections": g.config.connections, "ends": ends}), flush=True)
+fastcoll.finalize()
