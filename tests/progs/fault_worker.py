@@ -40,6 +40,15 @@ def say(*parts) -> None:
     print(*parts, flush=True)
 
 
+def settle() -> None:
+    """Let the victim's last collective reach the others before the fault.
+
+    ZeroMQ sends are asynchronous: a rank killed or stopped the instant its collective returns
+    can take its last message to the others with it (libzmq's I/O thread stops too), and then
+    they rightly fail in that collective, not in the next one the scenario is about."""
+    time.sleep(0.2)
+
+
 def fault(what: str, sig: int | None = None) -> None:
     say("FAULT", what, f"{time.time():.6f}")
     if sig is not None:
@@ -120,10 +129,7 @@ def main() -> int:
     if SCENARIO == "kill-after":
         fastcoll.all_reduce(x)
         if victim:
-            # ZeroMQ sends are asynchronous: a rank killed the instant its collective returns
-            # can take its last message to the others with it, and then they rightly fail in
-            # that collective. "After" means after the others have it: let libzmq flush.
-            time.sleep(0.2)
+            settle()
             fault("sigkill", signal.SIGKILL)
         time.sleep(0.5)  # the victim is long dead when the others call again
         return expect_error(fastcoll.all_reduce, x)
@@ -138,6 +144,7 @@ def main() -> int:
     if SCENARIO == "stop":
         # The victim stops answering without closing anything.
         if victim:
+            settle()
             fault("sigstop", signal.SIGSTOP)
         return expect_error(fastcoll.all_reduce, x)
 
@@ -145,6 +152,7 @@ def main() -> int:
         # A per-call timeout shorter than FASTCOLL_TIMEOUT wins (argv SIZE may be large: the
         # sender thread is then stuck in a full socket buffer).
         if victim:
+            settle()
             fault("sigstop", signal.SIGSTOP)
         return expect_error(fastcoll.all_reduce, x, timeout=1.0)
 
