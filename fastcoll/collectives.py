@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from fastcoll import arrays, dtypes
-from fastcoll.algorithms import Call, blocks, direct, ring
+from fastcoll.algorithms import Call, blocks, direct, doubling, ring
 from fastcoll.group import MAX_PIECE_BYTES, Group
 from fastcoll.service import Work
 
@@ -31,6 +31,12 @@ PIECE_BYTES = 1 << 20
 def _direct(nbytes: int, world: int) -> bool:
     """Whether a collective of `nbytes` (the whole buffer) takes the direct algorithm."""
     return nbytes <= (DIRECT_MAX_BYTES_TWO_RANKS if world == 2 else DIRECT_MAX_BYTES)
+
+
+def _small(world: int):
+    """The small-message algorithm family for `world` ranks: recursive doubling where it applies
+    (fewer messages), else the direct exchange."""
+    return doubling if doubling.applies(world) else direct
 
 
 _default: Group | None = None
@@ -90,7 +96,7 @@ def reduce_flat(call: Call, src: np.ndarray, buf: np.ndarray, name: str, op: str
     Also the gate's exchange."""
     combine = call.traced(dtypes.reducer(name, op))
     if _direct(src.nbytes, call.t.size):
-        direct.all_reduce(call, src, buf, combine)
+        _small(call.t.size).all_reduce(call, src, buf, combine)
     else:
         ring.all_reduce(call, src, buf, combine, _pieces(buf.itemsize))
     if op == "mean":
@@ -174,7 +180,7 @@ def all_gather(x: Any, group: Group | None = None, async_op: bool = False, timeo
 
     def body(call: Call) -> Any:
         if _direct(buf.nbytes, call.t.size):
-            direct.all_gather(call, buf, bounds)
+            _small(call.t.size).all_gather(call, buf, bounds)
         else:
             ring.all_gather(call, buf, bounds, _pieces(buf.itemsize))
         return out
@@ -205,7 +211,7 @@ def reduce_scatter(x: Any, op: str = "sum", group: Group | None = None, async_op
     def body(call: Call) -> Any:
         combine = call.traced(dtypes.reducer(h.name, op))
         if _direct(h.flat.nbytes, call.t.size):
-            mine = direct.reduce_scatter(call, h.flat, bounds, combine)
+            mine = _small(call.t.size).reduce_scatter(call, h.flat, bounds, combine)
         else:
             mine = ring.reduce_scatter(call, h.flat, bounds, combine, _pieces(h.flat.itemsize))
         obuf[...] = mine

@@ -13,8 +13,8 @@ array of the leaf's kind (bfloat16, which numpy lacks, is packed with mx.concate
 
 Exactness: the result for every array is the one `fastcoll.all_reduce(x, op="mean")` gives for
 that array alone, bit for bit, at the default bucket size. A reduction is element-wise and, on
-fastcoll's direct (small-message) path, folds the ranks in rank order whatever the buffer
-around an element holds; the default `bucket_bytes` is that path's upper bound
+fastcoll's small-message paths (direct, recursive doubling), combines the ranks in one fixed
+order whatever the buffer around an element holds; the default `bucket_bytes` is their bound
 (`fastcoll.collectives.DIRECT_MAX_BYTES`), so a bucket and each small array in it both take it.
 With a larger `bucket_bytes` a bucket may take the ring path, whose order of ranks differs from
 block to block: on two ranks that changes nothing (a + b == b + a exactly), on three or more a

@@ -19,6 +19,13 @@ def test_every_collective_and_dtype(launch, transport, world):
         assert f"rank {r.rank}:" in r.out and "checks passed" in r.out
 
 
+def test_eight_ranks(launch):
+    """Recursive doubling over three steps (and the ring past the crossover), 8 processes."""
+    results = launch(8, "collectives_worker.py").wait(timeout=240)
+    assert_ok(results)
+    assert all("checks passed" in r.out for r in results)
+
+
 def test_several_connections_per_peer(launch):
     """FASTCOLL_CONNECTIONS=3 stripes pieces over three sockets per peer; results stay exact."""
     assert_ok(launch(3, "collectives_worker.py", FASTCOLL_CONNECTIONS="3").wait(timeout=120))

@@ -1,7 +1,10 @@
 """Collective algorithms over a Transport, one family per file (as Gloo lays them out).
 
 `direct` moves each rank's whole buffer to every peer in one hop: latency-optimal for small
-messages. `ring` pipelines pieces around the ring: bandwidth-optimal for large ones.
+messages. `doubling` does the same in log2(n) exchanges with one partner each, for a
+power-of-two number of ranks above two: fewer messages, which is what small collectives pay for
+when ranks outnumber cores. `ring` pipelines pieces around the ring: bandwidth-optimal for
+large ones.
 """
 
 from __future__ import annotations

@@ -55,12 +55,14 @@ def to_np(y, name: str) -> np.ndarray:
 
 def reference(name: str, op: str, vs: list[np.ndarray]) -> np.ndarray:
     stack = np.stack(vs)
+    if np.issubdtype(dtypes.host_dtype(name), np.integer):
+        stack = stack.astype(dtypes.host_dtype(name))  # integer sums and products wrap around
     if op in ("sum", "mean"):
-        r = stack.sum(axis=0)
+        r = stack.sum(axis=0, dtype=stack.dtype)
         if op == "mean":
             r = r / len(vs)
     elif op == "prod":
-        r = stack.prod(axis=0)
+        r = stack.prod(axis=0, dtype=stack.dtype)
     elif op == "min":
         r = stack.min(axis=0)
     else:
@@ -130,7 +132,10 @@ def main() -> int:
                         raise AssertionError(f"all_reduce({op}) on {name} did not raise TypeError")
                     y = fastcoll.all_reduce(x, op=op)
                     assert y.dtype == want_dtype and tuple(y.shape) == tuple(shape), (what, op, y.dtype, y.shape)
-                    check(y, reference(name, op, vs), name, f"all_reduce({op}) " + what, exact=op != "mean")
+                    # A float16/bfloat16 product of more than four ranks' 1-3s is rounded (3**8 has
+                    # more bits than they hold), so its order of operations shows.
+                    rounded = op == "mean" or (op == "prod" and n > 4 and name in ("float16", "bfloat16"))
+                    check(y, reference(name, op, vs), name, f"all_reduce({op}) " + what, exact=not rounded)
                     same_everywhere(y, name)
                     count += 1
                     if shape and shape[0] % n == 0 and op in ("sum", "max"):
