@@ -6,6 +6,7 @@ before any byte is sent, so a bad call raises TypeError/ValueError and leaves th
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -78,6 +79,7 @@ def _done(result: Any, async_op: bool) -> Any:
     return work
 
 
+@functools.lru_cache(maxsize=1024)  # a training loop repeats a handful of signatures
 def _sig(kind: str, *parts: Any) -> str:
     """'all_reduce(sum,float32,(4, 8))': what every rank must agree on, sent in each header."""
     return kind + "(" + ",".join(map(str, parts)) + ")"

@@ -102,14 +102,13 @@ class Group:
                 seq = self._p2p_seq.get(p2p, 0)
                 self._p2p_seq[p2p] = seq + 1
             queued = self._tracer.now() if self._tracer is not None else 0
-            job = functools.partial(self._execute, seq, sig, body, limit, queued)
             # Claiming the run lock while still holding the order lock keeps call order.
             inline = not async_op and self._service.claim_if_idle()
             if not inline:
-                work = self._service.submit(job)
+                work = self._service.submit(functools.partial(self._execute, seq, sig, body, limit, queued))
         if inline:
             try:
-                return job()
+                return self._execute(seq, sig, body, limit, queued)
             finally:
                 self._service.release()
         return work if async_op else work.wait()

@@ -183,6 +183,8 @@ class _Sender:
             self._cond.notify_all()
 
     def flush(self) -> None:
+        if not self._outstanding and self._error is None:
+            return  # nothing queued (only the caller's thread queues): no lock to take
         with self._cond:
             while self._outstanding and self._error is None:
                 self._cond.wait()
