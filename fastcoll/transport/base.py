@@ -53,8 +53,9 @@ class Transport(abc.ABC):
         """Wait until every queued send has left this rank's buffers."""
 
     @abc.abstractmethod
-    def _next_header(self, peer: int, chunk: int, deadline: float) -> Header:
-        """The next header from `peer` (message `chunk`), watching every peer meanwhile."""
+    def _next_header(self, peer: int, chunk: int, deadline: float, nbytes: int = 0) -> Header:
+        """The next header from `peer` (message `chunk`, of `nbytes` if it is the one expected),
+        watching every peer meanwhile."""
 
     @abc.abstractmethod
     def _read_payload(self, peer: int, chunk: int, out: memoryview) -> None:
@@ -76,10 +77,10 @@ class Transport(abc.ABC):
         With a tracer, the time spent waiting for the header and reading the payload are
         recorded as `wait` and `receive`."""
         t0 = tracer.now() if tracer is not None else 0
-        h = self._next_header(peer, chunk, deadline)
+        nbytes = 0 if out is None else out.nbytes
+        h = self._next_header(peer, chunk, deadline, nbytes)
         if tracer is not None:
             tracer.span("wait", t0, peer=peer)
-        nbytes = 0 if out is None else out.nbytes
         if h.seq != seq or h.sig != sig:
             raise MismatchError(
                 f"rank {self.rank} called {describe(seq, sig)} but rank {peer} called {describe(h.seq, h.sig)}"

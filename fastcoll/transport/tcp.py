@@ -31,7 +31,8 @@ SPIN_READS = 10
 # Then as many more, each after sched_yield(): when ranks outnumber cores the peer that owes
 # the reply may be waiting for this very core, and yielding hands it over without the sleep
 # and wake-up of poll(). On an idle core the yield returns at once. Four ranks on 2 cores,
-# 4 B all-reduce: 592 us without, 395 us with 20 (bench/NOTES.md, entry 11).
+# 4 B all-reduce: 592 us without, 395 us with 20 (bench/NOTES.md, entry 11). Only while a
+# small message is awaited.
 YIELD_READS = 20
 _yield = getattr(os, "sched_yield", lambda: None)
 READ_BUFFER = 256 * 1024
@@ -319,7 +320,7 @@ class TcpTransport(Transport):
             raise self._finalized(link[0])
         return h
 
-    def _next_header(self, peer: int, chunk: int, deadline: float) -> Header:
+    def _next_header(self, peer: int, chunk: int, deadline: float, nbytes: int = 0) -> Header:
         link = (peer, chunk % self._channels)
         h = self._pending.pop(link, None)
         if isinstance(h, FastcollError):
@@ -335,7 +336,10 @@ class TcpTransport(Transport):
             # In a lock-step exchange the peer's message has often landed by now, or is about
             # to: a few non-blocking reads save a poll() and the wake-up that follows it.
             tries = 0
-            while h is None and tries < SPIN_READS + YIELD_READS:
+            # A large piece is not a lock-step reply, and yielding would hand the core to this
+            # rank's own sender thread for nothing: poll() as before (bench/NOTES.md, entry 11).
+            limit = SPIN_READS + (YIELD_READS if nbytes <= INLINE_BYTES else 0)
+            while h is None and tries < limit:
                 if tries >= SPIN_READS:
                     _yield()
                 reader.fill(socket.MSG_DONTWAIT)

@@ -283,7 +283,7 @@ class ZmqTransport(Transport):
             self._finalized.add(peer)
         self._queues[peer].append((h, payload))
 
-    def _next_header(self, peer: int, chunk: int, deadline: float) -> Header:
+    def _next_header(self, peer: int, chunk: int, deadline: float, nbytes: int = 0) -> Header:
         q = self._queues[peer]
         while True:
             if q:
