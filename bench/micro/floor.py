@@ -1,0 +1,54 @@
+"""The floor under a small collective in fastcoll's design: two Python processes swap a 24-byte
+message (about a header's size) over one loopback TCP socket, with blocking reads and with up
+to 10 non-blocking reads first, as fastcoll's TCP transport does.
+
+    python bench/micro/floor.py
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import socket
+import time
+
+import numpy as np
+from pair import connect_pair
+
+N = 10000
+SIZE = 24
+
+
+def side(server: bool, port, spins: int, out) -> None:
+    s = connect_pair(server, port)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    msg, view = b"x" * SIZE, memoryview(bytearray(SIZE))
+    times = []
+    for _ in range(N):
+        t = time.perf_counter()
+        s.sendall(msg)
+        got, left = 0, spins
+        while got < SIZE:
+            if left:
+                left -= 1
+                try:
+                    got += s.recv_into(view[got:], 0, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    pass
+            else:
+                got += s.recv_into(view[got:])
+        times.append(time.perf_counter() - t)
+    if server:
+        out.put(np.median(times[N // 10 :]) * 1e6)
+
+
+if __name__ == "__main__":
+    for spins in (0, 10):
+        port, out = mp.Value("i", 0), mp.Queue()
+        ps = [mp.Process(target=side, args=(srv, port, spins, out)) for srv in (True, False)]
+        for p in ps:
+            p.start()
+        median = out.get()
+        for p in ps:
+            p.join()
+        how = "blocking reads" if spins == 0 else f"up to {spins} non-blocking reads first"
+        print(f"{SIZE} B exchange on loopback, median of {N}: {median:.1f} us ({how})")
