@@ -132,7 +132,6 @@ def fresh_submission(backend, n: int, warmup: int = 50) -> dict:
             pass
         t1 = time.perf_counter()
         mx.eval(marked)
-        t2 = time.perf_counter()
         if i >= warmup:
             running_us.append((t1 - t0) * 1e6)
         # the full round trip of a fresh kernel, as the host path pays it per all-reduce
@@ -439,16 +438,6 @@ def cmd_ranks(args) -> None:
 # the arrival poll against the caller's Python thread (CPU only)
 
 
-def _loop_rate(seconds: float) -> float:
-    n, t0 = 0, time.perf_counter()
-    end = t0 + seconds
-    while True:
-        for _ in range(1000):
-            n += 1
-        if time.perf_counter() >= end:
-            return n / (time.perf_counter() - t0)
-
-
 def cmd_poll(args) -> None:
     """The caller's Python loop rate alone and beside a pending arrival poll, interleaved (so that
     other load on the machine hits every case alike); a GIL-holding poll and a process burning a
@@ -459,7 +448,7 @@ def cmd_poll(args) -> None:
     from fastcoll.gate import Gate
     from fastcoll.gate.layout import ControlLayout
     from fastcoll.gate.poll import DEFAULT_SPIN_S, Poller
-    from fastcoll.gate.sim import SerialService, SimDevice
+    from fastcoll.gate.sim import SerialService, SimDevice, loop_rate
 
     def with_poll(spin_s: float) -> float:
         device = SimDevice(ControlLayout(4096))
@@ -468,7 +457,7 @@ def cmd_poll(args) -> None:
         device.hold()  # the arrival does not come: the service thread polls throughout
         r = gate.all_reduce(mx.arange(8, dtype=mx.float32), "sum", lambda s: np.array(s), service.submit)
         time.sleep(0.01)
-        rate = _loop_rate(0.2)
+        rate = loop_rate(0.2)
         device.resume()
         r.wait(10)
         gate.close()
@@ -485,7 +474,7 @@ def cmd_poll(args) -> None:
 
         t = threading.Thread(target=naive)
         t.start()
-        rate = _loop_rate(0.2)
+        rate = loop_rate(0.2)
         stop.set()
         t.join()
         return rate
@@ -493,13 +482,13 @@ def cmd_poll(args) -> None:
     def with_hog() -> float:
         p = subprocess.Popen([sys.executable, "-c", "while True: pass"])
         time.sleep(0.05)
-        rate = _loop_rate(0.2)
+        rate = loop_rate(0.2)
         p.kill()
         p.wait()
         return rate
 
     cases = {
-        "alone": lambda: _loop_rate(0.2),
+        "alone": lambda: loop_rate(0.2),
         "yielding_poll": lambda: with_poll(3600.0),  # every read gives the GIL up (the first spin_s)
         "napping_poll": lambda: with_poll(0.0),  # past spin_s: naps between reads
         "gil_holding_poll": with_naive_poll,

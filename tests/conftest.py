@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -39,6 +38,25 @@ def rank_env(rank: int, size: int, port: int, transport: str = "tcp", token: str
     )
     env.update(extra)
     return env
+
+
+def run_session(argv: list[str], env: dict, timeout: float, cwd: str | None = None,
+                merge_stderr: bool = False) -> tuple[int, str, str]:
+    """Run argv in its own session: (exit code, stdout, stderr). If it overstays `timeout`, kill
+    the whole session (whatever it started too) and fail the test with its output."""
+    p = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+                         text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        pytest.fail(f"{argv} did not finish in {timeout}s:\n{out}\n{(err or '')[-3000:]}")
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    return p.returncode, out, err or ""
 
 
 @dataclass

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
 import pytest
 
-from conftest import PROGS, ROOT, assert_ok
+from conftest import PROGS, ROOT, assert_ok, run_session
 
 mx = pytest.importorskip("mlx.core")
 
@@ -91,18 +90,7 @@ def _mlx_ring_run(outdir: str, timeout: float = 60) -> str:
         sys.executable, "-c", "from mlx._distributed_utils.launch import main; main()",
         "-n", "2", "--backend", "ring", "--", sys.executable, os.path.join(PROGS, "compat_mlxref.py"), "mlx", outdir,
     ]
-    p = subprocess.Popen(argv, env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True, start_new_session=True)
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, _ = p.communicate()
-        pytest.fail(f"MLX's ring backend run did not finish in {timeout}s:\n{out}")
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-    return out
+    return run_session(argv, _clean_env(), timeout, merge_stderr=True)[1]
 
 
 def _cases(outdir, which: str) -> dict:
@@ -148,14 +136,7 @@ def test_run_unmodified_program_under_the_launcher():
         pytest.skip(f"fastcoll-launch is not importable: {e}")
     argv = [sys.executable, "-m", "fastcoll.launch", "-n", "2", "--timeout", "60", sys.executable, "-m",
             "fastcoll.mlx_compat", os.path.join(PROGS, "compat_plain.py"), "x", "--flag"]
-    p = subprocess.Popen(argv, cwd=ROOT, env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=90)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.communicate()
-    assert p.returncode == 0, err
+    code, out, err = run_session(argv, _clean_env(), 90, cwd=ROOT)
+    assert code == 0, err
     for r in range(2):
         assert f"plain rank {r} of 2: sum 3 via fastcoll.mlx_compat argv ['x', '--flag']" in out, out

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, run_session
 
 pytest.importorskip("mlx.core")
 
@@ -35,18 +33,8 @@ def _env() -> dict:
 
 def run(argv: list[str], timeout: float = 90) -> str:
     """Run argv in its own session; kill the whole session if it overstays. Returns stdout."""
-    p = subprocess.Popen(argv, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, err = p.communicate()
-        pytest.fail(f"{argv} did not finish in {timeout}s:\n{out}\n{err[-3000:]}")
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-    assert p.returncode == 0, f"{argv} exited {p.returncode}:\n{out}\n{err[-3000:]}"
+    code, out, err = run_session(argv, _env(), timeout, cwd=ROOT)
+    assert code == 0, f"{argv} exited {code}:\n{out}\n{err[-3000:]}"
     return out
 
 

@@ -24,7 +24,7 @@ from fastcoll.gate.host import GateClosedError
 from fastcoll.gate.layout import ControlLayout
 from fastcoll.gate.poll import Poller
 from fastcoll.gate.select import dtype_name
-from fastcoll.gate.sim import SerialService, SimDevice
+from fastcoll.gate.sim import SerialService, SimDevice, loop_rate
 
 WAIT = 10.0  # seconds a test waits on a simulated gate before calling it hung
 
@@ -281,26 +281,16 @@ def test_profile_records_and_summarizes(caplog):
         close_all(gate, device, service)
 
 
-def _loop_rate(seconds: float) -> float:
-    n, t0 = 0, time.perf_counter()
-    end = t0 + seconds
-    while True:
-        for _ in range(1000):
-            n += 1
-        if time.perf_counter() >= end:
-            return n / (time.perf_counter() - t0)
-
-
 def test_arrival_poll_does_not_starve_the_caller():
     # A poll that never sleeps (spin_s huge): the worst case for the caller's thread.
     gate, device, service = make(poller=Poller(spin_s=3600.0))
     try:
-        base = _loop_rate(0.25)
+        base = loop_rate(0.25)
         device.hold()  # the arrival will not come: the service thread polls all along
         x = mx.arange(8, dtype=mx.float32)
         r = gate.all_reduce(x, "sum", two_rank_sum(x), service.submit)
         time.sleep(0.01)
-        polled = _loop_rate(0.25)
+        polled = loop_rate(0.25)
         device.resume()
         r.wait(WAIT)
         ratio = polled / base

@@ -19,7 +19,6 @@ import hmac
 import json
 import os
 import secrets
-import signal
 import socket
 import struct
 import subprocess
@@ -31,7 +30,7 @@ import numpy as np
 import pytest
 import zmq
 
-from conftest import PROGS, free_port, rank_env
+from conftest import PROGS, Job, free_port, rank_env
 from fastcoll import wire
 from fastcoll.errors import MismatchError
 from fastcoll.transport import auth
@@ -118,26 +117,12 @@ class Ranks:
         return p
 
     def finish(self, timeout: float) -> dict[int, tuple[int, str, str]]:
-        out = {}
-        deadline = time.monotonic() + timeout
-        for r, p in sorted(self.procs.items()):
-            try:
-                o, e = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                self.kill()
-                o, e = p.communicate()
-                raise AssertionError(f"rank {r} did not finish:\n{o}\n{e[-3000:]}")
-            out[r] = (p.returncode, o, e)
-        return out
+        order = sorted(self.procs)
+        results = Job([self.procs[r] for r in order]).wait(timeout)
+        return {r: (x.code, x.out, x.err) for r, x in zip(order, results)}
 
     def kill(self):
-        for p in self.procs.values():
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                p.wait()
+        Job(list(self.procs.values())).kill()
 
 
 @pytest.fixture

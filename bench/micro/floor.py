@@ -7,12 +7,11 @@ to 10 non-blocking reads first, as fastcoll's TCP transport does.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import socket
 import time
 
 import numpy as np
-from pair import connect_pair
+from pair import connect_pair, run_pair
 
 N = 10000
 SIZE = 24
@@ -43,12 +42,6 @@ def side(server: bool, port, spins: int, out) -> None:
 
 if __name__ == "__main__":
     for spins in (0, 10):
-        port, out = mp.Value("i", 0), mp.Queue()
-        ps = [mp.Process(target=side, args=(srv, port, spins, out)) for srv in (True, False)]
-        for p in ps:
-            p.start()
-        median = out.get()
-        for p in ps:
-            p.join()
+        median = run_pair(side, spins)
         how = "blocking reads" if spins == 0 else f"up to {spins} non-blocking reads first"
         print(f"{SIZE} B exchange on loopback, median of {N}: {median:.1f} us ({how})")

@@ -7,14 +7,13 @@ back (queue + event), as a naive service-thread design would.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import queue
 import socket
 import threading
 import time
 
 import numpy as np
-from pair import connect_pair
+from pair import connect_pair, run_pair
 
 N = 3000
 
@@ -56,11 +55,5 @@ def side(server: bool, port, out) -> None:
 
 
 if __name__ == "__main__":
-    port, out = mp.Value("i", 0), mp.Queue()
-    ps = [mp.Process(target=side, args=(srv, port, out)) for srv in (True, False)]
-    for p in ps:
-        p.start()
-    d, h = out.get()
-    for p in ps:
-        p.join()
+    d, h = run_pair(side)
     print(f"4 KiB exchange on loopback, median of {N}: direct {d:.1f} us; through a service thread {h:.1f} us")

@@ -6,12 +6,11 @@ with SO_SNDBUF/SO_RCVBUF fixed at 4 MiB (which turns autotuning off).
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import socket
 import time
 
 import numpy as np
-from pair import connect_pair
+from pair import connect_pair, run_pair
 
 N = 64 << 20
 
@@ -38,18 +37,7 @@ def side(server: bool, port, bufsize: int, out) -> None:
         out.put(N / np.median(times[1:]) / 1e9)
 
 
-def measure(bufsize: int) -> float:
-    port, out = mp.Value("i", 0), mp.Queue()
-    ps = [mp.Process(target=side, args=(srv, port, bufsize, out)) for srv in (True, False)]
-    for p in ps:
-        p.start()
-    gbps = out.get()
-    for p in ps:
-        p.join()
-    return gbps
-
-
 if __name__ == "__main__":
     for bufsize in (0, 4 << 20, 0, 4 << 20):
         label = "autotuned buffers" if bufsize == 0 else "SO_SNDBUF/SO_RCVBUF = 4 MiB"
-        print(f"64 MiB one way, {label}: {measure(bufsize):.2f} GB/s (median of 4)")
+        print(f"64 MiB one way, {label}: {run_pair(side, bufsize):.2f} GB/s (median of 4)")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import socket
 import time
+from typing import Any, Callable
 
 
 def connect_pair(server: bool, port) -> socket.socket:
@@ -20,3 +22,16 @@ def connect_pair(server: bool, port) -> socket.socket:
     while port.value == 0:
         time.sleep(0.01)
     return socket.create_connection(("127.0.0.1", port.value))
+
+
+def run_pair(side: Callable[..., None], *args: Any) -> Any:
+    """Run side(server, port, *args, out) in a server and a client process; return what the
+    server side put in `out` (a multiprocessing Queue)."""
+    port, out = mp.Value("i", 0), mp.Queue()
+    ps = [mp.Process(target=side, args=(srv, port, *args, out)) for srv in (True, False)]
+    for p in ps:
+        p.start()
+    result = out.get()
+    for p in ps:
+        p.join()
+    return result

@@ -173,3 +173,15 @@ class SerialService:
                 f.set_result(fn())
             except BaseException as e:  # the caller inspects it through the future
                 f.set_exception(e)
+
+
+def loop_rate(seconds: float) -> float:
+    """Iterations per second of a plain Python loop on the calling thread over `seconds`: how
+    much of the interpreter a background poller (the gate's arrival poll) leaves the caller."""
+    n, t0 = 0, time.perf_counter()
+    end = t0 + seconds
+    while True:
+        for _ in range(1000):
+            n += 1
+        if time.perf_counter() >= end:
+            return n / (time.perf_counter() - t0)

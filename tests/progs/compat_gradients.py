@@ -8,23 +8,16 @@ fastcoll.all_reduce(x, op="mean") on that array alone. Prints "rank R: N checks 
 from __future__ import annotations
 
 import collections
-import sys
 
 import mlx.core as mx
 import numpy as np
 
 import fastcoll
 from fastcoll import collectives
+import checks
+from checks import check, run
 
-CHECKS = 0
 Pair = collections.namedtuple("Pair", "w b")
-
-
-def check(cond: bool, what: str) -> None:
-    global CHECKS
-    if not cond:
-        raise AssertionError(what)
-    CHECKS += 1
 
 
 def bits(x) -> np.ndarray:
@@ -93,7 +86,7 @@ def main() -> None:
 
     if n == 1:
         check(fastcoll.average_gradients(grads) is grads, "a group of one returns the tree itself")
-        print(f"rank {r}: {CHECKS} checks passed", flush=True)
+        print(f"rank {r}: {checks.passed} checks passed", flush=True)
         return
 
     # References: every array alone.
@@ -154,14 +147,8 @@ def main() -> None:
     check(collectives.all_reduce(np.array([1.0]))[0] == n, "the group still works after the refusal")
 
     fastcoll.finalize()
-    print(f"rank {r}: {CHECKS} checks passed", flush=True)
+    print(f"rank {r}: {checks.passed} checks passed", flush=True)
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception:
-        import traceback
-
-        traceback.print_exc()
-        sys.exit(1)
+    run(main)

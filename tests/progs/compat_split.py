@@ -8,21 +8,14 @@ hang and not wrong data. Prints "rank R: N checks passed" and, last, "mismatch d
 
 from __future__ import annotations
 
-import sys
 
 import numpy as np
 
 import fastcoll
 from fastcoll.errors import FastcollError, MismatchError
+import checks
+from checks import check, run
 
-CHECKS = 0
-
-
-def check(cond: bool, what: str) -> None:
-    global CHECKS
-    if not cond:
-        raise AssertionError(what)
-    CHECKS += 1
 
 
 def main() -> None:
@@ -90,7 +83,7 @@ def main() -> None:
 
     # Different orders on two groups sharing ranks: a MismatchError, everywhere.
     same = g.split(0)
-    print(f"rank {r}: {CHECKS} checks passed", flush=True)
+    print(f"rank {r}: {checks.passed} checks passed", flush=True)
     try:
         if r == 0:
             fastcoll.all_reduce(np.array([1.0]), group=same, timeout=20)
@@ -103,15 +96,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception:
-        import traceback
-
-        traceback.print_exc()
-        sys.exit(1)
-    finally:
-        try:
-            fastcoll.finalize()
-        except FastcollError:
-            pass
+    run(main, cleanup=fastcoll.finalize)

@@ -8,7 +8,6 @@ rank's input and sums are exact in every dtype. Exits non-zero on the first fail
 from __future__ import annotations
 
 import os
-import sys
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -16,25 +15,8 @@ import numpy as np
 
 import fastcoll
 from fastcoll import mlx_compat
-
-CHECKS = 0
-
-
-def check(cond: bool, what: str) -> None:
-    global CHECKS
-    if not cond:
-        raise AssertionError(what)
-    CHECKS += 1
-
-
-def raises(exc, fn, what: str, match: str | None = None) -> None:
-    try:
-        fn()
-    except exc as e:
-        check(match is None or match in str(e), f"{what}: message {e!r} lacks {match!r}")
-        return
-    raise AssertionError(f"{what}: no {exc.__name__} raised")
-
+import checks
+from checks import check, raises, run
 
 def values(shape, rank: int, case: int) -> np.ndarray:
     rng = np.random.default_rng(1000 * case + rank)
@@ -224,14 +206,8 @@ def main() -> None:
     mlx_compat.uninstall()
     check(mx.distributed.all_sum is originals["all_sum"], "uninstall at the end")
     fastcoll.finalize()
-    print(f"rank {r}: {CHECKS} checks passed", flush=True)
+    print(f"rank {r}: {checks.passed} checks passed", flush=True)
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception:
-        import traceback
-
-        traceback.print_exc()
-        sys.exit(1)
+    run(main)

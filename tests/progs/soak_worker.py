@@ -16,7 +16,6 @@ import collections
 import ctypes
 import faulthandler
 import gc
-import os
 import sys
 import time
 
