@@ -4,8 +4,9 @@ System names: `fastcoll-tcp`, `fastcoll-zmq`, `mlx-ring`, `mpi`, `gloo`, optiona
 `/`-separated variants: `/cN` for N connections per neighbour (fastcoll: FASTCOLL_CONNECTIONS=N;
 mlx-ring: `mlx.launch --connections-per-ip N`), `/aN` (fastcoll only: every rank listens on N
 loopback addresses, 127.0.0.1 to 127.0.0.N, and opens a connection to each, as with a hostfile
-listing N ips per host) and `/mx` (fastcoll only: mx.array inputs instead of numpy arrays).
-E.g. `fastcoll-tcp/c4`, `fastcoll-tcp/a2`.
+listing N ips per host), `/mx` (fastcoll only: mx.array inputs instead of numpy arrays) and
+`/noshm` (fastcoll-tcp only: FASTCOLL_SHM=0, every byte over TCP; by default ranks on one host
+replace their connections by shared memory). E.g. `fastcoll-tcp/c4`, `fastcoll-tcp/noshm`.
 
 How each is started:
   fastcoll-*  N processes started here with FASTCOLL_RANK, FASTCOLL_WORLD_SIZE,
@@ -61,6 +62,7 @@ class System:
     connections: int = 1
     mx_arrays: bool = False
     addresses: int = 1
+    shm: bool = True
 
     @property
     def kind(self) -> str:
@@ -80,7 +82,7 @@ def parse_system(name: str) -> System:
     base, *variants = name.strip().split("/")
     if base not in KINDS:
         raise ValueError(f"unknown system {base!r}; known: {', '.join(KINDS)}")
-    connections, mx_arrays, addresses = 1, False, 1
+    connections, mx_arrays, addresses, shm = 1, False, 1, True
     for v in variants:
         if v.startswith("c") and v[1:].isdigit() and int(v[1:]) >= 1:
             if KINDS[base] not in ("fastcoll", "mlx"):
@@ -90,9 +92,11 @@ def parse_system(name: str) -> System:
             mx_arrays = True
         elif v.startswith("a") and v[1:].isdigit() and 1 <= int(v[1:]) <= 254 and KINDS[base] == "fastcoll":
             addresses = int(v[1:])
+        elif v == "noshm" and base == "fastcoll-tcp":
+            shm = False
         else:
-            raise ValueError(f"{name}: unknown variant {v!r} (known: /cN, /aN and /mx for fastcoll)")
-    return System(name.strip(), base, connections, mx_arrays, addresses)
+            raise ValueError(f"{name}: unknown variant {v!r} (known: /cN, /aN, /mx and /noshm for fastcoll)")
+    return System(name.strip(), base, connections, mx_arrays, addresses, shm)
 
 
 def _python_bin_tool(name: str) -> str | None:
@@ -300,6 +304,8 @@ def commands(system: System, world: int, worker_args: list[str]) -> list[tuple[l
                     "FASTCOLL_TOKEN": token, "FASTCOLL_TRANSPORT": transport}
     if system.connections > 1:
         common["FASTCOLL_CONNECTIONS"] = str(system.connections)
+    if not system.shm:
+        common["FASTCOLL_SHM"] = "0"
     if system.addresses > 1:
         common["FASTCOLL_INTERFACE"] = ",".join(f"127.0.0.{i}" for i in range(1, system.addresses + 1))
     return [([py, script, *worker_args, *extra],

@@ -46,6 +46,8 @@ def to_host(x: Any) -> Host:
     """Evaluate `x` if it is lazy and view it as a flat host buffer (copying only if strided)."""
     if isinstance(x, np.ndarray):
         name = dtypes.name_of_numpy(x.dtype)
+        if x.flags.c_contiguous and x.dtype.isnative:  # the usual case, without a copy's checks
+            return Host(name, x.shape, x.reshape(-1), False)
         native = x.dtype.newbyteorder("=")
         flat = np.ascontiguousarray(x, dtype=native).reshape(-1)
         return Host(name, x.shape, flat, False)

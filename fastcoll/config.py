@@ -41,6 +41,7 @@ class Config:
     timeout: float = DEFAULT_TIMEOUT
     interface: str | None = None
     connections: int = 1
+    shm: bool = True
     fast_sync: bool = False
     fence_max_iters: int = DEFAULT_FENCE_MAX_ITERS
     gate_max_bytes: int = DEFAULT_GATE_MAX_BYTES
@@ -76,6 +77,7 @@ class Config:
             timeout=_number(env, "FASTCOLL_TIMEOUT", DEFAULT_TIMEOUT, float, minimum=0.001),
             interface=interface,
             connections=_number(env, "FASTCOLL_CONNECTIONS", max(1, len(addresses)), int, minimum=1),
+            shm=_flag(env, "FASTCOLL_SHM", default=True),
             fast_sync=_flag(env, "FASTCOLL_FAST_SYNC"),
             fence_max_iters=_number(
                 env, "FASTCOLL_FENCE_MAX_ITERS", DEFAULT_FENCE_MAX_ITERS, int, minimum=1
@@ -204,8 +206,8 @@ def _number(env: Mapping[str, str], name: str, default, kind, minimum=None):
     return value
 
 
-def _flag(env: Mapping[str, str], name: str) -> bool:
-    text = env.get(name, "0").strip().lower()
+def _flag(env: Mapping[str, str], name: str, default: bool = False) -> bool:
+    text = env.get(name, "1" if default else "0").strip().lower()
     if text in ("", "0", "false", "no", "off"):
         return False
     if text in ("1", "true", "yes", "on"):

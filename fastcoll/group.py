@@ -237,6 +237,9 @@ def connect_group(config: Config, gate: Any = None) -> Group:
             socks = _tcp_mesh(config, listener, table.addresses, deadline)
         finally:
             listener.close()
+        from fastcoll.transport import shm
+
+        socks = shm.upgrade(config.rank, socks, config.shm, deadline)
         transport = TcpTransport(config.rank, config.world_size, socks, config.timeout)
     if gate is not None and not all(c.get("gate") for c in table.caps):
         log.info("the fence gate is off: not every rank can run it")

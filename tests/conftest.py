@@ -23,15 +23,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rank_env(rank: int, size: int, port: int, transport: str = "tcp", token: str = "test-token", **extra: str) -> dict:
-    """The environment of one rank of a local job."""
+def rank_env(rank: int, size: int, port: int, transport: str = "shm", token: str = "test-token", **extra: str) -> dict:
+    """The environment of one rank of a local job. `transport`: "shm" (TCP connections, which
+    ranks on one host replace by shared memory: the default), "tcp" (TCP only, FASTCOLL_SHM=0)
+    or "zmq"."""
     env = dict(os.environ)
     env.update(
         FASTCOLL_RANK=str(rank),
         FASTCOLL_WORLD_SIZE=str(size),
         FASTCOLL_COORDINATOR=f"127.0.0.1:{port}",
         FASTCOLL_TOKEN=token,
-        FASTCOLL_TRANSPORT=transport,
+        FASTCOLL_TRANSPORT="tcp" if transport == "shm" else transport,
+        FASTCOLL_SHM="1" if transport == "shm" else "0",
         FASTCOLL_TIMEOUT=extra.pop("timeout", "30"),
         PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""),
         PYTHONUNBUFFERED="1",
@@ -107,7 +110,7 @@ def launch():
     """launch(size, prog, *args, transport=..., env=...) -> Job; every process is killed at teardown."""
     jobs: list[Job] = []
 
-    def start(size: int, prog: str, *args: str, transport: str = "tcp", per_rank_env=None, **env: str) -> Job:
+    def start(size: int, prog: str, *args: str, transport: str = "shm", per_rank_env=None, **env: str) -> Job:
         port = free_port()
         script = prog if os.path.isabs(prog) else os.path.join(PROGS, prog)
         procs = []

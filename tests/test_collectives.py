@@ -9,7 +9,7 @@ from conftest import assert_ok
 WORLDS = [1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("transport", ["tcp", "zmq"])
+@pytest.mark.parametrize("transport", ["shm", "tcp", "zmq"])
 @pytest.mark.parametrize("world", WORLDS)
 def test_every_collective_and_dtype(launch, transport, world):
     job = launch(world, "collectives_worker.py", transport=transport)
@@ -41,10 +41,13 @@ def test_ranks_must_agree_on_connections(launch):
 def test_several_addresses_per_host(launch):
     """FASTCOLL_INTERFACE=a,b: a listener on each address and, by default, a connection per
     address to every peer (channel ch goes to the peer's address ch), as MLX's ring uses a
-    hostfile's several "ips" (one per Thunderbolt cable). Loopback here: 127.0.0.1 and .2."""
+    hostfile's several "ips" (one per Thunderbolt cable). Loopback here: 127.0.0.1 and .2, with
+    shared memory off (it would replace connections between ranks of one host)."""
     import json
 
-    results = launch(3, "addresses_worker.py", FASTCOLL_INTERFACE="127.0.0.1,127.0.0.2").wait(timeout=120)
+    results = launch(
+        3, "addresses_worker.py", FASTCOLL_INTERFACE="127.0.0.1,127.0.0.2", FASTCOLL_SHM="0"
+    ).wait(timeout=120)
     assert_ok(results)
     for r in results:
         doc = json.loads(r.out.strip().splitlines()[-1])

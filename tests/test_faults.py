@@ -24,7 +24,7 @@ from conftest import PROGS, ROOT
 
 TIMEOUT = 3.0  # FASTCOLL_TIMEOUT of these jobs
 AT_ONCE = 1.0  # "at once" (a socket closed, a notice arrived): far below TIMEOUT
-TRANSPORTS = ["tcp", "zmq"]
+TRANSPORTS = ["shm", "tcp", "zmq"]  # conftest.rank_env says what each means
 
 # Measured detection times, printed at the end of the session (-s) for the report.
 MEASURED: list[str] = []

@@ -26,7 +26,7 @@ OBJECT_GROWTH = 50
 
 
 @pytest.mark.soak
-@pytest.mark.parametrize("transport", ["tcp", "zmq"])
+@pytest.mark.parametrize("transport", ["shm", "tcp", "zmq"])
 def test_soak_random_collectives(launch, transport):
     job = launch(3, "soak_worker.py", str(OPS), str(SEED), transport=transport, timeout="30")
     results = job.wait(timeout=60 + OPS * 0.05)

@@ -19,6 +19,7 @@ from fastcoll import wire
 from fastcoll.errors import CollectiveTimeoutError, FastcollError, PeerLostError
 from fastcoll.transport.base import Transport, abort_error, log
 from fastcoll.transport.listen import tune
+from fastcoll.transport.shm import DONTWAIT, RECHECK_SECONDS, ShmSocket
 from fastcoll.transport.stream import remaining
 from fastcoll.wire import ABORT, CLOSE, Header
 
@@ -264,10 +265,13 @@ class TcpTransport(Transport):
         self._pending: dict[Link, Header | FastcollError] = {}
         self._fd_link = {s.fileno(): link for link, s in self._links.items()}
         self._poll = select.poll()
+        self._watched: set[int] = set()  # the fds registered with _poll
         for s in self._links.values():
             tune(s)
             _kernel_timeouts(s, timeout)
-            self._poll.register(s.fileno(), select.POLLIN)
+            self._watch(s.fileno())
+        # Connections to ranks on this host that went through shared memory (transport/shm.py).
+        self._shm = {s.fileno(): s for s in self._links.values() if isinstance(s, ShmSocket)}
         self._senders = [_Sender() for _ in range(self._channels)]
         self._closed_peers: set[int] = set()
         self._broken: dict[int, FastcollError] = {}  # peers a send to failed (sends dropped)
@@ -308,6 +312,30 @@ class TcpTransport(Transport):
         if self._broken:
             self.explain_broken(self._broken)
 
+    def _watch(self, fd: int) -> None:
+        self._poll.register(fd, select.POLLIN)
+        self._watched.add(fd)
+
+    def _unwatch(self, fd: int) -> None:
+        self._poll.unregister(fd)
+        self._watched.discard(fd)
+
+    def _wait(self, seconds: float) -> list[tuple[int, int]]:
+        """poll() the watched connections. A shared-memory one is ready when its ring has data;
+        its doorbell only wakes this poll(), and a sleeper looks again every RECHECK_SECONDS
+        in case a doorbell was never sent (see transport/shm.py)."""
+        if not self._shm:
+            return self._poll.poll(seconds * 1000)
+        shm = [(fd, s) for fd, s in self._shm.items() if fd in self._watched]
+        ready = [(fd, select.POLLIN) for fd, s in shm if not s.rx.sleep()]
+        if ready:
+            return ready
+        events = self._poll.poll(min(seconds, RECHECK_SECONDS) * 1000)
+        seen = {fd for fd, _ in events}
+        for fd in seen & self._shm.keys():
+            self._shm[fd].drain()
+        return events + [(fd, select.POLLIN) for fd, s in shm if fd not in seen and s.rx.ready()]
+
     def _finalized(self, peer: int) -> PeerLostError:
         return PeerLostError(f"rank {peer} called finalize() while rank {self.rank} still needed it")
 
@@ -316,7 +344,7 @@ class TcpTransport(Transport):
             raise abort_error(h)
         if h.kind == CLOSE:
             self._closed_peers.add(link[0])
-            self._poll.unregister(self._links[link].fileno())
+            self._unwatch(self._links[link].fileno())
             raise self._finalized(link[0])
         return h
 
@@ -326,7 +354,7 @@ class TcpTransport(Transport):
         if isinstance(h, FastcollError):
             raise h  # that peer was lost while this rank waited on another one
         if h is not None:
-            self._poll.register(self._links[link].fileno(), select.POLLIN)
+            self._watch(self._links[link].fileno())
             return self._take(link, h)
         if peer in self._closed_peers:
             raise self._finalized(peer)
@@ -342,7 +370,7 @@ class TcpTransport(Transport):
             while h is None and tries < limit:
                 if tries >= SPIN_READS:
                     _yield()
-                reader.fill(socket.MSG_DONTWAIT)
+                reader.fill(DONTWAIT)
                 h = reader.parse()
                 tries += 1
         if h is not None:
@@ -353,7 +381,7 @@ class TcpTransport(Transport):
                 raise CollectiveTimeoutError(
                     f"rank {self.rank} timed out waiting for rank {peer}, which did not answer"
                 )
-            events = self._poll.poll(min(left, 1.0) * 1000)
+            events = self._wait(min(left, 1.0))
             for sender in self._senders:
                 if sender.error is not None:
                     raise sender.error
@@ -361,7 +389,9 @@ class TcpTransport(Transport):
                 other = self._fd_link[fd]
                 r = self._readers[other]
                 try:
-                    r.fill()
+                    # Not blocking: a shared-memory connection's doorbell may come after its
+                    # data was already read, and poll() must go on watching the others.
+                    r.fill(DONTWAIT)
                 except FastcollError as e:
                     if other == link:
                         raise
@@ -369,7 +399,7 @@ class TcpTransport(Transport):
                     # collective has arrived (it came before the end of its stream), so the
                     # collective may still complete; the loss is raised when it is next needed.
                     self._pending[other] = e
-                    self._poll.unregister(fd)
+                    self._unwatch(fd)
                     continue
                 h = r.parse()
                 if h is None:
@@ -377,7 +407,7 @@ class TcpTransport(Transport):
                 if h.kind == CLOSE and other[0] != peer:
                     # A clean finalize elsewhere is an error only for whoever still needs that peer.
                     self._closed_peers.add(other[0])
-                    self._poll.unregister(fd)
+                    self._unwatch(fd)
                     continue
                 if other == link:
                     return self._take(other, h)
@@ -388,7 +418,7 @@ class TcpTransport(Transport):
                 # abort is raised when this rank next needs that peer. (Everyone else heard
                 # it as well, so whoever this rank waits for answers or aborts in turn.)
                 self._pending[other] = h
-                self._poll.unregister(fd)
+                self._unwatch(fd)
 
     def _read_payload(self, peer: int, chunk: int, out: memoryview) -> None:
         self._readers[(peer, chunk % self._channels)].read_into(out)

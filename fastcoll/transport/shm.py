@@ -1,0 +1,459 @@
+"""Shared memory between two ranks on one host, behind the socket interface the TCP transport uses.
+
+A connection between two ranks that turn out to share a host is upgraded after it is made: the
+lower rank creates a segment holding two single-producer single-consumer byte rings (one per
+direction) and offers its name and a random nonce over the authenticated socket; the higher
+rank attaches, checks the nonce (so a segment of the same name on another host is never taken
+for it) and answers; the segment's name is then removed, so nothing is left behind whatever
+happens to the processes later. From then on the TCP transport reads and writes a `ShmSocket`
+as if it were the socket: the bytes go through the rings, and the TCP connection only carries
+one-byte doorbells that wake a reader asleep in poll(), and end-of-file when a rank exits. A
+message costs two memory copies and no system call where the reader is awake (it spins a few
+microseconds first, as the TCP transport's reads do).
+
+Memory ordering: the writer copies the bytes, then publishes the ring's head; the reader reads the
+head, then the bytes, then publishes the tail. x86-64 keeps stores in order and loads in order
+(TSO), so no fence is needed there. Apple silicon does not, so on macOS a full barrier
+(libSystem's OSMemoryBarrier) goes between the copies and the counters. Where neither holds,
+connections stay on TCP. Counters are 8-byte aligned words written and read in one access.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import mmap
+import os
+import platform
+import secrets
+import select
+import socket
+import struct
+import sys
+import time
+
+from fastcoll.errors import FastcollError
+from fastcoll.transport.stream import recv_message, remaining, send_message
+
+log = logging.getLogger("fastcoll.transport")
+
+RING_BYTES = 1 << 20  # per direction and connection; a larger message streams through
+_LINE = 128  # Apple silicon's cache line: each counter on its own
+_HEAD, _TAIL, _ASLEEP = 0, _LINE // 8, 2 * _LINE // 8  # word indices in a ring's control block
+_CONTROL = 3 * _LINE
+_MAGIC = b"fastcoll-shm-v1\0"
+_PREAMBLE = 64  # magic (16) + nonce (16), padded
+_OFFER_LIMIT = 4096
+# A reader that found its ring empty and went to sleep in poll() is woken by a doorbell, which
+# the writer sends only when it sees the reader's "asleep" flag. Without a store-load fence the
+# two can cross (each sees the other's old value), so a sleeper also looks again this often.
+RECHECK_SECONDS = 0.001
+SPIN_CHECKS = 64  # ring checks before a blocking wait starts yielding, then sleeping
+
+
+def _fence_function():
+    """(usable, barrier): whether shared memory can be used safely on this platform, and the
+    full memory barrier needed between the data and the counters (None: the hardware keeps
+    order)."""
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64", "i386", "i686"):
+        return True, None
+    if sys.platform == "darwin":
+        try:
+            barrier = ctypes.CDLL("/usr/lib/libSystem.B.dylib").OSMemoryBarrier
+        except (OSError, AttributeError):
+            return False, None
+        barrier.restype = None
+        barrier.argtypes = []
+        return True, barrier
+    return False, None
+
+
+_usable, fence = _fence_function()
+_yield = getattr(os, "sched_yield", lambda: None)
+# A plain int: socket.MSG_DONTWAIT is an IntFlag, whose `&` costs a microsecond in Python code.
+DONTWAIT = int(socket.MSG_DONTWAIT)
+
+
+def available() -> bool:
+    """Whether this platform can move data through shared memory (see the module's docstring)."""
+    return _usable and _shm_api() is not None
+
+
+def _shm_api():
+    try:
+        import _posixshmem  # what multiprocessing.shared_memory is built on, on every POSIX CPython
+    except ImportError:
+        return None
+    return _posixshmem
+
+
+class Ring:
+    """One direction: a byte ring in shared memory with a head (bytes ever written, published by
+    the writer), a tail (bytes ever read, published by the reader) and the reader's asleep flag."""
+
+    def __init__(self, mem: memoryview, capacity: int):
+        self.ctl = mem[:_CONTROL].cast("q")
+        self.data = mem[_CONTROL : _CONTROL + capacity]
+        self.cap = capacity
+        self.head = self.ctl[_HEAD]  # the writer's copy of its own counter
+        self.tail = self.ctl[_TAIL]  # the reader's
+
+    # writer side
+    def free(self) -> int:
+        return self.cap - (self.head - self.ctl[_TAIL])
+
+    def put(self, src: memoryview | bytes) -> None:
+        """Copy src (which fits in free()) after the head; publish() makes it visible."""
+        n, i = len(src), self.head % self.cap
+        first = min(n, self.cap - i)
+        self.data[i : i + first] = src[:first]
+        if first < n:
+            self.data[: n - first] = src[first:]
+        self.head += n
+
+    def publish(self) -> bool:
+        """Make what put() wrote visible; True if the reader is asleep and needs a doorbell."""
+        if fence is not None:
+            fence()
+        self.ctl[_HEAD] = self.head
+        if self.ctl[_ASLEEP]:
+            self.ctl[_ASLEEP] = 0
+            return True
+        return False
+
+    # reader side
+    def get(self, dst) -> int:
+        """Copy up to len(dst) published bytes into dst (bytes); how many."""
+        avail = self.ctl[_HEAD] - self.tail
+        if not avail:
+            return 0
+        if fence is not None:
+            fence()
+        n, i = min(avail, len(dst)), self.tail % self.cap
+        first = min(n, self.cap - i)
+        dst[:first] = self.data[i : i + first]
+        if first < n:
+            dst[first:n] = self.data[: n - first]
+        if fence is not None:
+            fence()
+        self.tail += n
+        self.ctl[_TAIL] = self.tail
+        return n
+
+    def ready(self) -> bool:
+        return self.ctl[_HEAD] != self.tail
+
+    def sleep(self) -> bool:
+        """Raise the asleep flag before a wait; False if data came meanwhile (do not sleep)."""
+        self.ctl[_ASLEEP] = 1
+        if fence is not None:
+            fence()
+        return not self.ready()
+
+
+def _bytes(data) -> memoryview | bytes:
+    if type(data) is bytes:
+        return data
+    mv = memoryview(data)
+    return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+
+
+class ShmSocket:
+    """The socket calls the TCP transport makes, served by two rings; `sock` (the TCP connection
+    the rings replaced) carries doorbells and the end of the connection."""
+
+    def __init__(self, sock: socket.socket, mem: mmap.mmap, tx: Ring, rx: Ring):
+        self.sock = sock
+        self._mem = mem
+        self.tx, self.rx = tx, rx
+        self._send_timeout = self._recv_timeout = None
+        self._shut = False  # shutdown(SHUT_WR) was called: nothing more goes out
+        self._eof = False  # the peer closed its end
+        self._closed = False
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def setsockopt(self, level: int, option: int, value) -> None:
+        # The transport's kernel timeouts bound this socket's waits as they would the kernel's.
+        if level == socket.SOL_SOCKET and option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+            sec, usec = struct.unpack("ll", value)
+            seconds = sec + usec / 1e6
+            if option == socket.SO_RCVTIMEO:
+                self._recv_timeout = seconds
+            else:
+                self._send_timeout = seconds
+        self.sock.setsockopt(level, option, value)
+
+    def settimeout(self, value) -> None:
+        self.sock.settimeout(value)
+
+    # ---- sending
+    def _ring(self) -> None:
+        try:
+            self.sock.send(b"\0", socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            pass  # doorbells already queued: the reader will wake
+        except OSError:
+            pass  # the peer is gone; the next wait on it finds out
+
+    def _check_send(self) -> None:
+        if self._shut or self._closed:
+            raise BrokenPipeError("connection shut for writing")
+
+    def _wait_space(self, deadline: float | None) -> None:
+        """Until the ring has room (the reader has no doorbell for this: it is a rarer wait,
+        and a short sleep costs little next to the copy of a large message)."""
+        spins, nap = 0, 1e-5
+        while not self.tx.free():
+            self._check_send()
+            if deadline is not None and time.monotonic() > deadline:
+                raise BlockingIOError("send timed out")  # what SO_SNDTIMEO gives a socket
+            spins += 1
+            if spins < SPIN_CHECKS:
+                _yield()
+                continue
+            try:  # the reader's end-of-file, without taking its doorbells
+                if self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                    raise BrokenPipeError("the peer closed its connection")
+            except BlockingIOError:
+                pass
+            time.sleep(nap)
+            nap = min(nap * 2, RECHECK_SECONDS)
+
+    def sendall(self, data) -> None:
+        self._check_send()
+        src = _bytes(data)
+        deadline = None if self._send_timeout is None else time.monotonic() + self._send_timeout
+        done, n = 0, len(src)
+        while done < n:
+            room = self.tx.free()
+            if not room:
+                self._wait_space(deadline)
+                continue
+            k = min(room, n - done)
+            self.tx.put(src[done : done + k])
+            done += k
+            if self.tx.publish():
+                self._ring()
+
+    def sendmsg(self, buffers) -> int:
+        views = [_bytes(b) for b in buffers]
+        total = sum(map(len, views))
+        self._check_send()
+        if total <= self.tx.free():  # the common case: the whole message, one publish
+            for v in views:
+                self.tx.put(v)
+            if self.tx.publish():
+                self._ring()
+        else:
+            for v in views:
+                self.sendall(v)
+        return total
+
+    def send(self, data, flags: int = 0) -> int:
+        """Only what send(frame, MSG_DONTWAIT) needs: all of it if it fits, else nothing."""
+        self._check_send()
+        src = _bytes(data)
+        if len(src) > self.tx.free():
+            raise BlockingIOError("ring full")
+        self.tx.put(src)
+        if self.tx.publish():
+            self._ring()
+        return len(src)
+
+    # ---- receiving
+    def drain(self) -> None:
+        """Take the doorbells; note end-of-file. Call when poll() finds the socket readable."""
+        while not self._eof:
+            try:
+                got = self.sock.recv(4096, DONTWAIT)
+            except BlockingIOError:
+                return
+            except OSError:  # reset: the peer is gone as surely as with an orderly end
+                got = b""
+            if not got:
+                self._eof = True
+            elif len(got) < 4096:
+                return
+
+    def recv_into(self, buffer, nbytes: int = 0, flags: int = 0) -> int:
+        dst = buffer[:nbytes] if nbytes else buffer  # a bytearray or a 1-D byte memoryview
+        n = self.rx.get(dst)
+        if n:
+            return n
+        if flags & DONTWAIT:
+            # No system call here: this is the transport's spin. Its poll() takes the
+            # doorbells and notes the end of the stream (drain()).
+            if self._eof:
+                return 0
+            raise BlockingIOError("nothing in the ring")
+        return self._wait_data(dst)
+
+    def _wait_data(self, dst) -> int:
+        deadline = None if self._recv_timeout is None else time.monotonic() + self._recv_timeout
+        spins = 0
+        while True:
+            n = self.rx.get(dst)
+            if n:
+                return n
+            if self._eof:
+                return 0
+            spins += 1
+            if spins < SPIN_CHECKS:
+                if spins > SPIN_CHECKS // 4:
+                    _yield()
+                continue
+            self.drain()
+            if deadline is not None and time.monotonic() > deadline:
+                raise BlockingIOError("receive timed out")  # what SO_RCVTIMEO gives a socket
+            if self.rx.sleep():
+                wait = RECHECK_SECONDS if deadline is None else min(RECHECK_SECONDS, remaining(deadline))
+                select.select([self.sock], [], [], wait)
+
+    # ---- ending
+    def shutdown(self, how: int) -> None:
+        self._shut = True
+        self.sock.shutdown(how)
+
+    def close(self) -> None:
+        # The mapping itself is left to the garbage collector: a sender thread that gave up
+        # waiting for room may still hold the ring, and unmapping under it would crash it.
+        self._closed = True
+        self.sock.close()
+
+
+def _segment_size(capacity: int) -> int:
+    return _PREAMBLE + 2 * (_CONTROL + capacity)
+
+
+def _rings(mem: mmap.mmap, capacity: int, lower: bool) -> tuple[Ring, Ring]:
+    """(tx, rx) for the lower rank or the higher one: ring 0 carries lower -> higher."""
+    view = memoryview(mem)
+    size = _CONTROL + capacity
+    first = Ring(view[_PREAMBLE : _PREAMBLE + size], capacity)
+    second = Ring(view[_PREAMBLE + size : _PREAMBLE + 2 * size], capacity)
+    view.release()
+    return (first, second) if lower else (second, first)
+
+
+def _create(capacity: int) -> tuple[str, bytes, mmap.mmap]:
+    api = _shm_api()
+    name = "/fc" + secrets.token_hex(12)  # macOS allows 31 characters
+    nonce = secrets.token_bytes(16)
+    size = _segment_size(capacity)
+    fd = api.shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+    try:
+        try:
+            if hasattr(os, "posix_fallocate"):
+                # Reserve the pages now: a tmpfs out of room would otherwise SIGBUS on first touch.
+                os.posix_fallocate(fd, 0, size)
+            else:
+                os.ftruncate(fd, size)
+            mem = mmap.mmap(fd, size)
+        except BaseException:
+            api.shm_unlink(name)
+            raise
+    finally:
+        os.close(fd)
+    mem[: len(_MAGIC) + len(nonce)] = _MAGIC + nonce
+    return name, nonce, mem
+
+
+def _attach(name: str, nonce: bytes, capacity: int) -> mmap.mmap | None:
+    """The peer's segment, if it is on this host (it exists here and holds the nonce)."""
+    api = _shm_api()
+    try:
+        fd = api.shm_open(name, os.O_RDWR, mode=0o600)
+    except OSError:
+        return None  # another host
+    try:
+        size = _segment_size(capacity)
+        if os.fstat(fd).st_size < size:
+            return None
+        mem = mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+    if mem[: len(_MAGIC) + len(nonce)] != _MAGIC + nonce:
+        mem.close()
+        return None
+    return mem
+
+
+def _check_offer(offer: object, what: str) -> tuple[str, bytes, int] | None:
+    if offer is None:
+        return None
+    if not (
+        isinstance(offer, dict)
+        and isinstance(offer.get("name"), str)
+        and offer["name"].startswith("/fc")
+        and len(offer["name"]) <= 31
+        and isinstance(offer.get("nonce"), str)
+        and len(offer["nonce"]) == 32
+        and offer.get("capacity") == RING_BYTES
+    ):
+        raise FastcollError(f"{what} sent a malformed shared-memory offer")
+    return offer["name"], bytes.fromhex(offer["nonce"]), offer["capacity"]
+
+
+def upgrade(rank: int, socks: dict[int, list[socket.socket]], enabled: bool, deadline: float) -> dict[int, list]:
+    """Replace each connection to a rank on this host by a ShmSocket, where both ends want it.
+
+    Every rank must call it with its freshly made connections (no data sent yet). Offers go
+    from the lower rank to the higher, answers back; all offers are sent before any is read,
+    so no two ranks wait on each other."""
+    enabled = enabled and available()
+    made: dict[tuple[int, int], tuple[str, mmap.mmap]] = {}
+    out = {p: list(ss) for p, ss in socks.items()}
+    ok = False
+    try:
+        for p, ss in socks.items():
+            if p < rank:
+                continue
+            for ch, s in enumerate(ss):
+                offer = None
+                if enabled:
+                    try:
+                        name, nonce, mem = _create(RING_BYTES)
+                        made[(p, ch)] = (name, mem)
+                        offer = {"name": name, "nonce": nonce.hex(), "capacity": RING_BYTES}
+                    except OSError as e:
+                        log.info("rank %d: no shared memory for rank %d (%s); staying on TCP", rank, p, e)
+                send_message(s, offer, _OFFER_LIMIT)
+        for p, ss in socks.items():
+            if p > rank:
+                continue
+            for ch, s in enumerate(ss):
+                what = f"rank {p}"
+                found = _check_offer(recv_message(s, _OFFER_LIMIT, deadline, what), what)
+                if found is None:
+                    continue  # nothing offered, nothing to answer
+                mem = _attach(*found) if enabled else None
+                send_message(s, mem is not None, _OFFER_LIMIT)
+                if mem is not None:
+                    tx, rx = _rings(mem, RING_BYTES, lower=False)
+                    out[p][ch] = ShmSocket(s, mem, tx, rx)
+        for (p, ch), (name, mem) in list(made.items()):
+            s = socks[p][ch]
+            taken = recv_message(s, _OFFER_LIMIT, deadline, f"rank {p}")
+            _shm_api().shm_unlink(name)
+            del made[(p, ch)]
+            if taken is True:
+                tx, rx = _rings(mem, RING_BYTES, lower=True)
+                out[p][ch] = ShmSocket(s, mem, tx, rx)
+            else:
+                mem.close()
+        ok = True
+    finally:
+        for name, mem in made.values():
+            _shm_api().shm_unlink(name)
+            mem.close()
+        if not ok:  # a peer failed mid-way: the job cannot start, so nothing is kept open
+            for ss in out.values():
+                for s in ss:
+                    s.close()
+    shared = sum(isinstance(s, ShmSocket) for ss in out.values() for s in ss)
+    if shared:
+        log.info("rank %d: %d of %d connections through shared memory", rank, shared, sum(map(len, out.values())))
+    return out

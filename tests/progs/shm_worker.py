@@ -1,0 +1,27 @@
+"""Prints, as JSON, what each of this rank's connections became (shared memory or TCP), after
+checking a small and a large all-reduce through them. The shm test reads it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from checks import check, run
+
+import fastcoll
+from fastcoll.transport.shm import ShmSocket
+
+
+def main() -> None:
+    g = fastcoll.init()
+    n = g.size()
+    for count in (1, 3000, 700_000):  # 700k float32: larger than a ring, so it streams through
+        x = np.arange(count, dtype=np.float32) + g.rank()
+        y = fastcoll.all_reduce(x)
+        check(np.array_equal(y, n * np.arange(count, dtype=np.float32) + sum(range(n))), f"all_reduce of {count}")
+    kinds = sorted({"shm" if isinstance(s, ShmSocket) else "tcp" for s in g._transport._links.values()})
+    fastcoll.finalize()
+    print(json.dumps({"rank": g.rank(), "links": kinds}))
+
+
+run(main)

@@ -1,0 +1,218 @@
+"""Shared memory between ranks of one host (fastcoll/transport/shm.py): the ring and the socket
+it stands in for, in one process; the upgrade of real jobs' connections, in real processes."""
+
+from __future__ import annotations
+
+import glob
+import json
+import mmap
+import os
+import random
+import socket
+import struct
+import threading
+import time
+
+import pytest
+
+from conftest import assert_ok
+from fastcoll.config import Config
+from fastcoll.errors import FastcollError
+from fastcoll.transport import shm
+
+pytestmark = pytest.mark.skipif(
+    not shm.available(), reason="this platform has no safe shared-memory path (see transport/shm.py)"
+)
+
+
+def pair(capacity: int) -> tuple[shm.ShmSocket, shm.ShmSocket]:
+    """Two ShmSockets over one anonymous mapping and a socketpair, as upgrade() makes them."""
+    size = shm._segment_size(capacity)
+    mem_a = mmap.mmap(-1, size)
+    a_sock, b_sock = socket.socketpair()
+    lower = shm.ShmSocket(a_sock, mem_a, *shm._rings(mem_a, capacity, lower=True))
+    higher = shm.ShmSocket(b_sock, mem_a, *shm._rings(mem_a, capacity, lower=False))
+    return lower, higher
+
+
+def timeouts(s: shm.ShmSocket, seconds: float) -> None:
+    tv = struct.pack("ll", int(seconds), int((seconds - int(seconds)) * 1e6))
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+
+
+def read_exactly(s: shm.ShmSocket, n: int) -> bytes:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = s.recv_into(view[got:])
+        assert k > 0, f"end of stream after {got} of {n} bytes"
+        got += k
+    return bytes(buf)
+
+
+def test_bytes_stream_through_a_small_ring_in_order():
+    """Messages of random sizes, many larger than the ring, wrap around it many times; a reader
+    thread gets exactly the bytes written, in order, through blocking and non-blocking reads."""
+    a, b = pair(1000)
+    timeouts(a, 10)
+    timeouts(b, 10)
+    rng = random.Random(7)
+    messages = [rng.randbytes(rng.choice([1, 7, 999, 1000, 1001, 4096, 25_000])) for _ in range(300)]
+    got: list[bytes] = []
+
+    def reader() -> None:
+        for m in messages:
+            got.append(read_exactly(b, len(m)))
+
+    t = threading.Thread(target=reader)
+    t.start()
+    for i, m in enumerate(messages):
+        if i % 3 == 0:
+            a.sendmsg([m[:5], m[5:]])
+        else:
+            a.sendall(m)
+    t.join(timeout=30)
+    assert not t.is_alive()
+    assert got == messages
+    a.close()
+    b.close()
+
+
+def test_a_sleeping_reader_is_woken_by_the_doorbell():
+    a, b = pair(4096)
+    timeouts(b, 10)
+    box: list[float] = []
+
+    def reader() -> None:
+        read_exactly(b, 3)
+        box.append(time.monotonic())
+
+    t = threading.Thread(target=reader)
+    t.start()
+    time.sleep(0.3)  # long past the spin: the reader sleeps in select() with its flag raised
+    assert b.rx.ctl[shm._ASLEEP] == 1
+    sent = time.monotonic()
+    a.sendall(b"abc")
+    t.join(timeout=5)
+    assert box and box[0] - sent < 0.25
+    a.close()
+    b.close()
+
+
+def test_end_of_stream_after_the_data_and_timeouts():
+    a, b = pair(64)
+    timeouts(a, 0.3)
+    timeouts(b, 0.3)
+    with pytest.raises(BlockingIOError):
+        b.recv_into(bytearray(8), 0, socket.MSG_DONTWAIT)  # nothing yet: as a socket says it
+    t0 = time.monotonic()
+    with pytest.raises(BlockingIOError):
+        b.recv_into(bytearray(8))  # SO_RCVTIMEO's EAGAIN
+    assert 0.25 < time.monotonic() - t0 < 2
+    with pytest.raises(BlockingIOError):
+        a.sendall(bytes(200))  # the ring (64 B) never drains: SO_SNDTIMEO's EAGAIN
+    with pytest.raises(BlockingIOError):
+        a.send(bytes(100), socket.MSG_DONTWAIT)
+    b2 = bytearray(64)
+    assert b.recv_into(b2) == 64  # what was written before the timeout is there
+    a.shutdown(socket.SHUT_WR)
+    with pytest.raises(BrokenPipeError):
+        a.sendall(b"x")
+    assert b.recv_into(bytearray(8)) == 0  # end of stream once the ring is empty
+    a.close()
+    b.close()
+
+
+def test_malformed_offers_are_refused():
+    assert shm._check_offer(None, "rank 0") is None
+    good = {"name": "/fc" + "0" * 24, "nonce": "ab" * 16, "capacity": shm.RING_BYTES}
+    assert shm._check_offer(good, "rank 0") == (good["name"], bytes.fromhex("ab" * 16), shm.RING_BYTES)
+    for bad in (
+        [1, 2],
+        {**good, "name": "/etc/passwd"},
+        {**good, "name": "/fc" + "0" * 40},
+        {**good, "nonce": "zz"},
+        {**good, "capacity": 1 << 40},
+    ):
+        with pytest.raises(FastcollError, match="malformed shared-memory offer"):
+            shm._check_offer(bad, "rank 0")
+
+
+def test_a_segment_without_the_nonce_is_not_attached():
+    """What another host's rank offers does not exist here, or holds another nonce."""
+    name, nonce, mem = shm._create(4096)
+    try:
+        assert shm._attach(name, nonce, 4096) is not None
+        assert shm._attach(name, bytes(16), 4096) is None
+        assert shm._attach("/fc" + "f" * 24, nonce, 4096) is None
+    finally:
+        shm._shm_api().shm_unlink(name)
+        mem.close()
+
+
+def test_fastcoll_shm_is_a_flag():
+    base = {"FASTCOLL_RANK": "0", "FASTCOLL_WORLD_SIZE": "1"}
+    assert Config.from_env(base).shm is True
+    assert Config.from_env({**base, "FASTCOLL_SHM": "0"}).shm is False
+    with pytest.raises(ValueError, match="FASTCOLL_SHM must be 0 or 1"):
+        Config.from_env({**base, "FASTCOLL_SHM": "maybe"})
+
+
+def _segments() -> set[str]:
+    return set(glob.glob("/dev/shm/fc*"))
+
+
+@pytest.mark.parametrize("flag,expected", [("1", ["shm"]), ("0", ["tcp"])])
+def test_ranks_of_one_host_use_shared_memory_unless_told_not_to(launch, flag, expected):
+    """Every connection of a 3-rank local job goes through shared memory (FASTCOLL_SHM=0: none
+    does), results stay exact, and no segment is left in /dev/shm, even while the job runs."""
+    before = _segments()
+    job = launch(3, "shm_worker.py", transport="tcp", FASTCOLL_SHM=flag)
+    results = job.wait(timeout=120)
+    assert_ok(results)
+    for r in results:
+        assert json.loads(r.out.strip().splitlines()[-1])["links"] == expected, r.out
+    if os.path.isdir("/dev/shm"):
+        assert _segments() - before == set()
+
+
+def test_one_rank_without_shared_memory_keeps_tcp_for_all(launch):
+    """Where one end does not want it, the connection stays TCP; the others still upgrade."""
+    job = launch(3, "shm_worker.py", transport="tcp", per_rank_env=lambda r: {"FASTCOLL_SHM": "0" if r == 2 else "1"})
+    results = job.wait(timeout=120)
+    assert_ok(results)
+    links = {r.rank: json.loads(r.out.strip().splitlines()[-1])["links"] for r in results}
+    assert links == {0: ["shm", "tcp"], 1: ["shm", "tcp"], 2: ["tcp"]}, links
+
+
+def test_a_malformed_offer_fails_the_upgrade_and_closes_the_connections():
+    from fastcoll.transport.stream import send_message
+
+    mine, theirs = socket.socketpair()
+    send_message(theirs, {"name": "/elsewhere", "nonce": "00", "capacity": 1}, 4096)
+    with pytest.raises(FastcollError, match="rank 0 sent a malformed shared-memory offer"):
+        shm.upgrade(1, {0: [mine]}, True, time.monotonic() + 5)
+    assert mine.fileno() == -1  # closed
+    theirs.close()
+
+
+def test_upgrade_between_two_ranks_in_one_process():
+    """Both halves of the handshake over a socketpair: the lower rank offers, the higher attaches;
+    the segment's name is gone afterwards; bytes then flow through the rings."""
+    lo, hi = socket.socketpair()
+    box: dict = {}
+    before = _segments()
+    t = threading.Thread(target=lambda: box.update(hi=shm.upgrade(1, {0: [hi]}, True, time.monotonic() + 5)))
+    t.start()
+    got_lo = shm.upgrade(0, {1: [lo]}, True, time.monotonic() + 5)
+    t.join(timeout=10)
+    a, b = got_lo[1][0], box["hi"][0][0]
+    assert isinstance(a, shm.ShmSocket) and isinstance(b, shm.ShmSocket)
+    assert _segments() - before == set()
+    a.sendall(b"hello")
+    assert read_exactly(b, 5) == b"hello"
+    b.sendall(b"back")
+    assert read_exactly(a, 4) == b"back"
+    a.close()
+    b.close()
