@@ -21,7 +21,12 @@ from conftest import assert_ok
 
 OPS = int(os.environ.get("FASTCOLL_SOAK_OPS", "600"))
 SEED = int(os.environ.get("FASTCOLL_SOAK_SEED", "20240611"))
-RSS_GROWTH_KIB = 12 * 1024  # measured: +2-5 MiB over 10,000 ops, flat after ~10,000 (25,000 run)
+# Measured: +2-5 MiB over 10,000 ops, flat after ~10,000 (25,000 run, TCP). glibc's heap has
+# transient peaks that are not leaks: this seed, 600 ops, rank 0, one sample of the ten peaks at
+# +5.5 MiB over TCP and +10-12 MiB with shared memory, then falls back; over 6,000 ops the peaks
+# are +7 (shm) and +11 MiB (TCP), with no upward trend. A leak of a buffer per call (tens of MiB
+# here) or a growing object count still fails.
+RSS_GROWTH_KIB = 16 * 1024
 OBJECT_GROWTH = 50
 
 

@@ -48,7 +48,7 @@ _OFFER_LIMIT = 4096
 # the writer sends only when it sees the reader's "asleep" flag. Without a store-load fence the
 # two can cross (each sees the other's old value), so a sleeper also looks again this often.
 RECHECK_SECONDS = 0.001
-SPIN_CHECKS = 64  # ring checks before a blocking wait starts yielding, then sleeping
+SPIN_CHECKS = 64  # ring checks (each after sched_yield(), which lets go of the GIL) before sleeping
 
 
 def _fence_function():
@@ -302,8 +302,9 @@ class ShmSocket:
                 return 0
             spins += 1
             if spins < SPIN_CHECKS:
-                if spins > SPIN_CHECKS // 4:
-                    _yield()
+                # The rest of a large message: this rank's own sender thread may be filling its
+                # peer's ring meanwhile, and a pure-Python spin would keep the GIL from it.
+                _yield()
                 continue
             self.drain()
             if deadline is not None and time.monotonic() > deadline:
@@ -331,6 +332,9 @@ def _segment_size(capacity: int) -> int:
 def _rings(mem: mmap.mmap, capacity: int, lower: bool) -> tuple[Ring, Ring]:
     """(tx, rx) for the lower rank or the higher one: ring 0 carries lower -> higher."""
     view = memoryview(mem)
+    # Map every page now (a read of one byte per page): the first large message would otherwise
+    # take its page faults mid-collective, and the rank's resident size would creep up later.
+    bytes(view[:: mmap.PAGESIZE])
     size = _CONTROL + capacity
     first = Ring(view[_PREAMBLE : _PREAMBLE + size], capacity)
     second = Ring(view[_PREAMBLE + size : _PREAMBLE + 2 * size], capacity)

@@ -285,7 +285,10 @@ class TcpTransport(Transport):
             payload = None
         if peer in self._broken:
             return
-        if (payload is None or payload.nbytes <= INLINE_BYTES) and sender.idle():
+        small = payload is None or payload.nbytes <= INLINE_BYTES
+        # A shared-memory ring says whether a message fits without waiting: one that does goes
+        # out now, sparing the hand-off to the sender thread (which needs the GIL to copy).
+        if sender.idle() and (small or (type(sock) is ShmSocket and sock.tx.free() >= len(frame) + payload.nbytes)):
             try:
                 if payload is None:
                     sock.sendall(frame)
