@@ -38,7 +38,7 @@ def main() -> None:
     timed(big, 1)
     t_big = float(np.median(timed(big, 5)))
     busbw = big.nbytes / t_big * 2 * (n - 1) / n / 1e9 if n > 1 else float("nan")
-    transport = g.config.transport if n > 1 else "none (world of one)"
+    transport = g.transport_info() if n > 1 else "none (world of one)"
     print(
         f"rank {r}/{n}: transport {transport}: 4 KiB all_reduce median {small * 1e6:.0f} us over 1000 calls; "
         f"64 MiB all_reduce median {t_big * 1e3:.1f} ms (bus bandwidth {busbw:.2f} GB/s)"

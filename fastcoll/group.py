@@ -59,6 +59,12 @@ class Group:
     def __repr__(self) -> str:
         return f"<fastcoll.Group rank={self.rank()} size={self.size()} transport={self.config.transport}>"
 
+    def transport_info(self) -> str:
+        """What carries this group's messages: 'tcp', 'tcp, shared memory on 1 of 1
+        connections', 'zmq', or 'none' for a world of one."""
+        t = self.root._transport
+        return "none" if t is None else t.describe()
+
     def split(self, color: int, key: int = -1) -> "Group":
         """Split into sub-groups by `color` (every rank must call it), as mx.distributed does.
 

@@ -176,8 +176,10 @@ def _segments() -> set[str]:
     return set(glob.glob("/dev/shm/fc*"))
 
 
-@pytest.mark.parametrize("flag,expected", [("1", ["shm"]), ("0", ["tcp"])])
-def test_ranks_of_one_host_use_shared_memory_unless_told_not_to(launch, flag, expected):
+@pytest.mark.parametrize(
+    "flag,expected,info", [("1", ["shm"], "tcp, shared memory on 2 of 2 connections"), ("0", ["tcp"], "tcp")]
+)
+def test_ranks_of_one_host_use_shared_memory_unless_told_not_to(launch, flag, expected, info):
     """Every connection of a 3-rank local job goes through shared memory (FASTCOLL_SHM=0: none
     does), results stay exact, and no segment is left in /dev/shm, even while the job runs."""
     before = _segments()
@@ -185,7 +187,8 @@ def test_ranks_of_one_host_use_shared_memory_unless_told_not_to(launch, flag, ex
     results = job.wait(timeout=120)
     assert_ok(results)
     for r in results:
-        assert json.loads(r.out.strip().splitlines()[-1])["links"] == expected, r.out
+        doc = json.loads(r.out.strip().splitlines()[-1])
+        assert doc["links"] == expected and doc["info"] == info, r.out
     if os.path.isdir("/dev/shm"):
         assert _segments() - before == set()
 

@@ -63,12 +63,7 @@ def make_backend(group: Any, array: str = "numpy") -> Backend:
         out = fastcoll.all_gather(np.ascontiguousarray(v, dtype=np.float64), group=group)
         return np.asarray(out, dtype=np.float64).reshape(world, -1)
 
-    from fastcoll.transport.shm import ShmSocket
-
-    links = getattr(group._transport, "_links", {}).values()
-    shared = sum(isinstance(s, ShmSocket) for s in links)
-    meta = {"fastcoll": getattr(fastcoll, "__version__", "?"), "transport": transport,
-            "shared memory": f"{shared} of {len(links)} connections" if transport == "tcp" else "no",
+    meta = {"fastcoll": getattr(fastcoll, "__version__", "?"), "transport": group.transport_info(),
             "array": array}
     for var in ("FASTCOLL_CONNECTIONS", "FASTCOLL_INTERFACE", "FASTCOLL_FAST_SYNC"):
         if var in os.environ:

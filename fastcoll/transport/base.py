@@ -69,6 +69,10 @@ class Transport(abc.ABC):
     def close(self) -> None:
         """Release every socket."""
 
+    def describe(self) -> str:
+        """What carries this rank's messages, in a few words ('tcp', 'zmq', ...)."""
+        return type(self).__name__.removesuffix("Transport").lower()
+
     def recv(
         self, peer: int, seq: int, sig: str, chunk: int, out: memoryview | None, deadline: float, tracer=None
     ) -> None:

@@ -276,6 +276,12 @@ class TcpTransport(Transport):
         self._closed_peers: set[int] = set()
         self._broken: dict[int, FastcollError] = {}  # peers a send to failed (sends dropped)
 
+    def describe(self) -> str:
+        shared = len(self._shm)
+        if not shared:
+            return "tcp"
+        return f"tcp, shared memory on {shared} of {len(self._links)} connections"
+
     def send(self, peer: int, header: Header, payload: memoryview | None) -> None:
         frame = wire.pack(header)
         ch = header.chunk % self._channels

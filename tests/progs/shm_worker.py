@@ -20,8 +20,9 @@ def main() -> None:
         y = fastcoll.all_reduce(x)
         check(np.array_equal(y, n * np.arange(count, dtype=np.float32) + sum(range(n))), f"all_reduce of {count}")
     kinds = sorted({"shm" if isinstance(s, ShmSocket) else "tcp" for s in g._transport._links.values()})
+    info = g.transport_info()
     fastcoll.finalize()
-    print(json.dumps({"rank": g.rank(), "links": kinds}))
+    print(json.dumps({"rank": g.rank(), "links": kinds, "info": info}))
 
 
 run(main)
