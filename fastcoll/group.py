@@ -216,7 +216,10 @@ def connect_group(config: Config, gate: Any = None) -> Group:
 
     deadline = time.monotonic() + config.timeout
     hosts = bind_hosts(config)
-    caps = {"transport": config.transport, "gate": gate is not None, "connections": config.connections}
+    from fastcoll.transport.shm import host_id
+
+    caps = {"transport": config.transport, "gate": gate is not None, "connections": config.connections,
+            "host": host_id()}
     if config.transport == "zmq":
         from fastcoll.transport.zmq import ZmqListener, ZmqTransport
 
@@ -245,7 +248,8 @@ def connect_group(config: Config, gate: Any = None) -> Group:
             listener.close()
         from fastcoll.transport import shm
 
-        socks = shm.upgrade(config.rank, socks, config.shm, deadline)
+        here = {r for r, c in enumerate(table.caps) if c.get("host") == caps["host"]}
+        socks = shm.upgrade(config.rank, socks, config.shm, deadline, here)
         transport = TcpTransport(config.rank, config.world_size, socks, config.timeout)
     if gate is not None and not all(c.get("gate") for c in table.caps):
         log.info("the fence gate is off: not every rank can run it")

@@ -137,6 +137,21 @@ def test_end_of_stream_after_the_data_and_timeouts():
     b.close()
 
 
+def test_a_writer_waiting_for_room_sees_the_peer_go_despite_unread_doorbells():
+    """The peer rang a doorbell and then died with this rank's ring to it full: the writer must
+    fail at once (BrokenPipeError, which the transport reports as PeerLostError), not time out."""
+    a, b = pair(64)
+    timeouts(a, 5)
+    a.rx.sleep()  # a's flag up: b's next write rings a doorbell that nobody takes
+    b.sendall(b"0123456789")
+    b.sock.close()
+    t0 = time.monotonic()
+    with pytest.raises(BrokenPipeError):
+        a.sendall(bytes(200))
+    assert time.monotonic() - t0 < 1
+    a.close()
+
+
 def test_malformed_offers_are_refused():
     assert shm._check_offer(None, "rank 0") is None
     good = {"name": "/fc" + "0" * 24, "nonce": "ab" * 16, "capacity": shm.RING_BYTES}
@@ -232,3 +247,19 @@ def test_upgrade_between_two_ranks_in_one_process():
     assert read_exactly(a, 4) == b"back"
     a.close()
     b.close()
+
+
+def test_no_segment_is_offered_to_a_rank_on_another_host():
+    """`here` (from the rendezvous table's host ids) leaves connections to other hosts on TCP
+    without creating a segment for them."""
+    lo, hi = socket.socketpair()
+    before = _segments()
+    box: dict = {}
+    t = threading.Thread(target=lambda: box.update(hi=shm.upgrade(1, {0: [hi]}, True, time.monotonic() + 5, {1})))
+    t.start()
+    got_lo = shm.upgrade(0, {1: [lo]}, True, time.monotonic() + 5, {0})
+    t.join(timeout=10)
+    assert got_lo[1][0] is lo and box["hi"][0][0] is hi
+    assert _segments() - before == set()
+    lo.close()
+    hi.close()

@@ -56,11 +56,12 @@ def _fence_function():
     full memory barrier needed between the data and the counters (None: the hardware keeps
     order)."""
     machine = platform.machine().lower()
-    if machine in ("x86_64", "amd64", "i386", "i686"):
+    if machine in ("x86_64", "amd64"):  # not 32-bit x86: there an 8-byte counter is two stores
         return True, None
     if sys.platform == "darwin":
         try:
-            barrier = ctypes.CDLL("/usr/lib/libSystem.B.dylib").OSMemoryBarrier
+            # PyDLL: called with the GIL held (CDLL would let go of it and take it back each time)
+            barrier = ctypes.PyDLL("/usr/lib/libSystem.B.dylib").OSMemoryBarrier
         except (OSError, AttributeError):
             return False, None
         barrier.restype = None
@@ -171,6 +172,8 @@ class ShmSocket:
         self._shut = False  # shutdown(SHUT_WR) was called: nothing more goes out
         self._eof = False  # the peer closed its end
         self._closed = False
+        self._poll = select.poll()  # poll(), not select(): any fd number
+        self._poll.register(sock.fileno(), select.POLLIN)
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -214,11 +217,11 @@ class ShmSocket:
             if spins < SPIN_CHECKS:
                 _yield()
                 continue
-            try:  # the reader's end-of-file, without taking its doorbells
-                if self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
-                    raise BrokenPipeError("the peer closed its connection")
-            except BlockingIOError:
-                pass
+            # The peer's end of the stream. drain() takes doorbells too, which a reading thread
+            # of this rank may have wanted: it looks at its ring again within RECHECK_SECONDS.
+            self.drain()
+            if self._eof:
+                raise BrokenPipeError("the peer closed its connection")
             time.sleep(nap)
             nap = min(nap * 2, RECHECK_SECONDS)
 
@@ -279,7 +282,7 @@ class ShmSocket:
                 return
 
     def recv_into(self, buffer, nbytes: int = 0, flags: int = 0) -> int:
-        dst = buffer[:nbytes] if nbytes else buffer  # a bytearray or a 1-D byte memoryview
+        dst = memoryview(buffer)[:nbytes] if nbytes else buffer  # a bytearray or a 1-D byte memoryview
         n = self.rx.get(dst)
         if n:
             return n
@@ -311,7 +314,7 @@ class ShmSocket:
                 raise BlockingIOError("receive timed out")  # what SO_RCVTIMEO gives a socket
             if self.rx.sleep():
                 wait = RECHECK_SECONDS if deadline is None else min(RECHECK_SECONDS, remaining(deadline))
-                select.select([self.sock], [], [], wait)
+                self._poll.poll(wait * 1000)
 
     # ---- ending
     def shutdown(self, how: int) -> None:
@@ -401,12 +404,27 @@ def _check_offer(offer: object, what: str) -> tuple[str, bytes, int] | None:
     return offer["name"], bytes.fromhex(offer["nonce"]), offer["capacity"]
 
 
-def upgrade(rank: int, socks: dict[int, list[socket.socket]], enabled: bool, deadline: float) -> dict[int, list]:
+def host_id() -> str:
+    """This host as the rendezvous table shows it: segments are offered only to ranks with the
+    same id (the nonce check decides; this only spares segments for ranks that surely are
+    elsewhere)."""
+    boot = ""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        pass
+    return f"{socket.gethostname()}/{boot}"
+
+
+def upgrade(
+    rank: int, socks: dict[int, list[socket.socket]], enabled: bool, deadline: float, here: set[int] | None = None
+) -> dict[int, list]:
     """Replace each connection to a rank on this host by a ShmSocket, where both ends want it.
 
-    Every rank must call it with its freshly made connections (no data sent yet). Offers go
-    from the lower rank to the higher, answers back; all offers are sent before any is read,
-    so no two ranks wait on each other."""
+    Every rank must call it with its freshly made connections (no data sent yet). `here`: the
+    ranks that may share this host (default: all). Offers go from the lower rank to the higher,
+    answers back; all offers are sent before any is read, so no two ranks wait on each other."""
     enabled = enabled and available()
     made: dict[tuple[int, int], tuple[str, mmap.mmap]] = {}
     out = {p: list(ss) for p, ss in socks.items()}
@@ -417,7 +435,7 @@ def upgrade(rank: int, socks: dict[int, list[socket.socket]], enabled: bool, dea
                 continue
             for ch, s in enumerate(ss):
                 offer = None
-                if enabled:
+                if enabled and (here is None or p in here):
                     try:
                         name, nonce, mem = _create(RING_BYTES)
                         made[(p, ch)] = (name, mem)
