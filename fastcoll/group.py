@@ -15,6 +15,7 @@ from fastcoll.algorithms import Call
 from fastcoll.config import Config, parse_address
 from fastcoll.errors import FastcollError, MismatchError
 from fastcoll.service import Service
+from fastcoll.transport import shm
 from fastcoll.transport.base import Transport
 
 log = logging.getLogger("fastcoll")
@@ -216,10 +217,8 @@ def connect_group(config: Config, gate: Any = None) -> Group:
 
     deadline = time.monotonic() + config.timeout
     hosts = bind_hosts(config)
-    from fastcoll.transport.shm import host_id
-
     caps = {"transport": config.transport, "gate": gate is not None, "connections": config.connections,
-            "host": host_id()}
+            "host": shm.host_id()}
     if config.transport == "zmq":
         from fastcoll.transport.zmq import ZmqListener, ZmqTransport
 
@@ -246,8 +245,6 @@ def connect_group(config: Config, gate: Any = None) -> Group:
             socks = _tcp_mesh(config, listener, table.addresses, deadline)
         finally:
             listener.close()
-        from fastcoll.transport import shm
-
         here = {r for r, c in enumerate(table.caps) if c.get("host") == caps["host"]}
         socks = shm.upgrade(config.rank, socks, config.shm, deadline, here)
         transport = TcpTransport(config.rank, config.world_size, socks, config.timeout)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import glob
 import json
-import mmap
 import os
 import random
 import socket
@@ -38,16 +37,6 @@ def _why_not() -> str | None:
 pytestmark = pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))
 
 
-def pair(capacity: int) -> tuple[shm.ShmSocket, shm.ShmSocket]:
-    """Two ShmSockets over one anonymous mapping and a socketpair, as upgrade() makes them."""
-    size = shm._segment_size(capacity)
-    mem_a = mmap.mmap(-1, size)
-    a_sock, b_sock = socket.socketpair()
-    lower = shm.ShmSocket(a_sock, mem_a, *shm._rings(mem_a, capacity, lower=True))
-    higher = shm.ShmSocket(b_sock, mem_a, *shm._rings(mem_a, capacity, lower=False))
-    return lower, higher
-
-
 def timeouts(s: shm.ShmSocket, seconds: float) -> None:
     tv = struct.pack("ll", int(seconds), int((seconds - int(seconds)) * 1e6))
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
@@ -67,7 +56,7 @@ def read_exactly(s: shm.ShmSocket, n: int) -> bytes:
 def test_bytes_stream_through_a_small_ring_in_order():
     """Messages of random sizes, many larger than the ring, wrap around it many times; a reader
     thread gets exactly the bytes written, in order, through blocking and non-blocking reads."""
-    a, b = pair(1000)
+    a, b = shm.pair(1000)
     timeouts(a, 10)
     timeouts(b, 10)
     rng = random.Random(7)
@@ -93,7 +82,7 @@ def test_bytes_stream_through_a_small_ring_in_order():
 
 
 def test_a_sleeping_reader_is_woken_by_the_doorbell():
-    a, b = pair(4096)
+    a, b = shm.pair(4096)
     timeouts(b, 10)
     box: list[float] = []
 
@@ -114,7 +103,7 @@ def test_a_sleeping_reader_is_woken_by_the_doorbell():
 
 
 def test_end_of_stream_after_the_data_and_timeouts():
-    a, b = pair(64)
+    a, b = shm.pair(64)
     timeouts(a, 0.3)
     timeouts(b, 0.3)
     with pytest.raises(BlockingIOError):
@@ -140,7 +129,7 @@ def test_end_of_stream_after_the_data_and_timeouts():
 def test_a_writer_waiting_for_room_sees_the_peer_go_despite_unread_doorbells():
     """The peer rang a doorbell and then died with this rank's ring to it full: the writer must
     fail at once (BrokenPipeError, which the transport reports as PeerLostError), not time out."""
-    a, b = pair(64)
+    a, b = shm.pair(64)
     timeouts(a, 5)
     a.rx.sleep()  # a's flag up: b's next write rings a doorbell that nobody takes
     b.sendall(b"0123456789")

@@ -11,8 +11,6 @@
 
 from __future__ import annotations
 
-import mmap
-import socket
 import sys
 import time
 import timeit
@@ -69,12 +67,8 @@ def main() -> None:
     if not shm.available():
         print("no shared memory on this platform: part 2 skipped")
         return
-    size = shm._segment_size(shm.RING_BYTES)
-    mem = mmap.mmap(-1, size)
-    a_sock, b_sock = socket.socketpair()  # AF_UNIX: the transport's TCP_NODELAY does not apply
-    tcp.tune = lambda s: None
-    a = shm.ShmSocket(a_sock, mem, *shm._rings(mem, shm.RING_BYTES, lower=True))
-    b = shm.ShmSocket(b_sock, mem, *shm._rings(mem, shm.RING_BYTES, lower=False))
+    a, b = shm.pair()
+    tcp.tune = lambda s: None  # socketpair() is AF_UNIX: TCP_NODELAY does not apply
     t0 = tcp.TcpTransport(0, 2, {1: [a]}, 30.0)
     t1 = tcp.TcpTransport(1, 2, {0: [b]}, 30.0)
     out = np.empty(1, np.float32)

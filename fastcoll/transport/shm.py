@@ -33,7 +33,7 @@ import sys
 import time
 
 from fastcoll.errors import FastcollError
-from fastcoll.transport.stream import recv_message, remaining, send_message
+from fastcoll.transport.stream import DONTWAIT, recv_message, remaining, send_message, yield_cpu
 
 log = logging.getLogger("fastcoll.transport")
 
@@ -48,7 +48,7 @@ _OFFER_LIMIT = 4096
 # the writer sends only when it sees the reader's "asleep" flag. Without a store-load fence the
 # two can cross (each sees the other's old value), so a sleeper also looks again this often.
 RECHECK_SECONDS = 0.001
-SPIN_CHECKS = 64  # ring checks (each after sched_yield(), which lets go of the GIL) before sleeping
+SPIN_CHECKS = 64  # ring checks (each after schedyield_cpu(), which lets go of the GIL) before sleeping
 
 
 def _fence_function():
@@ -71,9 +71,6 @@ def _fence_function():
 
 
 _usable, fence = _fence_function()
-_yield = getattr(os, "sched_yield", lambda: None)
-# A plain int: socket.MSG_DONTWAIT is an IntFlag, whose `&` costs a microsecond in Python code.
-DONTWAIT = int(socket.MSG_DONTWAIT)
 
 
 def available() -> bool:
@@ -164,10 +161,9 @@ class ShmSocket:
     """The socket calls the TCP transport makes, served by two rings; `sock` (the TCP connection
     the rings replaced) carries doorbells and the end of the connection."""
 
-    def __init__(self, sock: socket.socket, mem: mmap.mmap, tx: Ring, rx: Ring):
+    def __init__(self, sock: socket.socket, tx: Ring, rx: Ring):
         self.sock = sock
-        self._mem = mem
-        self.tx, self.rx = tx, rx
+        self.tx, self.rx = tx, rx  # their views keep the mapping alive
         self._send_timeout = self._recv_timeout = None
         self._shut = False  # shutdown(SHUT_WR) was called: nothing more goes out
         self._eof = False  # the peer closed its end
@@ -193,13 +189,15 @@ class ShmSocket:
         self.sock.settimeout(value)
 
     # ---- sending
-    def _ring(self) -> None:
-        try:
-            self.sock.send(b"\0", socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            pass  # doorbells already queued: the reader will wake
-        except OSError:
-            pass  # the peer is gone; the next wait on it finds out
+    def _write(self, views) -> None:
+        """Put views (which fit in the ring) after the head, publish once, ring if need be."""
+        for v in views:
+            self.tx.put(v)
+        if self.tx.publish():
+            try:
+                self.sock.send(b"\0", DONTWAIT)
+            except OSError:  # doorbells already queued (the reader will wake), or the peer is
+                pass  # gone (the next wait on it finds out)
 
     def _check_send(self) -> None:
         if self._shut or self._closed:
@@ -215,7 +213,7 @@ class ShmSocket:
                 raise BlockingIOError("send timed out")  # what SO_SNDTIMEO gives a socket
             spins += 1
             if spins < SPIN_CHECKS:
-                _yield()
+                yield_cpu()
                 continue
             # The peer's end of the stream. drain() takes doorbells too, which a reading thread
             # of this rank may have wanted: it looks at its ring again within RECHECK_SECONDS.
@@ -236,20 +234,15 @@ class ShmSocket:
                 self._wait_space(deadline)
                 continue
             k = min(room, n - done)
-            self.tx.put(src[done : done + k])
+            self._write((src[done : done + k],))
             done += k
-            if self.tx.publish():
-                self._ring()
 
     def sendmsg(self, buffers) -> int:
         views = [_bytes(b) for b in buffers]
         total = sum(map(len, views))
         self._check_send()
         if total <= self.tx.free():  # the common case: the whole message, one publish
-            for v in views:
-                self.tx.put(v)
-            if self.tx.publish():
-                self._ring()
+            self._write(views)
         else:
             for v in views:
                 self.sendall(v)
@@ -261,9 +254,7 @@ class ShmSocket:
         src = _bytes(data)
         if len(src) > self.tx.free():
             raise BlockingIOError("ring full")
-        self.tx.put(src)
-        if self.tx.publish():
-            self._ring()
+        self._write((src,))
         return len(src)
 
     # ---- receiving
@@ -307,7 +298,7 @@ class ShmSocket:
             if spins < SPIN_CHECKS:
                 # The rest of a large message: this rank's own sender thread may be filling its
                 # peer's ring meanwhile, and a pure-Python spin would keep the GIL from it.
-                _yield()
+                yield_cpu()
                 continue
             self.drain()
             if deadline is not None and time.monotonic() > deadline:
@@ -343,6 +334,14 @@ def _rings(mem: mmap.mmap, capacity: int, lower: bool) -> tuple[Ring, Ring]:
     second = Ring(view[_PREAMBLE + size : _PREAMBLE + 2 * size], capacity)
     view.release()
     return (first, second) if lower else (second, first)
+
+
+def pair(capacity: int = RING_BYTES) -> tuple[ShmSocket, ShmSocket]:
+    """Two ShmSockets joined to each other in this process (socket.socketpair's twin, over an
+    anonymous mapping), as upgrade() joins two ranks: for tests and measurements."""
+    mem = mmap.mmap(-1, _segment_size(capacity))
+    a, b = socket.socketpair()
+    return ShmSocket(a, *_rings(mem, capacity, lower=True)), ShmSocket(b, *_rings(mem, capacity, lower=False))
 
 
 def _create(capacity: int) -> tuple[str, bytes, mmap.mmap]:
@@ -455,7 +454,7 @@ def upgrade(
                 send_message(s, mem is not None, _OFFER_LIMIT)
                 if mem is not None:
                     tx, rx = _rings(mem, RING_BYTES, lower=False)
-                    out[p][ch] = ShmSocket(s, mem, tx, rx)
+                    out[p][ch] = ShmSocket(s, tx, rx)
         for (p, ch), (name, mem) in list(made.items()):
             s = socks[p][ch]
             taken = recv_message(s, _OFFER_LIMIT, deadline, f"rank {p}")
@@ -463,7 +462,7 @@ def upgrade(
             del made[(p, ch)]
             if taken is True:
                 tx, rx = _rings(mem, RING_BYTES, lower=True)
-                out[p][ch] = ShmSocket(s, mem, tx, rx)
+                out[p][ch] = ShmSocket(s, tx, rx)
             else:
                 mem.close()
         ok = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 
@@ -9,6 +10,12 @@ import msgpack
 
 from fastcoll import wire
 from fastcoll.errors import CollectiveTimeoutError, PeerLostError
+
+
+# A plain int: socket.MSG_DONTWAIT is an IntFlag, whose `&` costs a microsecond in Python code.
+DONTWAIT = int(socket.MSG_DONTWAIT)
+# Give the core (and the GIL) to whoever needs it, while waiting on a peer without sleeping.
+yield_cpu = getattr(os, "sched_yield", lambda: None)
 
 
 def remaining(deadline: float) -> float:

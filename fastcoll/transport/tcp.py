@@ -9,7 +9,6 @@ small per-peer buffer only batches headers and small payloads into few system ca
 from __future__ import annotations
 
 import collections
-import os
 import select
 import socket
 import struct
@@ -19,8 +18,8 @@ from fastcoll import wire
 from fastcoll.errors import CollectiveTimeoutError, FastcollError, PeerLostError
 from fastcoll.transport.base import Transport, abort_error, log
 from fastcoll.transport.listen import tune
-from fastcoll.transport.shm import DONTWAIT, RECHECK_SECONDS, ShmSocket
-from fastcoll.transport.stream import remaining
+from fastcoll.transport.shm import RECHECK_SECONDS, ShmSocket
+from fastcoll.transport.stream import DONTWAIT, remaining, yield_cpu
 from fastcoll.wire import ABORT, CLOSE, Header
 
 INLINE_BYTES = 64 * 1024
@@ -35,7 +34,6 @@ SPIN_READS = 10
 # 4 B all-reduce: 592 us without, 395 us with 20 (bench/NOTES.md, entry 11). Only while a
 # small message is awaited.
 YIELD_READS = 20
-_yield = getattr(os, "sched_yield", lambda: None)
 READ_BUFFER = 256 * 1024
 
 
@@ -378,7 +376,7 @@ class TcpTransport(Transport):
             limit = SPIN_READS + (YIELD_READS if nbytes <= INLINE_BYTES else 0)
             while h is None and tries < limit:
                 if tries >= SPIN_READS:
-                    _yield()
+                    yield_cpu()
                 reader.fill(DONTWAIT)
                 h = reader.parse()
                 tries += 1
