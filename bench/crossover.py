@@ -3,9 +3,10 @@ size moves large messages fastest. Two (or --world N) ranks on localhost, TCP.
 
     python bench/crossover.py [--world 2] [--reps 7]
 
-Each size is timed with both algorithms forced, alternating, in one job, and the median of the
-per-call times is reported; the numbers behind fastcoll.collectives.DIRECT_MAX_BYTES(_TWO_RANKS)
-and PIECE_BYTES come from this script (see bench/NOTES.md).
+Each size is timed with both algorithms forced (FASTCOLL_TUNING), one job per variant and
+repetition, the variants alternating, and the median of the per-call times is reported; the
+defaults of Config.direct_max_bytes(_two_ranks) and Config.piece_bytes come from this script
+(see bench/NOTES.md).
 """
 
 from __future__ import annotations
@@ -30,11 +31,15 @@ def _median(xs: list[float]) -> float:
     return xs[len(xs) // 2]
 
 
-def rank_main(reps: int) -> None:
+# FASTCOLL_TUNING for each variant: the direct algorithm forced, the ring forced, ring pieces.
+FORCE = {"direct": "direct_max_bytes=1099511627776,direct_max_bytes_two_ranks=1099511627776",
+         "ring": "direct_max_bytes=0,direct_max_bytes_two_ranks=0"}
+
+
+def rank_main(mode: str) -> None:
     import numpy as np
 
     import fastcoll
-    from fastcoll import collectives
 
     g = fastcoll.init()
 
@@ -45,53 +50,58 @@ def rank_main(reps: int) -> None:
             fastcoll.all_reduce(x)
         return (time.perf_counter() - t0) / calls
 
-    rows = []
-    for size in SIZES:
-        x = np.ones(size // 4, np.float32)
-        calls = max(3, min(200, (8 << 20) // size))
-        times = {"direct": [], "ring": []}
-        for _ in range(reps):
-            for algo in ("direct", "ring"):
-                bound = 1 << 40 if algo == "direct" else 0
-                collectives.DIRECT_MAX_BYTES = collectives.DIRECT_MAX_BYTES_TWO_RANKS = bound
-                times[algo].append(per_call(x, calls))
-        rows.append({"bytes": size, **{k: _median(v) for k, v in times.items()}})
-    collectives.DIRECT_MAX_BYTES = collectives.DIRECT_MAX_BYTES_TWO_RANKS = 0
-    pieces = []
-    x = np.ones(BIG // 4, np.float32)
-    per_call(x, 1)
-    for piece in PIECES:
-        collectives.PIECE_BYTES = piece
-        pieces.append({"piece": piece, "t": _median([per_call(x, 1) for _ in range(max(3, reps // 2))])})
+    out: dict = {"world": g.size()}
+    if mode == "sizes":
+        out["t"] = {size: per_call(np.ones(size // 4, np.float32), max(3, min(200, (8 << 20) // size)))
+                    for size in SIZES}
+    else:
+        x = np.ones(BIG // 4, np.float32)
+        per_call(x, 1)
+        out["t"] = per_call(x, 1)
     if g.rank() == 0:
-        print(json.dumps({"world": g.size(), "rows": rows, "pieces": pieces}))
+        print(json.dumps(out))
     fastcoll.finalize()
+
+
+def job(world: int, mode: str, tuning: str) -> dict:
+    """One job of `world` ranks on localhost with FASTCOLL_TUNING=tuning; rank 0's result."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = secrets.token_hex(16)
+    procs = []
+    for r in range(world):
+        env = dict(os.environ, FASTCOLL_RANK=str(r), FASTCOLL_WORLD_SIZE=str(world),
+                   FASTCOLL_COORDINATOR=f"127.0.0.1:{port}", FASTCOLL_TOKEN=token, FASTCOLL_TUNING=tuning,
+                   PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        procs.append(subprocess.Popen([sys.executable, __file__, "--rank-main", mode],
+                                      env=env, stdout=subprocess.PIPE, text=True))
+    out = procs[0].communicate()[0]
+    for p in procs[1:]:
+        p.wait()
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--rank-main", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.rank_main:
-        rank_main(a.reps)
+        rank_main(a.rank_main)
         return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    token = secrets.token_hex(16)
-    procs = []
-    for r in range(a.world):
-        env = dict(os.environ, FASTCOLL_RANK=str(r), FASTCOLL_WORLD_SIZE=str(a.world),
-                   FASTCOLL_COORDINATOR=f"127.0.0.1:{port}", FASTCOLL_TOKEN=token,
-                   PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        procs.append(subprocess.Popen([sys.executable, __file__, "--rank-main", "--reps", str(a.reps)],
-                                      env=env, stdout=subprocess.PIPE, text=True))
-    out = procs[0].communicate()[0]
-    for p in procs[1:]:
-        p.wait()
-    res = json.loads(out.strip().splitlines()[-1])
+    times: dict = {"direct": {s: [] for s in SIZES}, "ring": {s: [] for s in SIZES}}
+    for _ in range(a.reps):
+        for algo in ("direct", "ring"):
+            for size, t in job(a.world, "sizes", FORCE[algo])["t"].items():
+                times[algo][int(size)].append(t)
+    rows = [{"bytes": s, "direct": _median(times["direct"][s]), "ring": _median(times["ring"][s])} for s in SIZES]
+    piece_t: dict = {p: [] for p in PIECES}
+    for _ in range(max(3, a.reps // 2)):
+        for piece in PIECES:
+            piece_t[piece].append(job(a.world, "pieces", f"{FORCE['ring']},piece_bytes={piece}")["t"])
+    res = {"world": a.world, "rows": rows, "pieces": [{"piece": p, "t": _median(v)} for p, v in piece_t.items()]}
     print(f"all_reduce float32, {res['world']} ranks on localhost over TCP: median seconds per call")
     print("| bytes | direct (us) | ring (us) | ring / direct |")
     print("| ---: | ---: | ---: | ---: |")

@@ -216,7 +216,7 @@ def cmd_single(args) -> None:
     import mlx.core as mx
 
     from fastcoll.config import Config
-    from fastcoll.cuda import kernels as cuda_kernels
+    from fastcoll import cuda as cuda_kernels
     from fastcoll.cuda.advise import advise_towards_host
     from fastcoll.gate import probe
     from fastcoll.gate.layout import ControlLayout
@@ -272,7 +272,7 @@ def cmd_breakdown(args) -> None:
     import mlx.core as mx
 
     from fastcoll.config import Config
-    from fastcoll.cuda import kernels as cuda_kernels
+    from fastcoll import cuda as cuda_kernels
     from fastcoll.gate import probe
     from fastcoll.gate.layout import ControlLayout
     from fastcoll.gate.mlx_backend import MlxBackend

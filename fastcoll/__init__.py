@@ -4,6 +4,13 @@
     g = fastcoll.init()                 # reads FASTCOLL_* (or mpirun/srun/mlx.launch) variables
     y = fastcoll.all_reduce(x)          # x: mx.array or numpy.ndarray
     fastcoll.finalize()
+
+Where things are: `lifecycle` (init, finalize, the default group), `group` (Group, sub-groups,
+how a call runs), `collectives` (the calls below), `algorithms/` (direct, doubling, ring, and
+`select.py`, the rule that picks one), `transport/` (tcp with shared memory, zmq; the
+rendezvous), `service` (the service thread), `gate/` (the fence gate's host half; its GPU
+kernels in `metal/` and `cuda/`), `mlx_compat/` (fastcoll under mx.distributed), `launch/`
+(fastcoll-launch). docs/design.md walks through them.
 """
 
 from __future__ import annotations
@@ -17,7 +24,6 @@ from fastcoll.collectives import (  # noqa: E402
     all_reduce,
     barrier,
     broadcast,
-    default_group,
     recv,
     reduce_scatter,
     send,
@@ -30,8 +36,9 @@ from fastcoll.errors import (  # noqa: E402
     MismatchError,
     PeerLostError,
 )
-from fastcoll.group import Group  # noqa: E402
 from fastcoll.gradients import average_gradients  # noqa: E402
+from fastcoll.group import Group  # noqa: E402
+from fastcoll.lifecycle import check, finalize, init, is_initialized  # noqa: E402
 from fastcoll.service import Work  # noqa: E402
 
 logging.getLogger("fastcoll").addHandler(logging.NullHandler())
@@ -42,51 +49,3 @@ __all__ = [
     "average_gradients",
     "FastcollError", "PeerLostError", "CollectiveTimeoutError", "MismatchError", "AuthenticationError",
 ]
-
-
-def init(config: Config | None = None) -> Group:
-    """Join the job described by the environment (or `config`) and return the default group.
-
-    With nothing set this is a world of one: no network, and every collective is a no-op.
-    Calling it again returns the same group.
-    """
-    from fastcoll import collectives
-    from fastcoll.group import Group as _Group, connect_group
-
-    group = collectives.default_group()
-    if group is not None:
-        return group
-    config = Config.from_env() if config is None else config
-    gate = None
-    if config.fast_sync:
-        from fastcoll.gate import probe
-
-        gate = probe(config)
-    if config.world_size == 1:
-        group = _Group(config, None, gate)
-    else:
-        group = connect_group(config, gate)
-    collectives.set_default_group(group)
-    return group
-
-
-def is_initialized() -> bool:
-    """True between init() and finalize()."""
-    return default_group() is not None
-
-
-def check() -> None:
-    """Raise the error that broke the default group, or that a fence gate recorded, if any."""
-    group = default_group()
-    if group is not None:
-        group.check()
-
-
-def finalize() -> None:
-    """Finish queued work, close the connections and forget the default group."""
-    from fastcoll import collectives
-
-    group = collectives.default_group()
-    if group is not None:
-        collectives.set_default_group(None)
-        group.finalize()

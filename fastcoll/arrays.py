@@ -35,7 +35,8 @@ class Host:
     mlx: bool
 
 
-def _mx_name(dtype) -> str:
+def mx_name(dtype: Any) -> str:
+    """'float32' for mx.float32; TypeError for an MLX dtype fastcoll does not move."""
     name = str(dtype).rsplit(".", 1)[-1]
     if name not in dtypes.names():
         raise TypeError(f"fastcoll does not support MLX dtype {name}")
@@ -52,7 +53,7 @@ def to_host(x: Any) -> Host:
         flat = np.ascontiguousarray(x, dtype=native).reshape(-1)
         return Host(name, x.shape, flat, False)
     if is_mlx(x):
-        name = _mx_name(x.dtype)
+        name = mx_name(x.dtype)
         if name == "bfloat16":
             x = x.view(mx.uint16)
         mx.eval(x)

@@ -6,17 +6,43 @@ other launchers set are understood too, so that jobs started by mpirun, srun or 
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
 from typing import Mapping
 
+from fastcoll import transport
+
 DEFAULT_PORT = 29517
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_FENCE_MAX_ITERS = 50_000_000
-# 16 KiB: a 64 KiB gate's copy-out alone took ~190 us on an H200 (bench/results/gate_h200.md).
+# 16 KiB: a 64 KiB gate's copy-out alone took ~190 us on an H200 (docs/gate.md).
 DEFAULT_GATE_MAX_BYTES = 16 * 1024
+
+# Algorithm thresholds, measured with `python bench/crossover.py [--world 4]` (2-core Linux box,
+# TCP on localhost, median us per all-reduce, direct / ring). Two ranks: 4 KiB 51/93, 256 KiB
+# 219/445, 1 MiB 1051/1967, 4 MiB 4542/4836 -- direct wins up to megabytes, since with two ranks
+# both move the same bytes and the ring adds a step. Four ranks: 64 KiB 686/1361, 256 KiB
+# 1691/1724, 512 KiB 2816/3081, 1 MiB 5494/4263 -- direct sends (n-1)x the data and loses past
+# ~512 KiB. Ring pieces, 64 MiB: 256 KiB 56.6 ms, 1 MiB 47.4 ms, 4 MiB 53.6 ms (bench/NOTES.md).
+DEFAULT_DIRECT_MAX_BYTES = 256 * 1024  # any world size (average_gradients' buckets rely on it)
+DEFAULT_DIRECT_MAX_BYTES_TWO_RANKS = 1 << 20
+DEFAULT_PIECE_BYTES = 1 << 20
+# Non-blocking reads tried (~1.5 us each) before sleeping in poll(): a small exchange's reply is
+# usually a few microseconds away, and a sleep costs a wake-up. Two ranks, 4 B all-reduce,
+# median: 115 us with 1 try, 56 us with 10, 63-69 us with 25-100; with 4 ranks on 2 cores
+# 10 tries changed nothing and 100 doubled the time (bench/NOTES.md, entry 5).
+DEFAULT_SPIN_READS = 10
+# Then as many more, each after sched_yield(): when ranks outnumber cores the peer that owes
+# the reply may be waiting for this very core, and yielding hands it over without the sleep
+# and wake-up of poll(). Four ranks on 2 cores, 4 B all-reduce: 592 us without, 395 us with 20
+# (bench/NOTES.md, entry 11). Only while a small message is awaited.
+DEFAULT_YIELD_READS = 20
+
+LOG_LEVELS = ("warning", "info", "debug")
 
 # (rank variable, size variable, local rank variable, launcher name), in order of preference.
 _LAUNCHER_RANKS = (
@@ -48,6 +74,21 @@ class Config:
     gate_profile: bool = False
     trace: str | None = None
     launcher: str = "none"
+    log: str | None = None  # FASTCOLL_LOG: the `fastcoll` logger's level, if set
+    # Tuning (FASTCOLL_TUNING="name=value,..."): the algorithm choice and the transports' waits.
+    direct_max_bytes: int = DEFAULT_DIRECT_MAX_BYTES
+    direct_max_bytes_two_ranks: int = DEFAULT_DIRECT_MAX_BYTES_TWO_RANKS
+    piece_bytes: int = DEFAULT_PIECE_BYTES
+    doubling: bool = True
+    spin_reads: int = DEFAULT_SPIN_READS
+    yield_reads: int = DEFAULT_YIELD_READS
+
+    def __post_init__(self) -> None:
+        if self.transport not in transport.TRANSPORTS:
+            raise ValueError(
+                f"FASTCOLL_TRANSPORT must be one of {', '.join(map(repr, transport.TRANSPORTS))}, "
+                f"not {self.transport!r}")
+        check_timeout(self.timeout, "FASTCOLL_TIMEOUT")
 
     @property
     def interfaces(self) -> tuple[str, ...]:
@@ -62,9 +103,10 @@ class Config:
         coordinator = None
         if size > 1:
             coordinator = _coordinator(env, launcher)
-        transport = env.get("FASTCOLL_TRANSPORT", "tcp").strip().lower() or "tcp"
-        if transport not in ("tcp", "zmq"):
-            raise ValueError(f"FASTCOLL_TRANSPORT must be 'tcp' or 'zmq', not {transport!r}")
+        kind = env.get("FASTCOLL_TRANSPORT", "tcp").strip().lower() or "tcp"
+        log = env.get("FASTCOLL_LOG", "").strip().lower() or None
+        if log is not None and log not in LOG_LEVELS:
+            raise ValueError(f"FASTCOLL_LOG must be one of {', '.join(LOG_LEVELS)}, not {log!r}")
         interface = env.get("FASTCOLL_INTERFACE", "").strip() or None
         addresses = split_interfaces(interface)
         return cls(
@@ -73,8 +115,8 @@ class Config:
             local_rank=local_rank,
             coordinator=coordinator,
             token=env.get("FASTCOLL_TOKEN", "").encode(),
-            transport=transport,
-            timeout=_number(env, "FASTCOLL_TIMEOUT", DEFAULT_TIMEOUT, float, minimum=0.001),
+            transport=kind,
+            timeout=_seconds(env, "FASTCOLL_TIMEOUT", DEFAULT_TIMEOUT),
             interface=interface,
             connections=_number(env, "FASTCOLL_CONNECTIONS", max(1, len(addresses)), int, minimum=1),
             shm=_flag(env, "FASTCOLL_SHM", default=True),
@@ -88,7 +130,49 @@ class Config:
             gate_profile=_flag(env, "FASTCOLL_GATE_PROFILE"),
             trace=env.get("FASTCOLL_TRACE") or None,
             launcher=launcher,
+            log=log,
+            **_tuning(env.get("FASTCOLL_TUNING", "")),
         )
+
+
+TUNING = ("direct_max_bytes", "direct_max_bytes_two_ranks", "piece_bytes", "doubling", "spin_reads", "yield_reads")
+
+
+def _tuning(text: str) -> dict:
+    """FASTCOLL_TUNING='spin_reads=0,doubling=0' -> {'spin_reads': 0, 'doubling': False}: the
+    knobs benchmarks turn, each a Config field (see the defaults above for what they do)."""
+    out: dict = {}
+    fields = {f.name: f for f in dataclasses.fields(Config)}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, eq, value = item.partition("=")
+        name = name.strip()
+        if not eq or name not in TUNING:
+            raise ValueError(f"FASTCOLL_TUNING: {item!r} is not name=value with a name among {', '.join(TUNING)}")
+        what = f"FASTCOLL_TUNING's {name}"
+        if fields[name].type in (bool, "bool"):
+            out[name] = _flag({what: value}, what)
+        else:
+            out[name] = _number({what: value}, what, 0, int, minimum=0)
+    return out
+
+
+def check_timeout(value: object, what: str) -> float:
+    """`value` as seconds to wait: a finite, positive number; a ValueError that names `what`
+    and the value otherwise (inf would overflow the sockets' timeouts, NaN would expire at once)."""
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a number of seconds, not {value!r}") from None
+    if isinstance(value, bool) or not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"{what} must be a finite number of seconds above 0, not {value!r}")
+    return seconds
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    text = env.get(name)
+    if text is None or text.strip() == "":
+        return default
+    return check_timeout(text.strip(), name)
 
 
 def split_interfaces(text: str | None) -> tuple[str, ...]:
@@ -200,7 +284,7 @@ def _number(env: Mapping[str, str], name: str, default, kind, minimum=None):
     try:
         value = kind(text)
     except ValueError:
-        raise ValueError(f"{name} must be a {kind.__name__}, not {text!r}") from None
+        raise ValueError(f"{name} must be a{'n' if kind is int else ''} {kind.__name__}, not {text!r}") from None
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be at least {minimum}, not {text!r}")
     return value

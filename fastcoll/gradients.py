@@ -15,7 +15,7 @@ Exactness: the result for every array is the one `fastcoll.all_reduce(x, op="mea
 that array alone, bit for bit, at the default bucket size. A reduction is element-wise and, on
 fastcoll's small-message paths (direct, recursive doubling), combines the ranks in one fixed
 order whatever the buffer around an element holds; the default `bucket_bytes` is their bound
-(`fastcoll.collectives.DIRECT_MAX_BYTES`), so a bucket and each small array in it both take it.
+(`Config.direct_max_bytes`), so a bucket and each small array in it both take it.
 With a larger `bucket_bytes` a bucket may take the ring path, whose order of ranks differs from
 block to block: on two ranks that changes nothing (a + b == b + a exactly), on three or more a
 float element may then differ in the last place from averaging its array alone.
@@ -27,24 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from fastcoll import arrays, collectives, dtypes
-from fastcoll.group import Group
+from fastcoll import arrays, collectives, dtypes, lifecycle
+from fastcoll.config import DEFAULT_DIRECT_MAX_BYTES
 
-DEFAULT_BUCKET_BYTES = collectives.DIRECT_MAX_BYTES
+DEFAULT_BUCKET_BYTES = DEFAULT_DIRECT_MAX_BYTES
 _AVERAGEABLE = ("float16", "bfloat16", "float32", "float64", "complex64")
-
-
-def _group(group: Any) -> Group:
-    if group is None:
-        from fastcoll import init
-
-        return init()
-    inner = getattr(group, "fastcoll_group", None)  # an mlx_compat.Group
-    if isinstance(inner, Group):
-        return inner
-    if isinstance(group, Group):
-        return group
-    raise TypeError(f"group must be a fastcoll Group, an mlx_compat Group or None, not {type(group).__name__}")
 
 
 def _is_array(x: Any) -> bool:
@@ -83,7 +70,7 @@ def _rebuild(tree: Any, it) -> Any:
 
 
 def _name(x: Any) -> str:
-    return arrays._mx_name(x.dtype) if arrays.is_mlx(x) else dtypes.name_of_numpy(x.dtype)
+    return arrays.mx_name(x.dtype) if arrays.is_mlx(x) else dtypes.name_of_numpy(x.dtype)
 
 
 def average_gradients(grads: Any, group: Any = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Any:
@@ -103,7 +90,7 @@ def average_gradients(grads: Any, group: Any = None, bucket_bytes: int = DEFAULT
         The same tree with each array replaced by its mean over the ranks (same shape, dtype and
         array type). On a group of one, `grads` itself.
     """
-    g = _group(group)
+    g = lifecycle.resolve(group)
     if g.size() == 1:
         return grads
     leaves: list = []

@@ -14,6 +14,8 @@ import msgpack
 
 MAX_HEADER = 4096
 PREFIX = struct.Struct("<I")
+# Ordinary data messages are cut to at most this many bytes (the ZeroMQ message bound follows).
+MAX_PIECE_BYTES = 4 << 20
 
 DATA = 0
 ABORT = 1  # the sender gave up; `sig` carries its error

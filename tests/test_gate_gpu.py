@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from fastcoll.config import Config
-from fastcoll.cuda import kernels as cuda_kernels
-from fastcoll.metal import kernels as metal_kernels
+from fastcoll import cuda as cuda_kernels
+from fastcoll import metal as metal_kernels
 
 _reasons = [r for r in (metal_kernels.unavailable(), cuda_kernels.unavailable()) if r]
 _GPU = len(_reasons) < 2

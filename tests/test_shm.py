@@ -18,6 +18,7 @@ from conftest import assert_ok
 from fastcoll.config import Config
 from fastcoll.errors import FastcollError
 from fastcoll.transport import shm
+from fastcoll.transport.link import SocketLink
 
 
 
@@ -37,13 +38,11 @@ def _why_not() -> str | None:
 pytestmark = pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))
 
 
-def timeouts(s: shm.ShmSocket, seconds: float) -> None:
-    tv = struct.pack("ll", int(seconds), int((seconds - int(seconds)) * 1e6))
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+def timeouts(s: shm.ShmLink, seconds: float) -> None:
+    s.set_timeouts(seconds)
 
 
-def read_exactly(s: shm.ShmSocket, n: int) -> bytes:
+def read_exactly(s: shm.ShmLink, n: int) -> bytes:
     buf = bytearray(n)
     view, got = memoryview(buf), 0
     while got < n:
@@ -212,7 +211,7 @@ def test_a_malformed_offer_fails_the_upgrade_and_closes_the_connections():
     mine, theirs = socket.socketpair()
     send_message(theirs, {"name": "/elsewhere", "nonce": "00", "capacity": 1}, 4096)
     with pytest.raises(FastcollError, match="rank 0 sent a malformed shared-memory offer"):
-        shm.upgrade(1, {0: [mine]}, True, time.monotonic() + 5)
+        shm.upgrade(1, {0: [SocketLink(mine)]}, True, time.monotonic() + 5)
     assert mine.fileno() == -1  # closed
     theirs.close()
 
@@ -223,12 +222,12 @@ def test_upgrade_between_two_ranks_in_one_process():
     lo, hi = socket.socketpair()
     box: dict = {}
     before = _segments()
-    t = threading.Thread(target=lambda: box.update(hi=shm.upgrade(1, {0: [hi]}, True, time.monotonic() + 5)))
+    t = threading.Thread(target=lambda: box.update(hi=shm.upgrade(1, {0: [SocketLink(hi)]}, True, time.monotonic() + 5)))
     t.start()
-    got_lo = shm.upgrade(0, {1: [lo]}, True, time.monotonic() + 5)
+    got_lo = shm.upgrade(0, {1: [SocketLink(lo)]}, True, time.monotonic() + 5)
     t.join(timeout=10)
     a, b = got_lo[1][0], box["hi"][0][0]
-    assert isinstance(a, shm.ShmSocket) and isinstance(b, shm.ShmSocket)
+    assert isinstance(a, shm.ShmLink) and isinstance(b, shm.ShmLink)
     assert _segments() - before == set()
     a.sendall(b"hello")
     assert read_exactly(b, 5) == b"hello"
@@ -244,11 +243,11 @@ def test_no_segment_is_offered_to_a_rank_on_another_host():
     lo, hi = socket.socketpair()
     before = _segments()
     box: dict = {}
-    t = threading.Thread(target=lambda: box.update(hi=shm.upgrade(1, {0: [hi]}, True, time.monotonic() + 5, {1})))
+    t = threading.Thread(target=lambda: box.update(hi=shm.upgrade(1, {0: [SocketLink(hi)]}, True, time.monotonic() + 5, {1})))
     t.start()
-    got_lo = shm.upgrade(0, {1: [lo]}, True, time.monotonic() + 5, {0})
+    got_lo = shm.upgrade(0, {1: [SocketLink(lo)]}, True, time.monotonic() + 5, {0})
     t.join(timeout=10)
-    assert got_lo[1][0] is lo and box["hi"][0][0] is hi
+    assert got_lo[1][0].sock is lo and box["hi"][0][0].sock is hi
     assert _segments() - before == set()
     lo.close()
     hi.close()

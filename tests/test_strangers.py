@@ -536,6 +536,7 @@ def test_wire_bounds_before_allocating():
 
 def test_tcp_header_claiming_huge_payload_is_a_mismatch():
     """An authenticated peer announcing 2**62 bytes: MismatchError, nothing allocated."""
+    from fastcoll.transport.link import SocketLink
     from fastcoll.transport.tcp import TcpTransport
 
     server = socket.socket()
@@ -544,7 +545,7 @@ def test_tcp_header_claiming_huge_payload_is_a_mismatch():
     b = socket.create_connection(server.getsockname())
     a, _ = server.accept()
     server.close()
-    t = TcpTransport(0, 2, {1: [a]}, timeout=2.0)
+    t = TcpTransport(0, 2, {1: [SocketLink(a)]}, timeout=2.0)
     try:
         before = rss_kib(os.getpid())
         b.sendall(wire.pack(Header(DATA, 0, "all_reduce(sum,float32,(256,))", 0, HUGE)) + b"\0" * 4096)

@@ -3,7 +3,7 @@
 1. A 2-rank all_reduce of 4 bytes on a Group whose transport is an in-process echo (a message
    sent is the next one received): the public call, its checks, the output array, the service
    bookkeeping and the algorithm, without any I/O.
-2. One message sent and received through the real TCP transport code over a ShmSocket pair in
+2. One message sent and received through the real TCP transport code over a ShmLink pair in
    one process (framing, msgpack header, ring copies), without a second process or a wait.
 
     python bench/micro/python_cost.py
@@ -68,7 +68,6 @@ def main() -> None:
         print("no shared memory on this platform: part 2 skipped")
         return
     a, b = shm.pair()
-    tcp.tune = lambda s: None  # socketpair() is AF_UNIX: TCP_NODELAY does not apply
     t0 = tcp.TcpTransport(0, 2, {1: [a]}, 30.0)
     t1 = tcp.TcpTransport(1, 2, {0: [b]}, 30.0)
     out = np.empty(1, np.float32)
@@ -81,7 +80,7 @@ def main() -> None:
         t1.recv(0, 5, sig, 0, dst, time.monotonic() + 10)
 
     print(f"one 4 B message through the TCP transport over shared memory, send + receive: {best(one_message, 50000):.2f} us")
-    print(f"the bare ring: ShmSocket.sendmsg + recv_into of 34 bytes: "
+    print(f"the bare ring: ShmLink.sendmsg + recv_into of 34 bytes: "
           f"{best(lambda: (a.sendmsg([b'x' * 30, src]), b.recv_into(bytearray(64))), 50000):.2f} us")
 
 

@@ -1,49 +1,62 @@
-"""Collective algorithms over a Transport, one family per file (as Gloo lays them out).
+"""Collective algorithms over a transport, one family per file (as Gloo lays them out), and the
+rule that picks one (`select.py`).
 
 `direct` moves each rank's whole buffer to every peer in one hop: latency-optimal for small
 messages. `doubling` does the same in log2(n) exchanges with one partner each, for a
 power-of-two number of ranks above two: fewer messages, which is what small collectives pay for
 when ranks outnumber cores. `ring` pipelines pieces around the ring: bandwidth-optimal for
 large ones.
+
+An algorithm sees one `Call`: the group's rank and size, and `send`/`recv`/`flush` addressed by
+group rank. Every algorithm of a family offers the same functions with the same arguments, so
+`select.choose` can hand a collective to any of them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from fastcoll.dtypes import Combine
 from fastcoll.transport.base import Transport, data_header
+from fastcoll.wire import MAX_PIECE_BYTES
 
 
 @dataclass
 class Call:
-    """One collective as the service thread runs it: who, which one, and until when."""
+    """One collective as the service thread runs it: who, which one, and until when.
+
+    `rank` and `size` are the group's; `ranks[r]` is the transport's rank of group rank r (a
+    sub-group's members are a subset of the job's ranks)."""
 
     t: Transport
     seq: int
     sig: str
     deadline: float
+    rank: int
+    size: int
+    ranks: Sequence[int]
+    piece_bytes: int = 1 << 20  # the ring's piece size (Config.piece_bytes)
+    tracer: Any = None  # a fastcoll.trace.Tracer when FASTCOLL_TRACE is set
     sent: int = 0  # messages sent to the ring's right neighbour so far
     received: int = 0  # messages received from the left one
-    tracer: Any = None  # a fastcoll.trace.Tracer when FASTCOLL_TRACE is set
 
     def send(self, peer: int, chunk: int, payload: np.ndarray | None) -> None:
         """Send `payload` (a contiguous array or None) as message `chunk` of this collective."""
         mv = None if payload is None else memoryview(payload).cast("B")
         header = data_header(self.seq, self.sig, chunk, 0 if mv is None else mv.nbytes)
         if self.tracer is None:
-            self.t.send(peer, header, mv)
+            self.t.send(self.ranks[peer], header, mv)
         else:
             with self.tracer.phase("send", peer=peer, bytes=header.nbytes):
-                self.t.send(peer, header, mv)
+                self.t.send(self.ranks[peer], header, mv)
 
     def recv(self, peer: int, chunk: int, out: np.ndarray | None) -> None:
         """Receive message `chunk` of this collective from `peer` into `out`."""
         mv = None if out is None else memoryview(out).cast("B")
-        self.t.recv(peer, self.seq, self.sig, chunk, mv, self.deadline, self.tracer)
+        self.t.recv(self.ranks[peer], self.seq, self.sig, chunk, mv, self.deadline, self.tracer)
 
     def flush(self) -> None:
         """Wait until this rank's sends have left its buffers."""
@@ -52,6 +65,10 @@ class Call:
         else:
             with self.tracer.phase("flush"):
                 self.t.flush()
+
+    def piece_items(self, itemsize: int) -> int:
+        """How many items of `itemsize` bytes the ring moves per message."""
+        return max(1, min(self.piece_bytes, MAX_PIECE_BYTES) // max(1, itemsize))
 
     def traced(self, combine: Combine) -> Combine:
         """`combine`, recorded as `reduce` phases when tracing."""

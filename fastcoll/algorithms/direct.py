@@ -13,12 +13,12 @@ from fastcoll.dtypes import Combine
 
 
 def _peers(call: Call) -> list[int]:
-    return [p for p in range(call.t.size) if p != call.t.rank]
+    return [p for p in range(call.size) if p != call.rank]
 
 
 def all_reduce(call: Call, src: np.ndarray, buf: np.ndarray, reduce: Combine) -> None:
     """buf (flat) becomes the reduction over all ranks of their src (flat, left unchanged)."""
-    n, r = call.t.size, call.t.rank
+    n, r = call.size, call.rank
     peers = _peers(call)
     for p in peers:
         call.send(p, 0, src)
@@ -40,7 +40,7 @@ def all_reduce(call: Call, src: np.ndarray, buf: np.ndarray, reduce: Combine) ->
 
 def all_gather(call: Call, out: np.ndarray, bounds: list[tuple[int, int]]) -> None:
     """out (flat) holds this rank's block at bounds[rank]; fill in everyone else's."""
-    a, b = bounds[call.t.rank]
+    a, b = bounds[call.rank]
     for p in _peers(call):
         call.send(p, 0, out[a:b])
     for p in _peers(call):
@@ -51,7 +51,7 @@ def all_gather(call: Call, out: np.ndarray, bounds: list[tuple[int, int]]) -> No
 
 def reduce_scatter(call: Call, buf: np.ndarray, bounds: list[tuple[int, int]], reduce: Combine) -> np.ndarray:
     """Return this rank's block of the reduction of every rank's `buf` (flat)."""
-    n, r = call.t.size, call.t.rank
+    n, r = call.size, call.rank
     for p in _peers(call):
         pa, pb = bounds[p]
         call.send(p, 0, buf[pa:pb])
@@ -69,7 +69,7 @@ def reduce_scatter(call: Call, buf: np.ndarray, bounds: list[tuple[int, int]], r
 
 def broadcast(call: Call, buf: np.ndarray, root: int) -> None:
     """buf (flat) on every rank becomes root's buf."""
-    if call.t.rank == root:
+    if call.rank == root:
         for p in _peers(call):
             call.send(p, 0, buf)
         call.flush()

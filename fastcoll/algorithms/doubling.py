@@ -25,7 +25,7 @@ def applies(size: int) -> bool:
 
 def all_reduce(call: Call, src: np.ndarray, buf: np.ndarray, reduce: Combine) -> None:
     """buf (flat) becomes the reduction over all ranks of their src (flat, left unchanged)."""
-    n, r = call.t.size, call.t.rank
+    n, r = call.size, call.rank
     buf[...] = src
     theirs = np.empty_like(buf)
     d, step = 1, 0
@@ -45,7 +45,7 @@ def _span(bounds: list[tuple[int, int]], first: int, count: int) -> tuple[int, i
 
 def all_gather(call: Call, out: np.ndarray, bounds: list[tuple[int, int]]) -> None:
     """out (flat) holds this rank's block at bounds[rank]; fill in everyone else's."""
-    n, r = call.t.size, call.t.rank
+    n, r = call.size, call.rank
     d, step = 1, 0
     while d < n:
         p = r ^ d
@@ -62,7 +62,7 @@ def reduce_scatter(call: Call, buf: np.ndarray, bounds: list[tuple[int, int]], r
 
     Recursive halving: at each step a rank keeps the half of its range that holds its own
     block, sends the other half to its partner and adds the partner's copy of the kept half."""
-    n, r = call.t.size, call.t.rank
+    n, r = call.size, call.rank
     first = 0  # the first of the blocks this rank is still responsible for
     work, base = buf, 0  # work[i - base] holds the partial sums of element i
     d, step = n >> 1, 0

@@ -1,7 +1,7 @@
 """Ring algorithms, pipelined in pieces: bandwidth-optimal for large messages.
 
 Each rank sends only to its right neighbour and receives only from its left one. Every block is
-cut into pieces of `piece_items`; a piece is forwarded as soon as it has been received (and
+cut into pieces of `Call.piece_bytes`; a piece is forwarded as soon as it has been received (and
 reduced), so that sending (sender thread), receiving (socket) and reducing (numpy, which releases
 the GIL) overlap. Each block of a reduction is reduced along the ring exactly once and then copied,
 so every rank ends with the same bits.
@@ -22,13 +22,13 @@ class _Ring:
     they may be the same array. Reading the contribution from `src` directly saves copying it
     into `buf` first (a 64 MiB memcpy per all-reduce)."""
 
-    def __init__(self, call: Call, buf: np.ndarray, bounds: list[tuple[int, int]], piece_items: int, src: np.ndarray | None = None):
+    def __init__(self, call: Call, buf: np.ndarray, bounds: list[tuple[int, int]], src: np.ndarray | None = None):
         self.call = call
         self.buf = buf
         self.src = buf if src is None else src
         self.bounds = bounds
-        self.piece = max(1, piece_items)
-        self.n, self.r = call.t.size, call.t.rank
+        self.piece = call.piece_items(buf.itemsize)
+        self.n, self.r = call.size, call.rank
         self.right, self.left = (self.r + 1) % self.n, (self.r - 1) % self.n
 
     def pieces(self, block: int) -> Iterator[tuple[int, int]]:
@@ -74,37 +74,35 @@ class _Ring:
                     self.send(a, b)
 
 
-def all_reduce(call: Call, src: np.ndarray, buf: np.ndarray, reduce: Combine, piece_items: int) -> None:
+def all_reduce(call: Call, src: np.ndarray, buf: np.ndarray, reduce: Combine) -> None:
     """buf (flat) becomes the reduction over all ranks of their src (flat, left unchanged)."""
-    ring = _Ring(call, buf, blocks(buf.size, call.t.size), piece_items, src)
+    ring = _Ring(call, buf, blocks(buf.size, call.size), src)
     ring.reduce_scatter(reduce, forward_last=True)
     ring.all_gather(send_own=False)
     call.flush()
 
 
-def reduce_scatter(
-    call: Call, src: np.ndarray, bounds: list[tuple[int, int]], reduce: Combine, piece_items: int
-) -> np.ndarray:
+def reduce_scatter(call: Call, src: np.ndarray, bounds: list[tuple[int, int]], reduce: Combine) -> np.ndarray:
     """Return this rank's block of the reduction of every rank's src (flat, left unchanged)."""
     buf = np.empty_like(src)
-    ring = _Ring(call, buf, bounds, piece_items, src)
+    ring = _Ring(call, buf, bounds, src)
     ring.reduce_scatter(reduce, forward_last=False)
     call.flush()
-    a, b = bounds[call.t.rank]
+    a, b = bounds[call.rank]
     return buf[a:b]
 
 
-def all_gather(call: Call, out: np.ndarray, bounds: list[tuple[int, int]], piece_items: int) -> None:
+def all_gather(call: Call, out: np.ndarray, bounds: list[tuple[int, int]]) -> None:
     """out (flat) holds this rank's block at bounds[rank]; fill in everyone else's."""
-    ring = _Ring(call, out, bounds, piece_items)
+    ring = _Ring(call, out, bounds)
     ring.all_gather(send_own=True)
     call.flush()
 
 
-def broadcast(call: Call, buf: np.ndarray, root: int, piece_items: int) -> None:
+def broadcast(call: Call, buf: np.ndarray, root: int) -> None:
     """Root's buf flows down the chain root, root+1, ...; each rank forwards pieces as they land."""
-    n, r = call.t.size, call.t.rank
-    ring = _Ring(call, buf, [(0, buf.size)], piece_items)
+    n, r = call.size, call.rank
+    ring = _Ring(call, buf, [(0, buf.size)])
     is_last = (r - root) % n == n - 1
     for a, b in ring.pieces(0):
         if r != root:

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from fastcoll.config import Config
 from fastcoll.gate import layout as L
-from fastcoll.gate.backend import DeviceBackend
+from fastcoll.gate.device import DeviceBackend
 from fastcoll.gate.host import Exchange, HostHalf, Ticket
 from fastcoll.gate.page import ControlPage
 from fastcoll.gate.poll import Poller

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from fastcoll.gate import kernels
 from fastcoll.gate import layout as L
 from fastcoll.gate.page import ControlPage
 
@@ -42,7 +43,8 @@ Advise = Callable[[np.ndarray], "Callable[[], None] | None"]
 
 
 class MlxBackend:
-    """A DeviceBackend whose kernels are `lang`'s (fastcoll.metal.kernels or fastcoll.cuda.kernels)."""
+    """A DeviceBackend (fastcoll/gate/device.py) whose kernels are the shared body in `lang`
+    (the fastcoll.metal or fastcoll.cuda package)."""
 
     def __init__(
         self,
@@ -131,15 +133,9 @@ class MlxBackend:
         k = self._kernels.get(key)
         if k is None:
             lang = self._lang
-            inputs, outputs, source = {
-                "arrival": (["x", "ctrl", "params", "after"], ["arrived"], lang.ARRIVAL),
-                "release": (["ctrl", "params", "after"], ["out", "done"], lang.RELEASE),
-                "release_wait": (["ctrl", "params", "after"], ["done"], lang.RELEASE_WAIT),
-                "deliver": (["ctrl", "params", "status"], ["out", "delivered"], lang.DELIVER),
-                "mark": (["ctrl", "params", "dep"], ["marked"], lang.MARK),
-            }[which]
+            inputs, outputs, source = kernels.source(lang, which)
             name = f"fastcoll_gate_{which}" + (f"_{space}" if space else "")
-            k = lang.make_kernel(name, inputs, outputs, source, lang.header(space or lang.X_SPACES[0]))
+            k = lang.make_kernel(name, inputs, outputs, source, kernels.header(lang, space or lang.X_SPACES[0]))
             self._kernels[key] = k
         return k
 

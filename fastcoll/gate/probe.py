@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from fastcoll.config import Config
+from fastcoll.gate import backends
 from fastcoll.gate.gate import Gate
 from fastcoll.gate.layout import ControlLayout
 
@@ -20,12 +21,9 @@ def probe(config: Config) -> Gate | None:
     if not config.fast_sync:
         return None
     layout = ControlLayout(config.gate_max_bytes)
-    from fastcoll.cuda import backend as cuda_backend
-    from fastcoll.metal import backend as metal_backend
-
-    for name, opener in (("Metal", metal_backend.open_backend), ("CUDA", cuda_backend.open_backend)):
+    for name in backends.BACKENDS:
         try:
-            backend = opener(layout)
+            backend = backends.open_backend(name, layout)
         except Exception as e:  # a broken GPU stack must cost the gate, never the job
             log.warning("the %s fence gate could not be set up, so the host path is used: %s", name, e)
             continue

@@ -1,7 +1,7 @@
 """A device played by a thread, and a serial service thread: the gate's host half without a GPU.
 
 SimDevice runs each launched gate on one "stream" thread, in order, doing what the two kernels do
-(fastcoll/cuda/kernels.py): the arrival publish copies x into the send mailbox and stores ARRIVAL;
+(fastcoll/gate/kernels.py): the arrival publish copies x into the send mailbox and stores ARRIVAL;
 the release spin polls RELEASE with the same iteration bound and the same wrap-aware compare, then
 copies the receive mailbox out (or all-ones bytes on an error status), and writes SPIN_ITERS, ACK
 and, on hitting the bound, SPIN_FAILED. Unlike a GPU it yields the GIL on every spin iteration: a

@@ -130,7 +130,9 @@ def abort_error(header: Header) -> FastcollError:
     _, _, rest = message.partition(": ")
     name, sep, _ = rest.partition(": ")
     cls = _ERRORS.get(name, errors.FastcollError) if sep else errors.FastcollError
-    return cls(message)
+    err = cls(message)
+    err.from_peer = True  # a peer's error, told to this rank: not this rank's own wait running out
+    return err
 
 
 def data_header(seq: int, sig: str, chunk: int, nbytes: int) -> Header:

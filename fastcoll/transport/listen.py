@@ -6,11 +6,13 @@ until its handshake deadline; the job's own ranks are accepted meanwhile.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import queue
 import socket
 import threading
 import time
+from typing import Any
 
 from fastcoll.errors import AuthenticationError, CollectiveTimeoutError
 from fastcoll.transport.auth import server_handshake
@@ -21,12 +23,27 @@ log = logging.getLogger("fastcoll.transport")
 HANDSHAKE_SECONDS = 10.0
 
 
-def tune(sock: socket.socket) -> None:
-    """Low latency for a data connection.
+def bind_hosts(config: Any) -> list[str]:
+    """The addresses a rank of `config` (a fastcoll.Config) listens on: FASTCOLL_INTERFACE's
+    (one or several), else the one that reaches the coordinator.
 
-    Buffer sizes are left to the kernel: setting SO_SNDBUF/SO_RCVBUF turns off autotuning and,
-    on loopback here, cost up to half of a 64 MiB transfer's throughput (bench/NOTES.md, entry 2)."""
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    Never every interface: a local job listens on loopback only."""
+    if config.interfaces:
+        return list(config.interfaces)
+    host, port = config.coordinator
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise ValueError(f"cannot resolve the coordinator host {host!r}: {e}") from None
+    family, _, _, _, addr = infos[0]
+    if ipaddress.ip_address(addr[0]).is_loopback:
+        return [addr[0]]
+    probe = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        probe.connect(addr)  # no packet is sent: this only asks the routing table
+        return [probe.getsockname()[0]]
+    finally:
+        probe.close()
 
 
 def bind(host: str, port: int = 0) -> socket.socket:

@@ -8,7 +8,7 @@ import socket
 import time
 from dataclasses import dataclass
 
-from fastcoll.config import Config
+from fastcoll.config import Config, parse_address
 from fastcoll.errors import CollectiveTimeoutError, FastcollError, MismatchError
 from fastcoll.transport.auth import client_handshake
 from fastcoll.transport.listen import AuthListener
@@ -25,6 +25,35 @@ class Table:
 
     addresses: list[str]
     caps: list[dict]
+
+    def same_host(self, rank: int) -> set[int]:
+        """The ranks whose host id (the `host` capability) is `rank`'s."""
+        mine = self.caps[rank].get("host")
+        return {r for r, c in enumerate(self.caps) if c.get("host") == mine}
+
+
+def join_addresses(addresses: list[tuple[str, int]]) -> str:
+    """[("10.0.0.1", 5000), ("::1", 5001)] -> '10.0.0.1:5000,[::1]:5001' (the table's form)."""
+    return ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in addresses)
+
+
+def split_addresses(text: object, what: str) -> list[tuple[str, int]]:
+    """The inverse of join_addresses, for an entry of the table; FastcollError if malformed."""
+    if not isinstance(text, str) or not text:
+        raise FastcollError(f"{what} is missing from the rendezvous table")
+    try:
+        return [parse_address(part, what) for part in text.split(",")]
+    except ValueError as e:
+        raise FastcollError(str(e)) from None
+
+
+def agree(caps: list[dict], keys: dict[str, str]) -> None:
+    """MismatchError unless every rank reported the same value for each key of `keys`
+    (capability name -> the setting behind it, for the message)."""
+    for key, var in keys.items():
+        if len({repr(c.get(key)) for c in caps}) > 1:
+            which = {r: c.get(key) for r, c in enumerate(caps)}
+            raise MismatchError(f"ranks disagree on {var}: {which}")
 
 
 def connect(host: str, port: int, token: bytes, rank: int, deadline: float, what: str) -> socket.socket:

@@ -5,7 +5,7 @@ lower rank creates a segment holding two single-producer single-consumer byte ri
 direction) and offers its name and a random nonce over the authenticated socket; the higher
 rank attaches, checks the nonce (so a segment of the same name on another host is never taken
 for it) and answers; the segment's name is then removed, so nothing is left behind whatever
-happens to the processes later. From then on the TCP transport reads and writes a `ShmSocket`
+happens to the processes later. From then on the TCP transport reads and writes a `ShmLink`
 as if it were the socket: the bytes go through the rings, and the TCP connection only carries
 one-byte doorbells that wake a reader asleep in poll(), and end-of-file when a rank exits. A
 message costs two memory copies and no system call where the reader is awake (it spins a few
@@ -33,6 +33,7 @@ import sys
 import time
 
 from fastcoll.errors import FastcollError
+from fastcoll.transport.link import SocketLink
 from fastcoll.transport.stream import DONTWAIT, recv_message, remaining, send_message, yield_cpu
 
 log = logging.getLogger("fastcoll.transport")
@@ -48,7 +49,7 @@ _OFFER_LIMIT = 4096
 # the writer sends only when it sees the reader's "asleep" flag. Without a store-load fence the
 # two can cross (each sees the other's old value), so a sleeper also looks again this often.
 RECHECK_SECONDS = 0.001
-SPIN_CHECKS = 64  # ring checks (each after schedyield_cpu(), which lets go of the GIL) before sleeping
+SPIN_CHECKS = 64  # ring checks (each after yield_cpu(), which lets go of the GIL) before sleeping
 
 
 def _fence_function():
@@ -157,14 +158,22 @@ def _bytes(data) -> memoryview | bytes:
     return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
 
 
-class ShmSocket:
-    """The socket calls the TCP transport makes, served by two rings; `sock` (the TCP connection
-    the rings replaced) carries doorbells and the end of the connection."""
+class ShmLink:
+    """A link (fastcoll/transport/link.py) whose bytes go through two rings; `sock` (the TCP
+    connection the rings replaced) carries doorbells and the end of the connection."""
+
+    kind = "shm"
+    # A sleeper looks at its ring again this often, in case a doorbell was never sent.
+    recheck_s = RECHECK_SECONDS
 
     def __init__(self, sock: socket.socket, tx: Ring, rx: Ring):
+        # A blocking socket: each call on it passes MSG_DONTWAIT where it must not wait (with a
+        # Python-level timeout left from the handshake, a DONTWAIT recv would raise a timeout).
+        sock.settimeout(None)
         self.sock = sock
         self.tx, self.rx = tx, rx  # their views keep the mapping alive
-        self._send_timeout = self._recv_timeout = None
+        self._send_timeout: float | None = None
+        self._recv_timeout: float | None = None
         self._shut = False  # shutdown(SHUT_WR) was called: nothing more goes out
         self._eof = False  # the peer closed its end
         self._closed = False
@@ -174,19 +183,21 @@ class ShmSocket:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def setsockopt(self, level: int, option: int, value) -> None:
-        # The transport's kernel timeouts bound this socket's waits as they would the kernel's.
-        if level == socket.SOL_SOCKET and option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
-            sec, usec = struct.unpack("ll", value)
-            seconds = sec + usec / 1e6
-            if option == socket.SO_RCVTIMEO:
-                self._recv_timeout = seconds
-            else:
-                self._send_timeout = seconds
-        self.sock.setsockopt(level, option, value)
+    def set_timeouts(self, seconds: float) -> None:
+        """Bound this link's blocking waits as SO_SNDTIMEO/SO_RCVTIMEO bound a socket's."""
+        self._send_timeout = self._recv_timeout = seconds
 
-    def settimeout(self, value) -> None:
-        self.sock.settimeout(value)
+    def fits(self, nbytes: int) -> bool:
+        return self.tx.free() >= nbytes
+
+    def ready(self) -> bool:
+        return self.rx.ready()
+
+    def prepare_sleep(self) -> bool:
+        return self.rx.sleep()
+
+    def woken(self) -> None:
+        self.drain()
 
     # ---- sending
     def _write(self, views) -> None:
@@ -336,12 +347,12 @@ def _rings(mem: mmap.mmap, capacity: int, lower: bool) -> tuple[Ring, Ring]:
     return (first, second) if lower else (second, first)
 
 
-def pair(capacity: int = RING_BYTES) -> tuple[ShmSocket, ShmSocket]:
-    """Two ShmSockets joined to each other in this process (socket.socketpair's twin, over an
+def pair(capacity: int = RING_BYTES) -> tuple[ShmLink, ShmLink]:
+    """Two ShmLinks joined to each other in this process (socket.socketpair's twin, over an
     anonymous mapping), as upgrade() joins two ranks: for tests and measurements."""
     mem = mmap.mmap(-1, _segment_size(capacity))
     a, b = socket.socketpair()
-    return ShmSocket(a, *_rings(mem, capacity, lower=True)), ShmSocket(b, *_rings(mem, capacity, lower=False))
+    return ShmLink(a, *_rings(mem, capacity, lower=True)), ShmLink(b, *_rings(mem, capacity, lower=False))
 
 
 def _create(capacity: int) -> tuple[str, bytes, mmap.mmap]:
@@ -417,22 +428,23 @@ def host_id() -> str:
 
 
 def upgrade(
-    rank: int, socks: dict[int, list[socket.socket]], enabled: bool, deadline: float, here: set[int] | None = None
-) -> dict[int, list]:
-    """Replace each connection to a rank on this host by a ShmSocket, where both ends want it.
+    rank: int, links: dict[int, list[SocketLink]], enabled: bool, deadline: float, here: set[int] | None = None
+) -> dict[int, list[SocketLink | ShmLink]]:
+    """Replace each link to a rank on this host by a ShmLink over its socket, where both ends
+    want it; the others are returned as they came.
 
-    Every rank must call it with its freshly made connections (no data sent yet). `here`: the
-    ranks that may share this host (default: all). Offers go from the lower rank to the higher,
+    Every rank must call it with its freshly made links (no data sent yet). `here`: the ranks
+    that may share this host (default: all). Offers go from the lower rank to the higher,
     answers back; all offers are sent before any is read, so no two ranks wait on each other."""
     enabled = enabled and available()
     made: dict[tuple[int, int], tuple[str, mmap.mmap]] = {}
-    out = {p: list(ss) for p, ss in socks.items()}
+    out: dict[int, list[SocketLink | ShmLink]] = {p: list(ls) for p, ls in links.items()}
     ok = False
     try:
-        for p, ss in socks.items():
+        for p, ls in links.items():
             if p < rank:
                 continue
-            for ch, s in enumerate(ss):
+            for ch, link in enumerate(ls):
                 offer = None
                 if enabled and (here is None or p in here):
                     try:
@@ -441,28 +453,26 @@ def upgrade(
                         offer = {"name": name, "nonce": nonce.hex(), "capacity": RING_BYTES}
                     except OSError as e:
                         log.info("rank %d: no shared memory for rank %d (%s); staying on TCP", rank, p, e)
-                send_message(s, offer, _OFFER_LIMIT)
-        for p, ss in socks.items():
+                send_message(link.sock, offer, _OFFER_LIMIT)
+        for p, ls in links.items():
             if p > rank:
                 continue
-            for ch, s in enumerate(ss):
+            for ch, link in enumerate(ls):
                 what = f"rank {p}"
-                found = _check_offer(recv_message(s, _OFFER_LIMIT, deadline, what), what)
+                found = _check_offer(recv_message(link.sock, _OFFER_LIMIT, deadline, what), what)
                 if found is None:
                     continue  # nothing offered, nothing to answer
                 mem = _attach(*found) if enabled else None
-                send_message(s, mem is not None, _OFFER_LIMIT)
+                send_message(link.sock, mem is not None, _OFFER_LIMIT)
                 if mem is not None:
-                    tx, rx = _rings(mem, RING_BYTES, lower=False)
-                    out[p][ch] = ShmSocket(s, tx, rx)
+                    out[p][ch] = ShmLink(link.sock, *_rings(mem, RING_BYTES, lower=False))
         for (p, ch), (name, mem) in list(made.items()):
-            s = socks[p][ch]
-            taken = recv_message(s, _OFFER_LIMIT, deadline, f"rank {p}")
+            sock = links[p][ch].sock
+            taken = recv_message(sock, _OFFER_LIMIT, deadline, f"rank {p}")
             _shm_api().shm_unlink(name)
             del made[(p, ch)]
             if taken is True:
-                tx, rx = _rings(mem, RING_BYTES, lower=True)
-                out[p][ch] = ShmSocket(s, tx, rx)
+                out[p][ch] = ShmLink(sock, *_rings(mem, RING_BYTES, lower=True))
             else:
                 mem.close()
         ok = True
@@ -471,10 +481,10 @@ def upgrade(
             _shm_api().shm_unlink(name)
             mem.close()
         if not ok:  # a peer failed mid-way: the job cannot start, so nothing is kept open
-            for ss in out.values():
-                for s in ss:
-                    s.close()
-    shared = sum(isinstance(s, ShmSocket) for ss in out.values() for s in ss)
+            for ls in out.values():
+                for link in ls:
+                    link.close()
+    shared = sum(link.kind == "shm" for ls in out.values() for link in ls)
     if shared:
         log.info("rank %d: %d of %d connections through shared memory", rank, shared, sum(map(len, out.values())))
     return out

@@ -1,9 +1,15 @@
-"""Raw TCP transport: one authenticated socket per peer, TCP_NODELAY, msgpack-framed messages.
+"""The TCP transport: authenticated connections to every peer, msgpack-framed messages.
 
-Small messages go out inline in one `sendmsg` (header and payload gathered, no copy); large ones
-go to a sender thread so that a rank can send to its right neighbour while it receives from its
-left one (socket calls release the GIL). Receives read into the caller's preallocated buffer; a
-small per-peer buffer only batches headers and small payloads into few system calls.
+Each connection is a link (fastcoll/transport/link.py): a socket with TCP_NODELAY, or, between
+two ranks of one host, a pair of shared-memory rings behind the same calls
+(fastcoll/transport/shm.py). Small messages go out inline in one `sendmsg` (header and payload
+gathered, no copy); large ones go to a sender thread so that a rank can send to its right
+neighbour while it receives from its left one (socket calls release the GIL). Receives read into
+the caller's preallocated buffer; a small per-peer buffer only batches headers and small
+payloads into few system calls.
+
+`connect(config, caps, deadline)` sets the transport up: a listener, the rendezvous, a full mesh
+of `FASTCOLL_CONNECTIONS` connections per peer, then the upgrade to shared memory.
 """
 
 from __future__ import annotations
@@ -11,43 +17,22 @@ from __future__ import annotations
 import collections
 import select
 import socket
-import struct
 import threading
+from typing import Any
 
 from fastcoll import wire
 from fastcoll.errors import CollectiveTimeoutError, FastcollError, PeerLostError
+from fastcoll.transport import rendezvous, shm
 from fastcoll.transport.base import Transport, abort_error, log
-from fastcoll.transport.listen import tune
-from fastcoll.transport.shm import RECHECK_SECONDS, ShmSocket
+from fastcoll.transport.link import SocketLink
+from fastcoll.transport.listen import AuthListener, bind_hosts
 from fastcoll.transport.stream import DONTWAIT, remaining, yield_cpu
 from fastcoll.wire import ABORT, CLOSE, Header
 
 INLINE_BYTES = 64 * 1024
-# Non-blocking reads tried (~1.5 us each) before sleeping in poll(): a small exchange's reply is
-# usually a few microseconds away, and a sleep costs a wake-up. Two ranks, 4 B all-reduce,
-# median: 115 us with 1 try, 56 us with 10, 63-69 us with 25-100; with 4 ranks on 2 cores
-# 10 tries changed nothing and 100 doubled the time (bench/NOTES.md, entry 5).
-SPIN_READS = 10
-# Then as many more, each after sched_yield(): when ranks outnumber cores the peer that owes
-# the reply may be waiting for this very core, and yielding hands it over without the sleep
-# and wake-up of poll(). On an idle core the yield returns at once. Four ranks on 2 cores,
-# 4 B all-reduce: 592 us without, 395 us with 20 (bench/NOTES.md, entry 11). Only while a
-# small message is awaited.
-YIELD_READS = 20
 READ_BUFFER = 256 * 1024
-
-
-def _kernel_timeouts(sock: socket.socket, seconds: float) -> None:
-    """Blocking socket whose sends and receives the kernel gives up on after `seconds`.
-
-    A Python-level timeout (settimeout) makes CPython poll() before every send and receive;
-    with the kernel's SO_SNDTIMEO/SO_RCVTIMEO a small exchange takes two system calls, not
-    four. A timed-out call fails with EAGAIN, which _lost() reports as a timeout."""
-    sock.settimeout(None)
-    sec = int(seconds)
-    tv = struct.pack("ll", sec, int((seconds - sec) * 1e6))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+# A connection's claimed id in the handshake: rank + channel * _CHANNEL_STRIDE.
+_CHANNEL_STRIDE = 1 << 16
 
 
 def _lost(peer: int, e: BaseException) -> FastcollError:
@@ -59,8 +44,8 @@ def _lost(peer: int, e: BaseException) -> FastcollError:
 class _Reader:
     """Per-peer receive buffer: headers and small payloads arrive in as few recv calls as possible."""
 
-    def __init__(self, sock: socket.socket, peer: int):
-        self.sock = sock
+    def __init__(self, sock: Any, peer: int):
+        self.sock = sock  # a link
         self.peer = peer
         self.buf = bytearray(READ_BUFFER)
         self.view = memoryview(self.buf)
@@ -150,8 +135,8 @@ class _Sender:
         self._error: FastcollError | None = None
         self.broken: dict[int, FastcollError] = {}  # peers whose connection broke: sends dropped
         self._closed = False
-        self._current: socket.socket | None = None  # the socket a message is going out on now
-        self._last_word: tuple[socket.socket, bytes] | None = None  # see abort()
+        self._current: Any = None  # the link a message is going out on now
+        self._last_word: tuple[Any, bytes] | None = None  # see abort()
         self._aborted = False
         self._thread = threading.Thread(target=self._loop, name="fastcoll-sender", daemon=True)
         self._thread.start()
@@ -159,7 +144,7 @@ class _Sender:
     def idle(self) -> bool:
         return self._outstanding == 0
 
-    def abort(self, frame: bytes) -> socket.socket | None:
+    def abort(self, frame: bytes) -> Any:
         """Drop what is queued. If a message is going out now, return its socket: `frame` (the
         ABORT) follows on it once that message is out, then the socket is shut for writing.
         Written into the middle of a message it would corrupt the stream."""
@@ -172,7 +157,7 @@ class _Sender:
             self._cond.notify_all()
             return self._current
 
-    def put(self, peer: int, sock: socket.socket, frame: bytes, payload: memoryview | None) -> None:
+    def put(self, peer: int, sock: Any, frame: bytes, payload: memoryview | None) -> None:
         with self._cond:
             if self._error is not None:
                 raise self._error
@@ -230,7 +215,7 @@ class _Sender:
         self._thread.join(timeout=1)
 
 
-def _say_last_word(sock: socket.socket, frame: bytes) -> None:
+def _say_last_word(sock: Any, frame: bytes) -> None:
     """Best effort: `frame` (an ABORT) on `sock`, then shut it for writing, which also wakes a
     thread blocked sending on it."""
     try:
@@ -243,39 +228,43 @@ def _say_last_word(sock: socket.socket, frame: bytes) -> None:
         pass
 
 
-Link = tuple[int, int]  # (peer, channel): one socket
+Link = tuple[int, int]  # (peer, channel): one connection
 
 
 class TcpTransport(Transport):
-    """Messages over authenticated TCP sockets: `channels` per peer (FASTCOLL_CONNECTIONS).
+    """Messages over authenticated connections: `channels` per peer (FASTCOLL_CONNECTIONS).
 
     Message `chunk` of a collective travels on channel chunk % channels, so consecutive pieces
-    of a large message are striped over the sockets (each with its own sender thread) the way
-    MLX's ring stripes over several Thunderbolt cables; both ends derive the channel alike.
+    of a large message are striped over the connections (each with its own sender thread) the
+    way MLX's ring stripes over several Thunderbolt cables; both ends derive the channel alike.
+    `links` maps each peer to its links (fastcoll/transport/link.py), one per channel.
     """
 
-    def __init__(self, rank: int, size: int, socks: dict[int, list[socket.socket]], timeout: float):
+    def __init__(self, rank: int, size: int, links: dict[int, list[Any]], timeout: float,
+                 spin_reads: int = 10, yield_reads: int = 20):
         super().__init__(rank, size)
-        self._links = {(p, ch): s for p, ss in socks.items() for ch, s in enumerate(ss)}
-        self._channels = len(next(iter(socks.values())))
+        self._links = {(p, ch): link for p, ls in links.items() for ch, link in enumerate(ls)}
+        self._channels = len(next(iter(links.values())))
         self._timeout = timeout
-        self._readers = {link: _Reader(s, link[0]) for link, s in self._links.items()}
+        self._spin_reads = spin_reads
+        self._yield_reads = yield_reads
+        self._readers = {key: _Reader(link, key[0]) for key, link in self._links.items()}
         self._pending: dict[Link, Header | FastcollError] = {}
-        self._fd_link = {s.fileno(): link for link, s in self._links.items()}
+        self._fd_link = {link.fileno(): key for key, link in self._links.items()}
         self._poll = select.poll()
         self._watched: set[int] = set()  # the fds registered with _poll
-        for s in self._links.values():
-            tune(s)
-            _kernel_timeouts(s, timeout)
-            self._watch(s.fileno())
-        # Connections to ranks on this host that went through shared memory (transport/shm.py).
-        self._shm = {s.fileno(): s for s in self._links.values() if isinstance(s, ShmSocket)}
+        for link in self._links.values():
+            link.set_timeouts(timeout)
+            self._watch(link.fileno())
+        # Links that hold data poll() cannot see (shared-memory rings): looked at before a sleep.
+        self._buffered = {link.fileno(): link for link in self._links.values() if link.recheck_s is not None}
+        self._recheck_s = min((link.recheck_s for link in self._buffered.values()), default=None)
         self._senders = [_Sender() for _ in range(self._channels)]
         self._closed_peers: set[int] = set()
         self._broken: dict[int, FastcollError] = {}  # peers a send to failed (sends dropped)
 
     def describe(self) -> str:
-        shared = len(self._shm)
+        shared = sum(link.kind == "shm" for link in self._links.values())
         if not shared:
             return "tcp"
         return f"tcp, shared memory on {shared} of {len(self._links)} connections"
@@ -290,9 +279,9 @@ class TcpTransport(Transport):
         if peer in self._broken:
             return
         small = payload is None or payload.nbytes <= INLINE_BYTES
-        # A shared-memory ring says whether a message fits without waiting: one that does goes
-        # out now, sparing the hand-off to the sender thread (which needs the GIL to copy).
-        if sender.idle() and (small or (type(sock) is ShmSocket and sock.tx.free() >= len(frame) + payload.nbytes)):
+        # A link that can say a large message fits without waiting (a shared-memory ring) takes
+        # it now, sparing the hand-off to the sender thread (which needs the GIL to copy).
+        if sender.idle() and (small or sock.fits(len(frame) + payload.nbytes)):
             try:
                 if payload is None:
                     sock.sendall(frame)
@@ -328,20 +317,20 @@ class TcpTransport(Transport):
         self._watched.discard(fd)
 
     def _wait(self, seconds: float) -> list[tuple[int, int]]:
-        """poll() the watched connections. A shared-memory one is ready when its ring has data;
-        its doorbell only wakes this poll(), and a sleeper looks again every RECHECK_SECONDS
-        in case a doorbell was never sent (see transport/shm.py)."""
-        if not self._shm:
+        """poll() the watched links. A buffered one (shared memory) is ready when it holds data;
+        what poll() sees of it only wakes the sleep, and a sleeper looks again every
+        `recheck_s` in case that wake-up was never sent (see transport/shm.py)."""
+        if not self._buffered:
             return self._poll.poll(seconds * 1000)
-        shm = [(fd, s) for fd, s in self._shm.items() if fd in self._watched]
-        ready = [(fd, select.POLLIN) for fd, s in shm if not s.rx.sleep()]
+        buffered = [(fd, link) for fd, link in self._buffered.items() if fd in self._watched]
+        ready = [(fd, select.POLLIN) for fd, link in buffered if not link.prepare_sleep()]
         if ready:
             return ready
-        events = self._poll.poll(min(seconds, RECHECK_SECONDS) * 1000)
+        events = self._poll.poll(min(seconds, self._recheck_s) * 1000)
         seen = {fd for fd, _ in events}
-        for fd in seen & self._shm.keys():
-            self._shm[fd].drain()
-        return events + [(fd, select.POLLIN) for fd, s in shm if fd not in seen and s.rx.ready()]
+        for fd in seen & self._buffered.keys():
+            self._buffered[fd].woken()
+        return events + [(fd, select.POLLIN) for fd, link in buffered if fd not in seen and link.ready()]
 
     def _finalized(self, peer: int) -> PeerLostError:
         return PeerLostError(f"rank {peer} called finalize() while rank {self.rank} still needed it")
@@ -373,9 +362,10 @@ class TcpTransport(Transport):
             tries = 0
             # A large piece is not a lock-step reply, and yielding would hand the core to this
             # rank's own sender thread for nothing: poll() as before (bench/NOTES.md, entry 11).
-            limit = SPIN_READS + (YIELD_READS if nbytes <= INLINE_BYTES else 0)
+            spin = self._spin_reads
+            limit = spin + (self._yield_reads if nbytes <= INLINE_BYTES else 0)
             while h is None and tries < limit:
-                if tries >= SPIN_READS:
+                if tries >= spin:
                     yield_cpu()
                 reader.fill(DONTWAIT)
                 h = reader.parse()
@@ -455,3 +445,53 @@ class TcpTransport(Transport):
             except OSError:
                 pass
         log.debug("rank %d: tcp transport closed", self.rank)
+
+
+def connect(config: Any, caps: dict[str, Any], deadline: float) -> tuple[TcpTransport, rendezvous.Table]:
+    """Listen, rendezvous, connect to every peer, upgrade the links to ranks of this host to
+    shared memory, and return the transport with the rendezvous table."""
+    listener = AuthListener(bind_hosts(config), 0, config.token)
+    try:
+        caps = {**caps, "connections": config.connections, "host": shm.host_id()}
+        table = rendezvous.rendezvous(config, rendezvous.join_addresses(listener.addresses), caps, deadline)
+        rendezvous.agree(table.caps, {"transport": "FASTCOLL_TRANSPORT", "connections": "FASTCOLL_CONNECTIONS"})
+        socks = _mesh(config, listener, table.addresses, deadline)
+    finally:
+        listener.close()
+    links = {p: [SocketLink(s) for s in ss] for p, ss in socks.items()}
+    links = shm.upgrade(config.rank, links, config.shm, deadline, table.same_host(config.rank))
+    transport = TcpTransport(config.rank, config.world_size, links, config.timeout,
+                             spin_reads=config.spin_reads, yield_reads=config.yield_reads)
+    return transport, table
+
+
+def _mesh(config: Any, listener: AuthListener, addresses: list[str], deadline: float) -> dict[int, list[socket.socket]]:
+    """FASTCOLL_CONNECTIONS authenticated sockets to every peer: this rank connects to the
+    lower ranks and accepts the higher ones, so no two ranks wait on each other.
+
+    Connection ch goes to the peer's address ch (modulo how many it listens on): with one
+    address per cable, as MLX's ring does with a hostfile's "ips", the channels stripe a large
+    message over every cable."""
+    c, me = config.connections, config.rank
+    got: dict[int, socket.socket] = {}
+    try:
+        for p in range(me):
+            theirs = rendezvous.split_addresses(addresses[p], f"rank {p}'s address")
+            for ch in range(c):
+                phost, pport = theirs[ch % len(theirs)]
+                got[p + ch * _CHANNEL_STRIDE] = rendezvous.connect(
+                    phost, pport, config.token, me + ch * _CHANNEL_STRIDE, deadline, f"rank {p}"
+                )
+        higher = {p + ch * _CHANNEL_STRIDE for p in range(me + 1, config.world_size) for ch in range(c)}
+        accepted = listener.accept(higher, deadline)
+    except BaseException:
+        for s in got.values():
+            s.close()
+        raise
+    # What a lower rank accepted from us arrived under our id; what we accepted, under theirs.
+    got.update(accepted)
+    return {
+        p: [got[p + ch * _CHANNEL_STRIDE] for ch in range(c)]
+        for p in range(config.world_size)
+        if p != me
+    }

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from typing import Any
 
 import zmq
 import zmq.auth.thread
@@ -22,11 +23,11 @@ import zmq.utils.monitor
 
 from fastcoll import wire
 from fastcoll.errors import AuthenticationError, CollectiveTimeoutError, FastcollError, PeerLostError
-from fastcoll.transport import auth
+from fastcoll.transport import auth, rendezvous
 from fastcoll.transport.base import Transport, abort_error, log
+from fastcoll.transport.listen import bind_hosts
 from fastcoll.transport.stream import remaining
-from fastcoll.transport.tcp import SPIN_READS
-from fastcoll.wire import ABORT, CLOSE, Header
+from fastcoll.wire import ABORT, CLOSE, MAX_PIECE_BYTES, Header
 
 COPY_BYTES = 64 * 1024
 
@@ -80,8 +81,10 @@ class ZmqListener:
 class ZmqTransport(Transport):
     """Messages over ZeroMQ: ROUTER in, one DEALER out per peer."""
 
-    def __init__(self, rank: int, size: int, listener: ZmqListener, addresses: list[str], timeout: float, deadline: float):
+    def __init__(self, rank: int, size: int, listener: ZmqListener, addresses: list[str], timeout: float,
+                 deadline: float, spin_reads: int = 40):
         super().__init__(rank, size)
+        self._spin_reads = spin_reads
         self._listener = listener
         self._token = listener.token
         self._router = listener.router
@@ -234,10 +237,10 @@ class ZmqTransport(Transport):
                 raise PeerLostError(why)
 
     def _spin(self) -> bool:
-        """Non-blocking receives before sleeping in poll (as tcp.SPIN_READS, but four times as
-        many: libzmq's I/O threads put a reply further away). True if a message came.
-        4 B all-reduce, 2 ranks, median: 405 us without, ~190 with 10 tries, ~150 with 40."""
-        for _ in range(SPIN_READS * 4):
+        """Non-blocking receives before sleeping in poll (as the TCP transport's spin_reads, but
+        four times as many: libzmq's I/O threads put a reply further away). True if a message
+        came. 4 B all-reduce, 2 ranks, median: 405 us without, ~190 with 10 tries, ~150 with 40."""
+        for _ in range(self._spin_reads):
             try:
                 parts = self._router.recv_multipart(flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -336,3 +339,20 @@ class ZmqTransport(Transport):
             # Lingering on a peer that is gone only holds ctx.term() up (seconds, measured).
             d.close(linger=0 if peer in self._gone or peer in self._broken else 1000)
         self._listener.close()
+
+
+def connect(config: Any, caps: dict[str, Any], deadline: float) -> tuple[ZmqTransport, rendezvous.Table]:
+    """Bind a ROUTER, rendezvous, connect a DEALER to every peer and authenticate them all."""
+    hosts = bind_hosts(config)
+    if len(hosts) > 1:
+        log.info("the zmq transport listens on the first of FASTCOLL_INTERFACE's addresses only: %s", hosts[0])
+    listener = ZmqListener(hosts[0], config.token, MAX_PIECE_BYTES + 64 * 1024)
+    try:
+        table = rendezvous.rendezvous(config, listener.address, caps, deadline)
+        rendezvous.agree(table.caps, {"transport": "FASTCOLL_TRANSPORT"})
+        transport = ZmqTransport(config.rank, config.world_size, listener, table.addresses, config.timeout,
+                                 deadline, spin_reads=4 * config.spin_reads)
+    except BaseException:
+        listener.close()
+        raise
+    return transport, table

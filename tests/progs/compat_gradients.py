@@ -103,7 +103,7 @@ def main() -> None:
         check(out["misc"][4] is None and out["misc"][5] == 7, "non-array leaves pass through")
         flat_out = leaves(out)
         check(len(flat_out) == len(flat_in), "same number of leaves")
-        exact = bucket <= collectives.DIRECT_MAX_BYTES or n == 2
+        exact = bucket <= g.config.direct_max_bytes or n == 2
         for i, (x, y, ref) in enumerate(zip(flat_in, flat_out, refs)):
             if not isinstance(x, (mx.array, np.ndarray)):
                 continue

@@ -9,7 +9,6 @@ import numpy as np
 from checks import check, run
 
 import fastcoll
-from fastcoll.transport.shm import ShmSocket
 
 
 def main() -> None:
@@ -19,7 +18,7 @@ def main() -> None:
         x = np.arange(count, dtype=np.float32) + g.rank()
         y = fastcoll.all_reduce(x)
         check(np.array_equal(y, n * np.arange(count, dtype=np.float32) + sum(range(n))), f"all_reduce of {count}")
-    kinds = sorted({"shm" if isinstance(s, ShmSocket) else "tcp" for s in g._transport._links.values()})
+    kinds = sorted({link.kind for link in g._job.transport._links.values()})  # "shm" or "tcp"
     info = g.transport_info()
     fastcoll.finalize()
     print(json.dumps({"rank": g.rank(), "links": kinds, "info": info}))

@@ -1,0 +1,40 @@
+"""Which algorithm runs a collective: the one rule every collective consults.
+
+The choice reads only the collective, its buffer's size in bytes, the group's size and the
+job's Config, so ranks that make the same call choose alike. To add an algorithm, write its
+module (the functions of `direct.py` with the same arguments) and give it a line here.
+
+    small (nbytes <= Config.direct_max_bytes, or direct_max_bytes_two_ranks for two ranks):
+        doubling   4, 8, 16 ... ranks (Config.doubling), where it has the collective
+        direct     otherwise
+    large:
+        ring
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from fastcoll.algorithms import direct, doubling, ring
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+
+
+def small(nbytes: int, size: int, config: Any) -> bool:
+    """Whether a collective moving a buffer of `nbytes` (the whole buffer: the result of an
+    all_gather, the input of a reduce_scatter) counts as small for `size` ranks."""
+    limit = config.direct_max_bytes_two_ranks if size == 2 else config.direct_max_bytes
+    return nbytes <= limit
+
+
+def choose(collective: str, nbytes: int, size: int, config: Any) -> ModuleType:
+    """The algorithm module whose `collective` function runs this call. `config`: a
+    fastcoll.Config (its thresholds and switches)."""
+    if collective not in COLLECTIVES:
+        raise ValueError(f"no algorithm serves {collective!r}")
+    if small(nbytes, size, config):
+        if config.doubling and doubling.applies(size) and hasattr(doubling, collective):
+            return doubling
+        return direct
+    return ring

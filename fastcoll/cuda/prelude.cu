@@ -1,0 +1,88 @@
+#include <cuda/atomic>
+
+// ---- fastcoll fence gate: the CUDA prelude. The body both languages share follows it
+// (fastcoll/gate/kernels.py); fastcoll/metal/prelude.metal is the Metal prelude. ----
+@DEFINES@
+// The address space that x lives in (Metal has several; CUDA has one).
+#define FC_X_SPACE @X_SPACE@
+#define FC_DEVICE __device__ inline
+#define FC_WORDS(p) const_cast<fc_words_t>(p)
+#define FC_BYTES(p) reinterpret_cast<fc_bytes_t>(p)
+
+typedef unsigned int fc_uint;
+typedef unsigned int* fc_words_t;
+typedef unsigned char* fc_bytes_t;
+
+// An acquire load at system scope: the host's stores before RELEASE are seen after it.
+FC_DEVICE fc_uint fc_load(fc_words_t p) {
+  return cuda::atomic_ref<unsigned int, cuda::thread_scope_system>(*p).load(cuda::memory_order_acquire);
+}
+
+// A release store at system scope: the host sees this thread's earlier stores before it.
+FC_DEVICE void fc_store(fc_words_t p, fc_uint v) {
+  cuda::atomic_ref<unsigned int, cuda::thread_scope_system>(*p).store(v, cuda::memory_order_release);
+}
+
+// Make this thread's earlier stores (the send mailbox) visible at system scope.
+FC_DEVICE void fc_fence() {
+  __threadfence_system();
+}
+
+// The threads of the one threadgroup meet here.
+FC_DEVICE void fc_barrier() {
+  __syncthreads();
+}
+
+// Copy count units as thread tid of nthreads. CUDA: each thread loads FC_BATCH units before it
+// stores them, so that one thread keeps FC_BATCH loads in flight (the receive mailbox is in host
+// memory: each load is a bus round trip).
+#define FC_BATCH 16
+template <typename U>
+FC_DEVICE void fc_copy_units(U* dst, const U* src, fc_uint count, fc_uint tid, fc_uint nthreads) {
+  for (fc_uint i = tid; i < count; i += FC_BATCH * nthreads) {
+    U r[FC_BATCH];
+#pragma unroll
+    for (fc_uint k = 0; k < FC_BATCH; ++k) {
+      const fc_uint j = i + k * nthreads;
+      if (j < count) {
+        r[k] = src[j];
+      }
+    }
+#pragma unroll
+    for (fc_uint k = 0; k < FC_BATCH; ++k) {
+      const fc_uint j = i + k * nthreads;
+      if (j < count) {
+        dst[j] = r[k];
+      }
+    }
+  }
+}
+
+// CUDA only: n bytes in 16-byte units where both ends allow it, else 4-byte units, else bytes.
+FC_DEVICE void fc_copy_bytes(unsigned char* dst, const unsigned char* src, fc_uint n, fc_uint tid, fc_uint nthreads) {
+  const unsigned long long a =
+      reinterpret_cast<unsigned long long>(dst) | reinterpret_cast<unsigned long long>(src) | n;
+  if ((a & 15u) == 0) {
+    fc_copy_units(reinterpret_cast<uint4*>(dst), reinterpret_cast<const uint4*>(src), n / 16, tid, nthreads);
+  } else if ((a & 3u) == 0) {
+    fc_copy_units(reinterpret_cast<unsigned int*>(dst), reinterpret_cast<const unsigned int*>(src), n / 4, tid, nthreads);
+  } else {
+    fc_copy_units(dst, src, n, tid, nthreads);
+  }
+}
+
+// x (n bytes) into the send mailbox.
+template <typename T>
+FC_DEVICE void fc_copy_in(fc_bytes_t dst, const FC_X_SPACE T* src, fc_uint n, fc_uint tid, fc_uint nthreads) {
+  fc_copy_bytes(dst, reinterpret_cast<const unsigned char*>(src), n, tid, nthreads);
+}
+
+// The receive mailbox (n bytes) into out.
+template <typename T>
+FC_DEVICE void fc_copy_out(T* dst, fc_bytes_t src, fc_uint n, fc_uint tid, fc_uint nthreads) {
+  fc_copy_bytes(reinterpret_cast<unsigned char*>(dst), src, n, tid, nthreads);
+}
+
+
+// The address space of a kernel's outputs (CUDA has one).
+#define FC_OUT

@@ -1,0 +1,83 @@
+#pragma METAL internals : enable
+#ifndef __METAL_MEMORY_SCOPE_SYSTEM__
+#define __METAL_MEMORY_SCOPE_SYSTEM__ 3
+namespace metal {
+constexpr constant metal::thread_scope thread_scope_system =
+    static_cast<thread_scope>(__METAL_MEMORY_SCOPE_SYSTEM__);
+}
+#endif
+#include <metal_atomic>
+
+// ---- fastcoll fence gate: the Metal prelude. The body both languages share follows it
+// (fastcoll/gate/kernels.py); fastcoll/cuda/prelude.cu is the CUDA prelude. ----
+@DEFINES@
+// The address space that x lives in (Metal has several; CUDA has one).
+#define FC_X_SPACE @X_SPACE@
+#define FC_DEVICE inline
+#define FC_WORDS(p) ((fc_words_t)(p))
+#define FC_BYTES(p) ((fc_bytes_t)(p))
+
+typedef uint fc_uint;
+typedef volatile coherent(system) device uint* fc_words_t;
+typedef volatile coherent(system) device uchar* fc_bytes_t;
+
+// An acquire load at system scope: the host's stores before RELEASE are seen after it.
+FC_DEVICE fc_uint fc_load(fc_words_t p) {
+  const fc_uint v = *p;
+  metal::atomic_thread_fence(metal::mem_flags::mem_device, metal::memory_order_seq_cst, metal::thread_scope_system);
+  return v;
+}
+
+// A release store at system scope: the host sees this thread's earlier stores before it.
+FC_DEVICE void fc_store(fc_words_t p, fc_uint v) {
+  metal::atomic_thread_fence(metal::mem_flags::mem_device, metal::memory_order_seq_cst, metal::thread_scope_system);
+  *p = v;
+  metal::atomic_thread_fence(metal::mem_flags::mem_device, metal::memory_order_seq_cst, metal::thread_scope_system);
+}
+
+// Make this thread's earlier stores (the send mailbox) visible at system scope.
+FC_DEVICE void fc_fence() {
+  metal::atomic_thread_fence(metal::mem_flags::mem_device, metal::memory_order_seq_cst, metal::thread_scope_system);
+}
+
+// The threads of the one threadgroup meet here.
+FC_DEVICE void fc_barrier() {
+  metal::threadgroup_barrier(metal::mem_flags::mem_device);
+}
+
+// Copy count units as thread tid of nthreads. Metal: units of sizeof(T) up to 4 bytes, the
+// alignment MLX's arrays of T have (Metal cannot test a pointer's alignment).
+template <typename D, typename S>
+FC_DEVICE void fc_copy_units(D dst, S src, fc_uint count, fc_uint tid, fc_uint nthreads) {
+  for (fc_uint i = tid; i < count; i += nthreads) {
+    dst[i] = src[i];
+  }
+}
+
+// x (n bytes) into the send mailbox.
+template <typename T>
+FC_DEVICE void fc_copy_in(fc_bytes_t dst, const FC_X_SPACE T* src, fc_uint n, fc_uint tid, fc_uint nthreads) {
+  if (sizeof(T) % 4 == 0) {
+    fc_copy_units((volatile coherent(system) device uint*)(dst), (const FC_X_SPACE uint*)(src), n / 4, tid, nthreads);
+  } else if (sizeof(T) == 2) {
+    fc_copy_units((volatile coherent(system) device ushort*)(dst), (const FC_X_SPACE ushort*)(src), n / 2, tid, nthreads);
+  } else {
+    fc_copy_units(dst, (const FC_X_SPACE uchar*)(src), n, tid, nthreads);
+  }
+}
+
+// The receive mailbox (n bytes) into out.
+template <typename T>
+FC_DEVICE void fc_copy_out(device T* dst, fc_bytes_t src, fc_uint n, fc_uint tid, fc_uint nthreads) {
+  if (sizeof(T) % 4 == 0) {
+    fc_copy_units((device uint*)(dst), (volatile coherent(system) device uint*)(src), n / 4, tid, nthreads);
+  } else if (sizeof(T) == 2) {
+    fc_copy_units((device ushort*)(dst), (volatile coherent(system) device ushort*)(src), n / 2, tid, nthreads);
+  } else {
+    fc_copy_units((device uchar*)(dst), src, n, tid, nthreads);
+  }
+}
+
+
+// The address space of a kernel's outputs.
+#define FC_OUT device

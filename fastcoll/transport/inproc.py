@@ -1,0 +1,60 @@
+"""An in-process transport: `size` ranks that are threads of one process, for the algorithms'
+unit tests (tests/test_algorithms.py) and measurements that must leave the network out.
+
+Messages go through one queue per ordered pair of ranks, so each rank's messages to a peer stay
+in order as on a connection. It is not in the transport registry: a job's ranks are processes.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+
+from fastcoll.errors import CollectiveTimeoutError
+from fastcoll.transport.base import Transport, abort_error
+from fastcoll.wire import ABORT, Header
+
+
+class InProcTransport(Transport):
+    """Rank `rank` of a mesh made by `mesh(size)`."""
+
+    def __init__(self, rank: int, size: int, boxes: dict[tuple[int, int], queue.SimpleQueue]):
+        super().__init__(rank, size)
+        self._boxes = boxes  # (from, to) -> the messages in flight
+        self._current: dict[int, bytes | None] = {}
+
+    def send(self, peer: int, header: Header, payload: memoryview | None) -> None:
+        self._boxes[(self.rank, peer)].put((header, None if payload is None else bytes(payload)))
+
+    def flush(self) -> None:
+        pass  # send() copied the payload
+
+    def _next_header(self, peer: int, chunk: int, deadline: float, nbytes: int = 0) -> Header:
+        try:
+            h, payload = self._boxes[(peer, self.rank)].get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise CollectiveTimeoutError(f"rank {self.rank} timed out waiting for rank {peer}, which did not answer") from None
+        if h.kind == ABORT:
+            raise abort_error(h)
+        self._current[peer] = payload
+        return h
+
+    def _read_payload(self, peer: int, chunk: int, out: memoryview) -> None:
+        out.cast("B")[:] = self._current.pop(peer)
+
+    def _send_abort(self, header: Header) -> None:
+        for p in range(self.size):
+            if p != self.rank:
+                self._boxes[(self.rank, p)].put((header, None))
+
+    def close(self) -> None:
+        pass
+
+    def describe(self) -> str:
+        return "in-process"
+
+
+def mesh(size: int) -> list[InProcTransport]:
+    """The transports of `size` ranks joined to each other, rank r's at index r."""
+    boxes = {(a, b): queue.SimpleQueue() for a in range(size) for b in range(size) if a != b}
+    return [InProcTransport(r, size, boxes) for r in range(size)]
