@@ -1,4 +1,5 @@
-"""Statistics and bandwidths as nccl-tests defines them (see DESIGN.md, Benchmarks).
+"""Statistics and bandwidths as nccl-tests defines them (docs/performance.md, "How the benchmark
+measures").
 
 algbw = S / t.  busbw = algbw x 2(n-1)/n for all-reduce, x (n-1)/n for all-gather and
 reduce-scatter (S the total gathered size), x 1 for broadcast.  Bandwidths are in bytes per

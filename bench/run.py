@@ -5,7 +5,8 @@ Examples:
     python bench/run.py                              # the full sweep: 4 B..64 MiB, 2 and 4 ranks
     python bench/run.py --ops all_reduce --world 2 --sizes 4KiB,64MiB --systems mlx-ring,gloo
 
-Writes results.json, results.md, latency.png and busbw.png into --out (bench/results).
+Writes results.json, results.md, latency.png and busbw.png into --out (default bench/out/, which
+git ignores; runs of record are copied into a dated folder under bench/records/).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds one job (system x world x round) may take (default 600; "
                         "--quick: 60)")
-    p.add_argument("--out", default=str(REPO_ROOT / "bench" / "results"), help="output folder")
+    p.add_argument("--out", default=str(REPO_ROOT / "bench" / "out"), help="output folder")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 2 ranks, 4 B and 4 KiB, 5 iterations, 1 round")

@@ -1,6 +1,7 @@
 """The job's configuration, read once from the environment at `fastcoll.init()`.
 
-The FASTCOLL_* variables are the contract in DESIGN.md. Where they are absent, the ranks that
+The FASTCOLL_* variables are a contract (the README's environment table lists every one this
+reads; docs/design.md, Rendezvous). Where they are absent, the ranks that
 other launchers set are understood too, so that jobs started by mpirun, srun or mlx.launch work.
 """
 

@@ -1,7 +1,7 @@
 """Benchmark worker for fastcoll, one process per rank, through its public API only.
 
 The harness starts one process per rank with FASTCOLL_RANK, FASTCOLL_WORLD_SIZE,
-FASTCOLL_COORDINATOR, FASTCOLL_TOKEN and FASTCOLL_TRANSPORT set (DESIGN.md, Environment), and
+FASTCOLL_COORDINATOR, FASTCOLL_TOKEN and FASTCOLL_TRANSPORT set (the README's environment table), and
 `fastcoll.init()` reads them. Inputs are numpy float32 arrays by default; `--array mlx` passes
 evaluated mx.arrays instead and evaluates each result inside the timed region.
 """

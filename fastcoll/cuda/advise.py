@@ -4,8 +4,9 @@ MLX's CUDA arrays that the host has viewed live in managed memory, which migrate
 whichever side touched it last. The control page is touched by both on every gate (the GPU spins
 on RELEASE while the host polls ARRIVAL), so left alone it would bounce between them. Preferring
 host memory for it and marking it accessed by the GPU maps it into the GPU's page tables where it
-stays: the host's stores land in its own memory and the GPU reads them over the bus (DESIGN.md:
-median release ~8 us, p90 ~10 us on an H200 with this advice).
+stays: the host's stores land in its own memory and the GPU reads them over the bus (the design
+expected a median release of ~8 us, p90 ~10 us, on an H200 with this advice; what the H200
+measured: docs/gate.md).
 """
 
 from __future__ import annotations

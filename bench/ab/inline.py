@@ -2,7 +2,7 @@
 all-reduce, synchronous calls (run on the caller's thread when the group is idle) against
 `async_op=True` + `wait()` (always through the service thread), alternating in blocks.
 
-    python bench/micro/inline.py
+    python bench/ab/inline.py
 """
 
 from __future__ import annotations

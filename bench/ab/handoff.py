@@ -2,7 +2,7 @@
 loopback TCP socket, first directly, then with each exchange handed to a service thread and
 back (queue + event), as a naive service-thread design would.
 
-    python bench/micro/handoff.py
+    python bench/ab/handoff.py
 """
 
 from __future__ import annotations
@@ -10,10 +10,14 @@ from __future__ import annotations
 import queue
 import socket
 import threading
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
-from pair import connect_pair, run_pair
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "micro"))  # pair.py lives there
+from pair import connect_pair, run_pair  # noqa: E402
 
 N = 3000
 

@@ -1,8 +1,8 @@
 """Median latency of small all-reduces (4 B, 4 KiB, 64 KiB), one rank of a job.
 
     for r in 0 1; do FASTCOLL_RANK=$r FASTCOLL_WORLD_SIZE=2 FASTCOLL_COORDINATOR=127.0.0.1:29600 \
-        FASTCOLL_TOKEN=t python bench/micro/small_latency.py & done; wait
-(or: fastcoll-launch -n 2 python bench/micro/small_latency.py)
+        FASTCOLL_TOKEN=t python bench/ab/small_latency.py & done; wait
+(or: fastcoll-launch -n 2 python bench/ab/small_latency.py)
 """
 
 import time

@@ -1,6 +1,6 @@
 """ZeroMQ on loopback with and without CURVE: 64 x 1 MiB one way, and a 4 KiB round trip.
 
-    python bench/micro/zmq_curve.py
+    python bench/ab/zmq_curve.py
 """
 
 from __future__ import annotations

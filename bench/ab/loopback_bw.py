@@ -1,16 +1,20 @@
 """Loopback TCP throughput of a 64 MiB transfer with the kernel's autotuned socket buffers and
 with SO_SNDBUF/SO_RCVBUF fixed at 4 MiB (which turns autotuning off).
 
-    python bench/micro/loopback_bw.py
+    python bench/ab/loopback_bw.py
 """
 
 from __future__ import annotations
 
 import socket
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
-from pair import connect_pair, run_pair
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "micro"))  # pair.py lives there
+from pair import connect_pair, run_pair  # noqa: E402
 
 N = 64 << 20
 
