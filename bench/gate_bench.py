@@ -1,17 +1,15 @@
-"""The fence gate on a GPU: release latency, the host path, and a token of 64 dependent all-reduces.
+"""The fence gate on a GPU: where a gate's time goes, whether it is right, and chains of dependent
+all-reduces beside the host path.
 
-    python bench/gate_bench.py single [--gates 10000] [--out DIR]     one rank, one GPU
-    python bench/gate_bench.py ranks [--world 2] [--gpus 0,1] [--out DIR]   ranks on localhost
-    python bench/gate_bench.py poll [--out DIR]                       CPU only: the arrival poll
-    python bench/gate_bench.py report DIR                             markdown tables of DIR/*.json
+    python bench/gate_bench.py profile [--gates 10000] [--tokens 30] [--out DIR]   one rank, one GPU
+    python bench/gate_bench.py ranks [--world 2] [--gpus 0,0] [--out DIR]          ranks on localhost
+    python bench/gate_bench.py poll [--out DIR]                                     CPU only: the arrival poll
+    python bench/gate_bench.py report DIR                                           markdown tables of DIR/*.json
 
-(a) release latency: the host stores RELEASE, and times until the GPU has continued, i.e. until a
-    one-thread kernel placed after the gate's result (fc_mark) has stored into the control page;
-    ACK (the spin observed the store) is timed too. Against it: a fresh submission, the host
-    submitting that kernel itself (submit -> running, and submit -> eval returned).
-(b) the host path: evaluate, exchange on the host, make the next array: per dependent all-reduce.
-(c) a token: 64 dependent small all-reduces (y = all_reduce(y + 1, "mean")), evaluated once per
-    token with the gate and at every all-reduce on the host path; time per token.
+A token is LAYERS dependent small all-reduces, y = all_reduce(y + 1, "mean"), checked to give
+LAYERS. "serial" builds the whole token's graph, then evaluates it (what the host path always
+does per all-reduce); "pipelined" builds token t + 1 while token t runs (mx.async_eval, as
+mlx-lm's generation loop does). Two ranks sharing one GPU need CUDA MPS started first.
 """
 
 from __future__ import annotations
@@ -32,11 +30,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-LAYERS = 64  # all-reduces per token (c)
+LAYERS = 64  # all-reduces per token
 ROW = 4096  # elements of a row: bf16 hidden size 4096 = 8 KiB
 MAX_ITERS = 50_000_000
-# The hand-driven release test bounds its spin lower: a missed release shows up in ~seconds.
-BENCH_MAX_ITERS = 5_000_000
+OUT = ROOT / "bench" / "out"
 
 
 def stats(values) -> dict:
@@ -54,11 +51,41 @@ def dump(out: Path, name: str, data: dict) -> None:
     print(f"wrote {out / (name + '.json')}", flush=True)
 
 
+def per_call_us(fn, n: int = 2000) -> float:
+    fn()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t) / n * 1e6
+
+
+def machine() -> dict:
+    import mlx.core as mx
+
+    res = {"host": socket.gethostname(), "mlx": mx.__version__, "python": platform.python_version(),
+           "device": str(mx.default_device()), "cores": os.cpu_count(),
+           "switch_interval_s": sys.getswitchinterval()}
+    try:
+        res["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                                    capture_output=True, text=True, timeout=20).stdout.strip()
+    except Exception:
+        pass
+    return res
+
+
 # ------------------------------------------------------------------------------------------------
-# (a) release latency, by hand on the control page (the gate's own kernels, no service thread)
+# one rank: by hand on the control page, and the Gate with a local service thread
 
 
-def release_latency(backend, n: int, nbytes: int, dtype, warmup: int = 50) -> dict:
+def same(send: np.ndarray, gathered: np.ndarray) -> None:
+    """One rank's exchange: its own bytes are the whole gather."""
+    gathered[:] = send
+
+
+def release_latency(backend, n: int, count: int, dtype, warmup: int = 50) -> dict:
+    """Gates driven by hand: the host stores RELEASE as soon as ARRIVAL shows, and times until the
+    spin acknowledged it (ACK) and until a kernel placed after the result ran (fc_mark). Every
+    gate's result is checked against the bytes the host put in the receive mailbox."""
     import mlx.core as mx
 
     from fastcoll.gate import layout as L
@@ -67,10 +94,10 @@ def release_latency(backend, n: int, nbytes: int, dtype, warmup: int = 50) -> di
 
     page = ControlPage(backend.page, backend.layout)
     page.reset(1)
-    itemsize = np.dtype(np.float16).itemsize if dtype in (mx.bfloat16, mx.float16) else 4
-    x = mx.zeros((nbytes // itemsize,), dtype=dtype)
+    x = mx.zeros((count,), dtype=dtype)
     mx.eval(x)
-    token = backend.initial_token()
+    nbytes = x.nbytes
+    token = backend.initial_token(0)
     ack_us, mark_us, iters = [], [], []
     missed = wrong = 0
 
@@ -83,13 +110,13 @@ def release_latency(backend, n: int, nbytes: int, dtype, warmup: int = 50) -> di
 
     for i in range(n + warmup):
         seq = i + 1
-        out, token = backend.launch(x, seq, nbytes, BENCH_MAX_ITERS, token)
+        out, token = backend.launch(x, "sum", 5_000_000, token)
         marked = backend.mark(seq, out)
         mx.async_eval(marked)
         if wait_word(L.ARRIVAL, seq, 10.0) is None:
             missed += 1
             break
-        pattern = (seq * 7 + 1) % 251
+        pattern = (seq * 7 + 1) % 251  # finite, normal values in every float dtype
         page.recv[:nbytes] = pattern
         t_store = time.perf_counter()
         page.store(L.STATUS, L.OK)
@@ -107,12 +134,13 @@ def release_latency(backend, n: int, nbytes: int, dtype, warmup: int = 50) -> di
             mark_us.append((t_mark - t_store) * 1e6)
             iters.append(page.load(L.SPIN_ITERS))
     return {"gates": n, "nbytes": nbytes, "missed": missed, "wrong": wrong,
-            "spin_copy": nbytes <= backend.spin_copy_max_bytes,
+            "spin_reduces": nbytes * backend.layout.ranks <= backend.spin_copy_max_bytes,
             "ack_us": stats(ack_us), "continue_us": stats(mark_us), "spin_iters": stats(iters)}
 
 
 def fresh_submission(backend, n: int, warmup: int = 50) -> dict:
-    """The host submits the one-thread kernel itself: submit -> running, submit -> eval returned."""
+    """What the host path pays instead of a release: the host builds and submits a one-thread
+    kernel itself (submit -> running, submit -> eval returned)."""
     import mlx.core as mx
 
     from fastcoll.gate import layout as L
@@ -132,225 +160,195 @@ def fresh_submission(backend, n: int, warmup: int = 50) -> dict:
             pass
         t1 = time.perf_counter()
         mx.eval(marked)
-        if i >= warmup:
-            running_us.append((t1 - t0) * 1e6)
-        # the full round trip of a fresh kernel, as the host path pays it per all-reduce
-        t0 = time.perf_counter()
+        t2 = time.perf_counter()
         mx.eval(backend.mark(seq, ready))
         t3 = time.perf_counter()
         if i >= warmup:
-            eval_us.append((t3 - t0) * 1e6)
+            running_us.append((t1 - t0) * 1e6)
+            eval_us.append((t3 - t2) * 1e6)
     return {"submit_to_running_us": stats(running_us), "submit_to_eval_returned_us": stats(eval_us)}
 
 
-# ------------------------------------------------------------------------------------------------
-# (b), (c) on one rank: the Gate with a local service thread vs the host path
-
-
-def token_loop_single(gate, tokens: int, dtype, row: int) -> dict:
+def tokens(build, n: int, dtype, row: int, pipelined: bool = False) -> dict:
+    """ms per token of `build(y)` (LAYERS all-reduces of y + 1, mean), checked every token."""
     import mlx.core as mx
 
-    from fastcoll.gate.sim import SerialService
+    def fresh():
+        x = mx.zeros((row,), dtype=dtype)
+        mx.eval(x)
+        return x
 
-    service = SerialService()
-    exchange = lambda send: np.array(send, copy=True)  # one rank: the all-reduce is a copy
-
-    def gated(y):
-        for _ in range(LAYERS):
-            y = gate.all_reduce(y + 1, "mean", exchange, service.submit)
-        return y
-
-    def host(y):
-        for _ in range(LAYERS):
-            y = y + 1
-            mx.eval(y)
-            h = np.array(y.view(mx.uint16) if y.dtype == mx.bfloat16 else y, copy=False)
-            r = exchange(h.reshape(-1))
-            y = mx.array(r.reshape(y.shape))
-            if dtype == mx.bfloat16:
-                y = y.view(mx.bfloat16)
-        return y
-
-    out = {}
-    for name, fn in (("gate", gated), ("host", host)):
-        times = []
-        for t in range(tokens + 3):
-            x = mx.zeros((row,), dtype=dtype)
-            mx.eval(x)
-            t0 = time.perf_counter()
-            y = fn(x)
-            mx.eval(y)
-            dt = time.perf_counter() - t0
-            if float(y[0].item()) != LAYERS:
-                raise AssertionError(f"{name} path: token gave {y[0].item()}, expected {LAYERS}")
+    times, build_ms = [], []
+    if pipelined:
+        prev = build(fresh())
+        mx.async_eval(prev)
+        t_last = time.perf_counter()
+        for t in range(n + 3):
+            nxt = build(fresh())
+            mx.async_eval(nxt)
+            mx.eval(prev)
+            now = time.perf_counter()
+            if float(prev[0].item()) != LAYERS:
+                raise AssertionError(f"token gave {prev[0].item()}, expected {LAYERS}")
             if t >= 3:
-                times.append(dt * 1e3)
-        out[name] = {"ms_per_token": stats(times)}
-    gate.check()
-    service.close()
-    return out
+                times.append((now - t_last) * 1e3)
+            t_last, prev = now, nxt
+        mx.eval(prev)
+        return {"ms_per_token": stats(times)}
+    for t in range(n + 3):
+        x = fresh()
+        t0 = time.perf_counter()
+        y = build(x)
+        t1 = time.perf_counter()
+        mx.eval(y)
+        t2 = time.perf_counter()
+        if float(y[0].item()) != LAYERS:
+            raise AssertionError(f"token gave {y[0].item()}, expected {LAYERS}")
+        if t >= 3:
+            times.append((t2 - t0) * 1e3)
+            build_ms.append((t1 - t0) * 1e3)
+    return {"ms_per_token": stats(times), "build_ms": stats(build_ms)}
 
 
-def host_path_single(n: int, dtype, row: int) -> dict:
-    """(b) evaluate, exchange on the host (a copy for one rank), make the next array."""
+def host_path_1rank(y):
+    """One rank's host path per layer: evaluate, exchange on the host (a copy), a new array."""
     import mlx.core as mx
 
-    y = mx.zeros((row,), dtype=dtype)
-    mx.eval(y)
-    times = []
-    for i in range(n + 20):
-        t0 = time.perf_counter()
+    bf16 = y.dtype == mx.bfloat16
+    for _ in range(LAYERS):
         y = y + 1
         mx.eval(y)
-        h = np.array(y.view(mx.uint16) if dtype == mx.bfloat16 else y, copy=False)
-        r = np.array(h, copy=True)
-        y = mx.array(r)
-        if dtype == mx.bfloat16:
+        h = np.array(y.view(mx.uint16) if bf16 else y, copy=False)
+        y = mx.array(np.array(h, copy=True))
+        if bf16:
             y = y.view(mx.bfloat16)
-        if i >= 20:
-            times.append((time.perf_counter() - t0) * 1e6)
-    return {"us_per_allreduce": stats(times)}
+    return y
 
 
-def cmd_single(args) -> None:
+def cmd_profile(args) -> None:
+    """One rank, one GPU: where a gate's time goes, release latency and correctness, tokens."""
     import mlx.core as mx
 
+    import fastcoll.cuda as cuda
+    from fastcoll import dtypes
     from fastcoll.config import Config
-    from fastcoll import cuda as cuda_kernels
-    from fastcoll.cuda.advise import advise_towards_host
-    from fastcoll.gate import probe
+    from fastcoll.gate import Gate, probe
+    from fastcoll.gate import layout as L
     from fastcoll.gate.layout import ControlLayout
     from fastcoll.gate.mlx_backend import MlxBackend
+    from fastcoll.gate.page import ControlPage
+    from fastcoll.gate.sim import SerialService
 
-    if cuda_kernels.unavailable():
-        sys.exit(f"gate_bench single: {cuda_kernels.unavailable()}")
-    res: dict = {"host": socket.gethostname(), "mlx": mx.__version__, "python": platform.python_version(),
-                 "device": str(mx.default_device()), "gates": args.gates}
-    try:
-        res["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                                    capture_output=True, text=True, timeout=20).stdout.strip()
-    except Exception:
-        pass
+    if cuda.unavailable():
+        sys.exit(f"gate_bench profile: {cuda.unavailable()}")
+    res: dict = machine()
     t0 = time.perf_counter()
     gate = probe(Config(fast_sync=True, gate_max_bytes=64 * 1024, fence_max_iters=MAX_ITERS))
     res["probe_s"] = time.perf_counter() - t0
     if gate is None:
-        sys.exit("gate_bench single: probe() returned None (see the log above)")
+        sys.exit("gate_bench profile: probe() returned None (see the log above)")
     print(f"probe ok in {res['probe_s']:.2f}s", flush=True)
-    layout = ControlLayout(64 * 1024)
-    advised = MlxBackend(cuda_kernels, layout, advise=lambda p: advise_towards_host(p, 0))
-    plain = MlxBackend(cuda_kernels, layout)
+    layout = ControlLayout(64 * 1024, 1)
+    advised = MlxBackend(cuda, layout, advise=cuda.advise)
+    plain = MlxBackend(cuda, layout)
     res["advice_applied"] = advised._undo_advice is not None
-    row_bytes = ROW * 2
 
     def step(name, fn, *a, **k):
         t = time.perf_counter()
         r = fn(*a, **k)
-        print(f"{name}: {json.dumps(r)[:400]} ({time.perf_counter() - t:.1f}s)", flush=True)
+        print(f"{name}: {json.dumps(r)[:600]} ({time.perf_counter() - t:.1f}s)", flush=True)
         res[name] = r
 
-    step("release_8k_advised", release_latency, advised, args.gates, row_bytes, mx.bfloat16)
-    step("release_8k_unadvised", release_latency, plain, min(args.gates, 1000), row_bytes, mx.bfloat16)
-    for nbytes in (64, 1024, 65536):
-        step(f"release_{nbytes}_advised", release_latency, advised, 1000, nbytes, mx.float32)
-    for nbytes in (1024, row_bytes, 65536):  # the other copy-out path, for the cut-off
-        advised.spin_copy_max_bytes = 1 << 30
-        step(f"release_{nbytes}_spin_copy", release_latency, advised, 300, nbytes, mx.float32)
-        advised.spin_copy_max_bytes = 0
-        step(f"release_{nbytes}_deliver", release_latency, advised, 300, nbytes, mx.float32)
-    advised.spin_copy_max_bytes = gate._backend.spin_copy_max_bytes
-    step("fresh_submission", fresh_submission, advised, 2000)
-    step("host_path_8k", host_path_single, 2000, mx.bfloat16, ROW)
-    step("token_8k", token_loop_single, gate, args.tokens, mx.bfloat16, ROW)
-    step("token_64b", token_loop_single, gate, args.tokens, mx.float32, 16)
-    gate.close()
-    dump(Path(args.out), "gate_single", res)
+    # 1. Building a gate into the graph: Python's share, piece by piece.
+    y8 = mx.zeros((ROW,), dtype=mx.bfloat16)
+    y64 = mx.zeros((16,), dtype=mx.float32)
+    mx.eval(y8, y64)
+    tok = advised.initial_token(0)
+    advised.launch(y8, "mean", MAX_ITERS, tok)
+    arrival, _, _ = advised._calls[(y8.dtype, ROW, "mean", MAX_ITERS)]
+    side = Gate(plain, Config(fast_sync=True, gate_max_bytes=64 * 1024, fence_max_iters=MAX_ITERS))
+    host = dtypes.host_dtype("bfloat16")
+    a, b = np.ones(ROW, host), np.ones(ROW, host)
+    combine = dtypes.reducer("bfloat16", "sum")
+    step("python_us", lambda: {
+        "y_plus_1": per_call_us(lambda: y8 + 1),
+        "one_kernel_call": per_call_us(lambda: arrival[0](inputs=[y8, advised._ctrl, tok], **arrival[1])),
+        "launch_8k_3_kernels": per_call_us(lambda: advised.launch(y8, "mean", MAX_ITERS, tok)),
+        "launch_64b_2_kernels": per_call_us(lambda: advised.launch(y64, "mean", MAX_ITERS, tok)),
+        "gate_all_reduce_8k": per_call_us(lambda: side.all_reduce(y8, "mean", same, lambda fn: None), 1000),
+        "params_array_as_before": per_call_us(lambda: mx.array([1, 8192, 1000, 4096], dtype=mx.uint32)),
+        "host_bf16_reduce_8k_as_before": per_call_us(lambda: (combine(a, b, a), dtypes.finish_mean("bfloat16", a, 2))),
+        "numpy_copy_8k": per_call_us(lambda: np.copyto(a, b)),
+    })
+    side.close()
 
-
-def cmd_breakdown(args) -> None:
-    """Where a gated token's time goes: building the graph, evaluating it, the host half's turn."""
-    import mlx.core as mx
-
-    from fastcoll.config import Config
-    from fastcoll import cuda as cuda_kernels
-    from fastcoll.gate import probe
-    from fastcoll.gate.layout import ControlLayout
-    from fastcoll.gate.mlx_backend import MlxBackend
-    from fastcoll.gate.sim import SerialService
-
-    res: dict = {}
-    backend = MlxBackend(cuda_kernels, ControlLayout(64 * 1024))
-    y = mx.zeros((ROW,), dtype=mx.bfloat16)
-    mx.eval(y)
-    tok = backend.initial_token()
-
-    def per_call(fn, n=640):
-        fn()
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        return (time.perf_counter() - t) / n * 1e6
-
-    res["build_us"] = {
-        "y_plus_1": per_call(lambda: y + 1),
-        "params_array": per_call(lambda: mx.array([1, 8192, 1000, 4096], dtype=mx.uint32)),
-        "launch_deliver_path": per_call(lambda: backend.launch(y, 1, 8192, 1000, tok)),
-        "launch_spin_copy_path": per_call(lambda: backend.launch(y[:16], 1, 32, 1000, tok)),
-    }
-    # Baselines for the token's evaluation: the same 64 layers without gates, and with every gate
-    # released by the host before the evaluation starts (the kernels alone, no host turn).
-    from fastcoll.gate import layout as L
-    from fastcoll.gate.page import ControlPage
-
-    page = ControlPage(backend.page, backend.layout)
+    # 2. The kernels alone: a token with every gate released before its evaluation, beside the
+    # same 64 layers without gates.
+    page = ControlPage(advised.page, advised.layout)
     page.reset(1)
-    no_gate, prereleased = [], []
     seq = 0
-    for t in range(args.tokens + 3):
-        x = mx.zeros((ROW,), dtype=mx.bfloat16)
-        mx.eval(x)
-        t0 = time.perf_counter()
+    tok = advised.initial_token(0)
+
+    def prereleased(x):
+        nonlocal seq, tok
         for _ in range(LAYERS):
-            x = x + 1
-        mx.eval(x)
-        t1 = time.perf_counter()
-        for _ in range(LAYERS):
+            x, tok = advised.launch(x + 1, "sum", MAX_ITERS, tok)
             seq += 1
-            x, tok = backend.launch(x + 1, seq, 8192, MAX_ITERS, tok)
+        page.recv[: ROW * 2] = 0
         page.store(L.STATUS, L.OK)
         page.store(L.RELEASE, seq)
-        t2 = time.perf_counter()
-        mx.eval(x)
-        t3 = time.perf_counter()
-        if t >= 3:
-            no_gate.append((t1 - t0) * 1e3)
-            prereleased.append((t3 - t2) * 1e3)
-    res["no_gate_token_ms"] = stats(no_gate)
-    res["prereleased_token_eval_ms"] = stats(prereleased)
-    gate = probe(Config(fast_sync=True, gate_max_bytes=64 * 1024, fence_max_iters=MAX_ITERS, gate_profile=True))
-    service = SerialService()
-    exchange = lambda send: np.array(send, copy=True)
-    build, run = [], []
-    for t in range(args.tokens + 3):
-        x = mx.zeros((ROW,), dtype=mx.bfloat16)
-        mx.eval(x)
-        t0 = time.perf_counter()
+        return x
+
+    def timed_eval(build, n):
+        out = []
+        for t in range(n + 3):
+            x = mx.zeros((ROW,), dtype=mx.bfloat16)
+            mx.eval(x)
+            y = build(x)
+            t0 = time.perf_counter()
+            mx.eval(y)
+            if t >= 3:
+                out.append((time.perf_counter() - t0) * 1e3)
+        return {"eval_ms": stats(out)}
+
+    def no_gate(x):
         for _ in range(LAYERS):
-            x = gate.all_reduce(x + 1, "mean", exchange, service.submit)
-        t1 = time.perf_counter()
-        mx.eval(x)
-        t2 = time.perf_counter()
-        if t >= 3:
-            build.append((t1 - t0) * 1e3)
-            run.append((t2 - t1) * 1e3)
+            x = x + 1
+        return x
+
+    step("token_no_gate", timed_eval, no_gate, args.tokens)
+    step("token_prereleased", timed_eval, prereleased, args.tokens)
+
+    # 3. Release latency and correctness, by hand (no service thread).
+    step("release_8k_advised", release_latency, advised, args.gates, ROW, mx.bfloat16)
+    step("release_8k_unadvised", release_latency, plain, min(args.gates, 1000), ROW, mx.bfloat16)
+    step("release_64b", release_latency, advised, 1000, 16, mx.float32)
+    step("release_16k", release_latency, advised, 1000, 4096, mx.float32)
+    step("fresh_submission", fresh_submission, advised, 1000)
+
+    # 4. Tokens through the Gate and a local service thread (one rank: the exchange is a copy).
+    service = SerialService()
+    gated = lambda g: (lambda y: _chain(y, lambda v: g.all_reduce(v, "mean", same, service.submit)))
+    step("token_gate_8k", tokens, gated(gate), args.tokens, mx.bfloat16, ROW)
+    step("token_gate_8k_pipelined", tokens, gated(gate), args.tokens, mx.bfloat16, ROW, True)
+    step("token_host_8k", tokens, host_path_1rank, args.tokens, mx.bfloat16, ROW)
+    step("token_gate_64b", tokens, gated(gate), args.tokens, mx.float32, 16)
+    step("token_host_64b", tokens, host_path_1rank, args.tokens, mx.float32, 16)
+    gate.check()
+    prof = Gate(plain, Config(fast_sync=True, gate_max_bytes=64 * 1024, fence_max_iters=MAX_ITERS, gate_profile=True))
+    step("token_gate_8k_profiled", tokens, gated(prof), 10, mx.bfloat16, ROW)
     service.submit(lambda: None).result(10)
-    res["token_build_ms"] = stats(build)
-    res["token_eval_ms"] = stats(run)
-    res["profile"] = gate.profile().summary()
+    res["profile"] = prof.profile().summary()
+    prof.close()
     gate.close()
     service.close()
-    print(json.dumps(res, indent=1), flush=True)
-    dump(Path(args.out), "gate_breakdown", res)
+    dump(Path(args.out), "gate_profile", res)
+
+
+def _chain(y, allreduce):
+    for _ in range(LAYERS):
+        y = allreduce(y + 1)
+    return y
 
 
 # ------------------------------------------------------------------------------------------------
@@ -364,41 +362,34 @@ def cmd_worker(args) -> None:
 
     g = fastcoll.init()
     rank = g.rank()
-    gated = g.gate is not None
-    dtype = mx.bfloat16
+    gated = g._job.gate is not None
     res = {"rank": rank, "size": g.size(), "gated": gated, "fast_sync": os.environ.get("FASTCOLL_FAST_SYNC"),
-           "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
-    y = mx.zeros((ROW,), dtype=dtype)
-    for _ in range(3):
-        y = fastcoll.all_reduce(y + 1, op="mean")
-    mx.eval(y)
-    # (b) per dependent all-reduce, evaluated each time (what the host path always does)
-    times = []
-    for i in range(args.ops + 20):
-        t0 = time.perf_counter()
-        y = fastcoll.all_reduce(y + 1, op="mean")
+           "transport": g.transport_info(), "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"), **machine()}
+    allreduce = lambda y: fastcoll.all_reduce(y + 1, op="mean")
+    for row, dtype_name in ((int(r), d) for r, d in (part.split(":") for part in args.rows.split(","))):
+        dtype = getattr(mx, dtype_name)
+        key = f"{dtype_name}_{row}"
+        y = mx.zeros((row,), dtype=dtype)
+        for _ in range(3):
+            y = allreduce(y)
         mx.eval(y)
-        if i >= 20:
-            times.append((time.perf_counter() - t0) * 1e6)
-    res["us_per_allreduce_evaluated"] = stats(times)
-    # (c) tokens of 64 dependent all-reduces, evaluated once per token
-    times = []
-    for t in range(args.tokens + 3):
-        y = mx.zeros((ROW,), dtype=dtype)
-        mx.eval(y)
-        t0 = time.perf_counter()
-        for _ in range(LAYERS):
-            y = fastcoll.all_reduce(y + 1, op="mean")
-        mx.eval(y)
-        dt = time.perf_counter() - t0
-        if float(y[0].item()) != LAYERS:
-            raise AssertionError(f"rank {rank}: token gave {y[0].item()}, expected {LAYERS}")
-        if t >= 3:
-            times.append(dt * 1e3)
-    res["ms_per_token"] = stats(times)
+        times = []  # per dependent all-reduce, evaluated each time (what the host path always does)
+        for i in range(args.ops + 20):
+            t0 = time.perf_counter()
+            y = allreduce(y)
+            mx.eval(y)
+            if i >= 20:
+                times.append((time.perf_counter() - t0) * 1e6)
+        res[f"{key}_us_per_allreduce_evaluated"] = stats(times)
+        res[f"{key}_serial"] = tokens(lambda v: _chain(v, lambda w: fastcoll.all_reduce(w, op="mean")),
+                                      args.tokens, dtype, row)
+        if gated:
+            res[f"{key}_pipelined"] = tokens(lambda v: _chain(v, lambda w: fastcoll.all_reduce(w, op="mean")),
+                                             args.tokens, dtype, row, True)
+        print(f"rank {rank} {key}: {res[f'{key}_serial']['ms_per_token']['median']:.2f} ms per token", flush=True)
     fastcoll.check()
-    if gated and g.gate.profile() is not None:
-        res["profile"] = g.gate.profile().summary()
+    if gated and g._job.gate.profile() is not None:
+        res["profile"] = g._job.gate.profile().summary()
     fastcoll.finalize()
     if rank == 0:
         dump(Path(args.out), args.tag, res)
@@ -419,19 +410,24 @@ def cmd_ranks(args) -> None:
             if gpus[r % len(gpus)] is not None:
                 env["CUDA_VISIBLE_DEVICES"] = gpus[r % len(gpus)]
             name = f"{args.tag_prefix}{tag}"
+            profile = tag == "gate_profile"
             cmd = [sys.executable, __file__, "worker", "--out", args.out, "--tag", name,
-                   "--ops", str(args.ops if tag != "gate_profile" else 200),
-                   "--tokens", str(args.tokens if tag != "gate_profile" else 10)]
+                   "--ops", str(100 if profile else args.ops), "--tokens", str(10 if profile else args.tokens),
+                   "--rows", f"{ROW}:bfloat16" if profile else args.rows]
             log = open(f"/tmp/gate_bench_{name}_{r}.log", "w")
             procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
-        codes = [p.wait(timeout=args.timeout) for p, _ in procs]
+        codes = []
         for p, log in procs:
+            try:
+                codes.append(p.wait(timeout=args.timeout))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                codes.append("timeout")
             log.close()
         print(f"ranks {tag}: exit codes {codes}", flush=True)
-        if any(codes):
-            for r in range(args.world):
-                text = Path(f"/tmp/gate_bench_{args.tag_prefix}{tag}_{r}.log").read_text()
-                print(f"--- rank {r} log tail ---\n{text[-2500:]}", flush=True)
+        for r in range(args.world):
+            text = Path(f"/tmp/gate_bench_{args.tag_prefix}{tag}_{r}.log").read_text()
+            print(f"--- rank {r} log tail ---\n{text[-1500 if any(codes) else -400:]}", flush=True)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -455,7 +451,7 @@ def cmd_poll(args) -> None:
         gate = Gate(device, Config(fast_sync=True, gate_max_bytes=4096), poller=Poller(spin_s=spin_s))
         service = SerialService()
         device.hold()  # the arrival does not come: the service thread polls throughout
-        r = gate.all_reduce(mx.arange(8, dtype=mx.float32), "sum", lambda s: np.array(s), service.submit)
+        r = gate.all_reduce(mx.arange(8, dtype=mx.float32), "sum", same, service.submit)
         time.sleep(0.01)
         rate = loop_rate(0.2)
         device.resume()
@@ -511,116 +507,110 @@ def cmd_poll(args) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
-def _f(st: dict, key: str = "median") -> str:
-    return "n/a" if not st or st.get("n", 1) == 0 or key not in st else f"{st[key]:.1f}"
+def _f(st: dict, key: str = "median", digits: int = 1) -> str:
+    return "n/a" if not st or st.get("n", 1) == 0 or key not in st else f"{st[key]:.{digits}f}"
 
 
 def cmd_report(args) -> None:
-    """Markdown tables from the JSON files that single/breakdown/ranks/poll wrote into DIR."""
+    """Markdown tables from the JSON files that profile, ranks and poll wrote into DIR."""
     d = Path(args.dir)
     load = lambda name: json.loads((d / f"{name}.json").read_text()) if (d / f"{name}.json").exists() else None
-    lines = []
-    s = load("gate_single")
+    lines: list[str] = []
+    s = load("gate_profile")
     if s:
-        lines += [f"One rank, {s.get('gpu', '?').splitlines()[0]}, MLX {s['mlx']}; probe {s['probe_s']:.1f} s "
-                  f"(kernel compilation and self-test); control page advised towards host: {s['advice_applied']}.", "",
-                  "(a) Release latency, microseconds (host store of RELEASE -> ...):", "",
-                  "| payload | copy-out | gates | missed | wrong | spin acknowledged: median | p90 | p99 "
-                  "| next kernel running: median | p90 | p99 |",
+        py = s["python_us"]
+        lines += [f"One rank, {s.get('gpu', '?').splitlines()[0]}, MLX {s['mlx']}, Python {s['python']}; probe "
+                  f"{s['probe_s']:.1f} s; control page advised towards host: {s['advice_applied']}.", "",
+                  "Python per call, us: " + ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in py.items()) + ".",
+                  "", f"A token of {LAYERS} layers, evaluation only, ms: without gates "
+                  f"{_f(s['token_no_gate']['eval_ms'], digits=2)}; with every gate released before the evaluation "
+                  f"{_f(s['token_prereleased']['eval_ms'], digits=2)}.", "",
+                  "Release latency, us (host store of RELEASE -> the spin's ACK / the next kernel running):", "",
+                  "| payload | reduced by | gates | missed | wrong | ACK median | p90 | p99 | next kernel median | p90 | p99 |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for k, v in s.items():
             if isinstance(v, dict) and "continue_us" in v:
-                label = k.replace("release_", "").replace("_", " ")
-                path = "spinning thread" if v["spin_copy"] else "fc_deliver"
                 a, c = v["ack_us"], v["continue_us"]
-                lines.append(f"| {label} | {path} | {v['gates']} | {v['missed']} | {v['wrong']} | {_f(a)} | "
-                             f"{_f(a, 'p90')} | {_f(a, 'p99')} | {_f(c)} | {_f(c, 'p90')} | {_f(c, 'p99')} |")
+                lines.append(f"| {k.replace('release_', '').replace('_', ' ')} | "
+                             f"{'the spinning thread' if v['spin_reduces'] else 'fc_deliver'} | {v['gates']} | "
+                             f"{v['missed']} | {v['wrong']} | {_f(a)} | {_f(a, 'p90')} | {_f(a, 'p99')} | "
+                             f"{_f(c)} | {_f(c, 'p90')} | {_f(c, 'p99')} |")
         f = s["fresh_submission"]
-        lines += ["", "Fresh submission instead of a gate, microseconds (2000 each):", "",
-                  "| measure | median | p90 | p99 |", "| --- | --- | --- | --- |"]
-        for k, v in f.items():
-            lines.append(f"| {k.replace('_us', '').replace('_', ' ')} | {_f(v)} | {_f(v, 'p90')} | {_f(v, 'p99')} |")
-        h = s["host_path_8k"]["us_per_allreduce"]
-        lines += ["", f"(b) Host path, one rank, 8 KiB bf16: evaluate, copy on the host, new array: median "
-                      f"{_f(h)} us, p90 {_f(h, 'p90')} us per all-reduce.", "",
-                  "(c) Token of 64 dependent all-reduces, one rank, ms per token:", "",
-                  "| row | gate: median | p90 | host path: median | p90 | host / gate |", "| --- | --- | --- | --- | --- | --- |"]
-        for k, label in (("token_8k", "4096 x bf16 (8 KiB)"), ("token_64b", "16 x f32 (64 B)")):
-            g, hp = s[k]["gate"]["ms_per_token"], s[k]["host"]["ms_per_token"]
-            lines.append(f"| {label} | {g['median']:.2f} | {g['p90']:.2f} | {hp['median']:.2f} | {hp['p90']:.2f} "
-                         f"| {hp['median'] / g['median']:.2f} |")
-    b = load("gate_breakdown")
-    if b:
-        p = b["profile"]
-        lines += ["", "Where a one-rank gated token goes (8 KiB bf16, FASTCOLL_GATE_PROFILE=1), ms per token "
-                      "(median): build the graph "
-                      f"{b['token_build_ms']['median']:.2f}, evaluate it {b['token_eval_ms']['median']:.2f}; "
-                      f"the same 64 layers without gates {b['no_gate_token_ms']['median']:.2f}; with every gate "
-                      f"released before the evaluation {b['prereleased_token_eval_ms']['median']:.2f}. Building one "
-                      f"gate into the graph: {b['build_us']['launch_deliver_path']:.1f} us. Per gate on the service "
-                      f"thread (median / p90, us): arrival wait {_f(p['arrival_us'])} / {_f(p['arrival_us'], 'p90')}, "
-                      f"exchange {_f(p['exchange_us'])} / {_f(p['exchange_us'], 'p90')}, host turn "
-                      f"{_f(p['host_us'])} / {_f(p['host_us'], 'p90')}, release {_f(p['release_us'])} / "
-                      f"{_f(p['release_us'], 'p90')}, spin iterations {_f(p['spin_iters'])}."]
-    rows = []
-    for prefix, label in (("gate_ranks", "2 ranks, one H200 each"), ("gate_ranks1gpu", "2 ranks sharing one H200")):
+        lines += ["", f"A fresh one-thread kernel instead (what the host path pays), us: submit -> running "
+                      f"{_f(f['submit_to_running_us'])}, submit -> eval returned {_f(f['submit_to_eval_returned_us'])}.",
+                  "", "Tokens on one rank, ms per token (median / p90):", "", "| token | gate | host path | host / gate |",
+                  "| --- | --- | --- | --- |"]
+        for gk, hk, label in (("token_gate_8k", "token_host_8k", "4096 x bf16 (8 KiB), serial"),
+                              ("token_gate_8k_pipelined", "token_host_8k", "4096 x bf16 (8 KiB), gate pipelined"),
+                              ("token_gate_64b", "token_host_64b", "16 x f32 (64 B), serial")):
+            g, h = s[gk]["ms_per_token"], s[hk]["ms_per_token"]
+            lines.append(f"| {label} | {g['median']:.2f} / {g['p90']:.2f} | {h['median']:.2f} / {h['p90']:.2f} | "
+                         f"{h['median'] / g['median']:.1f} |")
+        p = s.get("profile")
+        if p:
+            lines += ["", "Per gate on the service thread (one rank, 8 KiB bf16, median / p90, us): " + ", ".join(
+                f"{k.replace('_us', '').replace('_', ' ')} {_f(p[k])} / {_f(p[k], 'p90')}"
+                for k in ("arrival_us", "exchange_us", "host_us", "release_us", "spin_iters")) + "."]
+    for prefix in sorted({p.stem.rsplit("_", 1)[0] for p in d.glob("*_host.json")}):
         host, gate, prof = load(f"{prefix}_host"), load(f"{prefix}_gate"), load(f"{prefix}_gate_profile")
-        if host and gate:
-            hu, gu = host["us_per_allreduce_evaluated"], gate["us_per_allreduce_evaluated"]
-            ht, gt = host["ms_per_token"], gate["ms_per_token"]
-            rel = prof["profile"]["release_us"] if prof and prof.get("profile") else {}
-            ex = prof["profile"]["exchange_us"] if prof and prof.get("profile") else {}
-            rows.append(f"| {label} | {_f(hu)} | {_f(gu)} | {ht['median']:.2f} | {gt['median']:.2f} | "
-                        f"{ht['median'] / gt['median']:.2f} | {_f(rel)} / {_f(rel, 'p90')} | {_f(ex)} |")
-    if rows:
-        lines += ["", "Through the core (fastcoll.init / fastcoll.all_reduce, op=mean, 4096 x bf16), rank 0:", "",
-                  "| ranks | (b) host path, us per all-reduce evaluated | gate, us per all-reduce evaluated "
-                  "| (c) host path, ms per token | gate, ms per token | host / gate | gate release us "
-                  "(median / p90) | exchange us (median) |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |"] + rows
-    for name in ("gate_poll_h200host", "gate_poll_cpu2core", "gate_poll"):
+        if not (host and gate):
+            continue
+        lines += ["", f"{prefix}: {gate['size']} ranks, {gate['transport']}, {gate.get('gpu', '?').splitlines()[0]}, "
+                      f"rank 0, ms per token of {LAYERS} dependent all-reduces (median / p90):", "",
+                  "| row | host path, us per all-reduce | host path, token | gate, token (serial) | gate, token (pipelined) "
+                  "| host / gate (serial) |", "| --- | --- | --- | --- | --- | --- |"]
+        for key in [k[: -len("_serial")] for k in gate if k.endswith("_serial")]:
+            hs, gs = host[f"{key}_serial"]["ms_per_token"], gate[f"{key}_serial"]["ms_per_token"]
+            gp = gate.get(f"{key}_pipelined", {}).get("ms_per_token", {})
+            hu = host[f"{key}_us_per_allreduce_evaluated"]
+            lines.append(f"| {key} | {_f(hu)} | {_f(hs, digits=2)} / {_f(hs, 'p90', 2)} | {_f(gs, digits=2)} / "
+                         f"{_f(gs, 'p90', 2)} | {_f(gp, digits=2)} / {_f(gp, 'p90', 2)} | {hs['median'] / gs['median']:.1f} |")
+        if prof and prof.get("profile"):
+            p = prof["profile"]
+            lines += ["", "Per gate on rank 0's service thread (median / p90, us): " + ", ".join(
+                f"{k.replace('_us', '').replace('_', ' ')} {_f(p[k])} / {_f(p[k], 'p90')}"
+                for k in ("arrival_us", "exchange_us", "host_us", "release_us", "spin_iters")) + "."]
+    for name in sorted(x.stem for x in d.glob("gate_poll*.json")):
         pl = load(name)
-        if pl:
-            lines += ["", f"Arrival polling vs the caller's Python loop ({name}: {pl['cores']} cores, Python "
-                          f"{pl['python']}), loop rate as a fraction of the loop alone (median of {pl['reps']}):", "",
-                      "| beside the loop | ratio |", "| --- | --- |"]
-            for k in ("alone", "yielding_poll", "napping_poll", "gil_holding_poll", "process_burning_a_core"):
-                lines.append(f"| {k.replace('_', ' ')} | {pl[k]['ratio_to_alone']:.2f} |")
+        lines += ["", f"Arrival polling vs the caller's Python loop ({name}: {pl['cores']} cores, Python "
+                      f"{pl['python']}), loop rate as a fraction of the loop alone (median of {pl['reps']}):", "",
+                  "| beside the loop | ratio |", "| --- | --- |"]
+        for k in ("alone", "yielding_poll", "napping_poll", "gil_holding_poll", "process_burning_a_core"):
+            lines.append(f"| {k.replace('_', ' ')} | {pl[k]['ratio_to_alone']:.2f} |")
     print("\n".join(lines))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("single")
+    p = sub.add_parser("profile")
     p.add_argument("--gates", type=int, default=10_000)
     p.add_argument("--tokens", type=int, default=30)
-    p.add_argument("--out", default=str(ROOT / "bench" / "results"))
-    p = sub.add_parser("breakdown")
-    p.add_argument("--tokens", type=int, default=20)
-    p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    p.add_argument("--out", default=str(OUT))
     p = sub.add_parser("ranks")
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--gpus", default="")
-    p.add_argument("--ops", type=int, default=1000)
+    p.add_argument("--ops", type=int, default=300)
     p.add_argument("--tokens", type=int, default=30)
+    p.add_argument("--rows", default=f"16:float32,{ROW}:bfloat16,8192:bfloat16",
+                   help="elements:dtype of each row to measure, comma-separated")
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--tag-prefix", default="gate_ranks_")
-    p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    p.add_argument("--out", default=str(OUT))
     p = sub.add_parser("worker")
     p.add_argument("--out", required=True)
     p.add_argument("--tag", required=True)
-    p.add_argument("--ops", type=int, default=1000)
+    p.add_argument("--ops", type=int, default=300)
     p.add_argument("--tokens", type=int, default=30)
+    p.add_argument("--rows", default=f"{ROW}:bfloat16")
     p = sub.add_parser("poll")
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--name", default="gate_poll")
-    p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    p.add_argument("--out", default=str(OUT))
     p = sub.add_parser("report")
     p.add_argument("dir")
     args = ap.parse_args()
-    {"single": cmd_single, "breakdown": cmd_breakdown, "ranks": cmd_ranks, "worker": cmd_worker, "poll": cmd_poll,
-     "report": cmd_report}[args.cmd](args)
+    {"profile": cmd_profile, "ranks": cmd_ranks, "worker": cmd_worker, "poll": cmd_poll, "report": cmd_report}[args.cmd](args)
 
 
 if __name__ == "__main__":

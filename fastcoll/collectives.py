@@ -72,15 +72,16 @@ def _gated_all_reduce(g: Group, gate: Any, x: Any, op: str, async_op: bool, time
     current: dict[str, Call] = {}
     config = g.config
 
-    def exchange(send: np.ndarray) -> np.ndarray:
+    def exchange(send: np.ndarray, gathered: np.ndarray) -> None:
+        # The host only moves bytes: every rank's x into `gathered`, in rank order; the GPU
+        # reduces them (fastcoll/gate/kernels.py).
         call = current["call"]
         # The GPU arrives when the caller evaluates, which may be long after the job started:
         # the timeout is for waiting on peers, so it starts now.
         call.deadline = time.monotonic() + (config.timeout if timeout is None else float(timeout))
-        flat = send.reshape(-1)
-        buf = np.empty_like(flat)
-        _reduce_into(call, flat, buf, name, op, config)
-        return buf
+        n, k = call.size, send.size
+        gathered[call.rank * k : (call.rank + 1) * k] = send
+        select.choose("all_gather", gathered.nbytes, n, config).all_gather(call, gathered, blocks(n * k, n))
 
     def submit(fn):
         def body(call: Call) -> Any:

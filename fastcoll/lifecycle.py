@@ -72,6 +72,11 @@ def _connect(config: Config, gate: Any) -> Group:
     return Group(config, t, gate)
 
 
+def default() -> Group | None:
+    """The default group, or None before init() and after finalize()."""
+    return _default
+
+
 def is_initialized() -> bool:
     """True between init() and finalize()."""
     return _default is not None

@@ -14,10 +14,14 @@ import pytest
 
 from fastcoll import cuda, metal
 from fastcoll.gate import kernels
+from fastcoll.gate.layout import ControlLayout
+
+LAYOUT = ControlLayout(16 * 1024, 2)
 
 BODIES = ["arrival", "release", "release_wait", "deliver", "mark"]
 # What a prelude must define for the shared body.
-PRIMITIVES = {"fc_load", "fc_store", "fc_fence", "fc_barrier", "fc_copy_in", "fc_copy_out"}
+PRIMITIVES = {"fc_load", "fc_store", "fc_load_relaxed", "fc_store_relaxed", "fc_fence", "fc_barrier",
+              "fc_copy_in", "fc_mailbox_at", "fc_div"}
 MACROS = {"FC_DEVICE", "FC_OUT", "FC_X_SPACE", "FC_WORDS", "FC_BYTES"}
 
 
@@ -37,7 +41,7 @@ def test_bodies_match_line_for_line(name):
 
 
 def _functions(text: str) -> list[str]:
-    return re.findall(r"FC_DEVICE \w+ (fc_\w+)\(", text)
+    return re.findall(r"FC_DEVICE \w+ (fc_\w+)[<(]", text)
 
 
 def _defines(text: str) -> set[str]:
@@ -51,7 +55,7 @@ def _block(text: str, start: str) -> str:
 
 
 def test_headers_are_a_prelude_each_over_the_same_helpers():
-    hc, hm = kernels.header(cuda, ""), kernels.header(metal, "device")
+    hc, hm = kernels.header(cuda, "", LAYOUT), kernels.header(metal, "device", LAYOUT)
     assert hc.endswith(kernels.HELPERS) and hm.endswith(kernels.HELPERS)
     # Each prelude gives the primitives the body is written in, and nothing of the body itself.
     for lang in (cuda, metal):
@@ -59,12 +63,12 @@ def test_headers_are_a_prelude_each_over_the_same_helpers():
         assert PRIMITIVES <= set(_functions(pre)), lang.LANGUAGE
         assert MACROS <= _defines(pre), lang.LANGUAGE
         assert not set(_functions(pre)) & set(_functions(kernels.HELPERS)), lang.LANGUAGE
-    assert {"fc_spin", "fc_poison"} <= set(_functions(kernels.HELPERS))
+    assert {"fc_spin", "fc_poison", "fc_apply", "fc_reduce"} <= set(_functions(kernels.HELPERS))
 
 
 def test_the_spin_is_shared_and_has_no_backoff():
     spin = _block(kernels.HELPERS, "FC_DEVICE fc_uint fc_spin(")
-    assert spin in kernels.header(cuda, "") and spin in kernels.header(metal, "device")
+    assert spin in kernels.header(cuda, "", LAYOUT) and spin in kernels.header(metal, "device", LAYOUT)
     for backoff in ("sleep", "nanosleep", "fma", "backoff", "for (", "__nanosleep"):
         assert backoff not in spin.split("{", 1)[1]
     assert "max_iters" in spin  # FASTCOLL_FENCE_MAX_ITERS is the bound
@@ -72,11 +76,11 @@ def test_the_spin_is_shared_and_has_no_backoff():
 
 
 def test_system_scope_on_both_sides():
-    hm = kernels.header(metal, "device")
+    hm = kernels.header(metal, "device", LAYOUT)
     assert hm.lstrip().startswith("#pragma METAL internals : enable")  # scoped: only this header
     assert "typedef volatile coherent(system) device uint* fc_words_t;" in hm
     assert "metal::thread_scope_system" in hm
-    hc = kernels.header(cuda, "")
+    hc = kernels.header(cuda, "", LAYOUT)
     assert "cuda::atomic_ref<unsigned int, cuda::thread_scope_system>" in hc
     assert "cuda::memory_order_acquire" in hc and "cuda::memory_order_release" in hc
     assert "const_cast" in hc  # MLX passes inputs as const T*
@@ -84,17 +88,99 @@ def test_system_scope_on_both_sides():
 
 def test_metal_address_spaces_follow_mlx():
     assert metal.x_space(7) == "constant" and metal.x_space(8) == "device"
-    assert "#define FC_X_SPACE constant" in kernels.header(metal, "constant")
+    assert "#define FC_X_SPACE constant" in kernels.header(metal, "constant", LAYOUT)
     assert cuda.x_space(7) == cuda.x_space(8) == ""
 
 
-def test_release_kernels_are_one_thread_in_one_threadgroup():
-    import inspect
+class _Recorder:
+    """A backend language whose kernels only record how they are launched (no GPU needed)."""
 
-    from fastcoll.gate import mlx_backend
+    LANGUAGE = "recorder"
+    THREAD_INDEX = cuda.THREAD_INDEX
+    X_SPACES = ("",)
 
-    src = inspect.getsource(mlx_backend.MlxBackend.launch)
-    for kernel in ('"release"', '"release_wait"'):
-        call = src[src.index(f"self._kernel({kernel})"):]
-        call = call[: call.index(")\n")]
-        assert "grid=(1, 1, 1), threadgroup=(1, 1, 1)" in call, kernel
+    def __init__(self):
+        self.launches: list[tuple[str, dict]] = []
+
+    def prelude(self) -> str:
+        return cuda.prelude()
+
+    def x_space(self, size: int) -> str:
+        return ""
+
+    def make_kernel(self, name, input_names, output_names, source, header):
+        import mlx.core as mx
+
+        def run(**kw):
+            self.launches.append((name, kw))
+            return [mx.zeros(shape, dtype=dt) for shape, dt in zip(kw["output_shapes"], kw["output_dtypes"])]
+
+        return run
+
+
+@pytest.mark.parametrize("nbytes", [64, 8192])
+def test_release_kernels_are_one_thread_in_one_threadgroup(nbytes):
+    import mlx.core as mx
+
+    from fastcoll.gate.mlx_backend import MlxBackend
+
+    lang = _Recorder()
+    backend = MlxBackend(lang, LAYOUT)
+    x = mx.zeros((nbytes // 2,), dtype=mx.bfloat16)
+    backend.launch(x, "sum", 1000, backend.initial_token(0))
+    names = [name for name, _ in lang.launches]
+    spins = [kw for name, kw in lang.launches if name.startswith(("fastcoll_gate_release"))]
+    assert len(spins) == 1, names
+    assert spins[0]["grid"] == (1, 1, 1) and spins[0]["threadgroup"] == (1, 1, 1)
+    # Only the spin kernel takes the bound; nothing per gate travels as an array of its own.
+    for name, kw in lang.launches:
+        assert ("MAX_ITERS", 1000) in kw["template"] or not name.startswith("fastcoll_gate_release"), name
+    assert names[0] == "fastcoll_gate_arrival"
+    assert names[-1] == ("fastcoll_gate_release" if nbytes * LAYOUT.ranks <= backend.spin_copy_max_bytes
+                         else "fastcoll_gate_deliver")
+
+
+_CUDA_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
+
+
+def _mlx_cuda_source() -> str:
+    """Every gate kernel as mx.fast.cuda_kernel would build it (mlx/backend/cuda/custom_kernel.cpp:
+    the header, then `__global__ void name(const T* input, ..., T* output, ...)` whose body starts
+    with the template constants), for each gated dtype and op."""
+    from fastcoll.gate import layout as L
+
+    parts = ["#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cstdint>\n",
+             kernels.header(cuda, "", LAYOUT), "namespace mlx::core::cu {\n"]
+    n = 0
+    for name, ctype in _CUDA_TYPES.items():
+        for op, code in L.OPS.items():
+            for which, consts in (
+                ("arrival", {"NBYTES": 8192}),
+                ("release", {"COUNT": 16, "OP": code, "MAX_ITERS": 1000}),
+                ("release_wait", {"MAX_ITERS": 1000}),
+                ("deliver", {"COUNT": 4096, "OP": code}),
+            ):
+                inputs, outputs, body = kernels.source(cuda, which)
+                types = {"x": f"const {ctype}*", "out": f"{ctype}*"}
+                args = [f"{types.get(i, 'const uint32_t*')} {i}" for i in inputs]
+                args += [f"{types.get(o, 'uint32_t*')} {o}" for o in outputs]
+                lines = [f"  using T = {ctype};"] + [f"  constexpr int {k} = {v};" for k, v in consts.items()]
+                n += 1
+                parts.append(f"__global__ void k{n}_{which}({', '.join(args)}) {{\n" + "\n".join(lines) + body + "}\n")
+    parts.append("}\n")
+    return "\n".join(parts)
+
+
+def test_cuda_kernels_compile(tmp_path):
+    """The CUDA side, compiled here as MLX's NVRTC would compile it (no GPU needed)."""
+    import shutil
+    import subprocess
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not installed: the CUDA kernels are compiled on the GPU machine only")
+    src = tmp_path / "gate.cu"
+    src.write_text(_mlx_cuda_source())
+    r = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", "-c", str(src), "-o", str(tmp_path / "gate.o")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]

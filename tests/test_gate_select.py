@@ -71,6 +71,17 @@ def test_probe_is_off_by_default():
 def test_gate_max_bytes_must_fit_the_mailboxes():
     with pytest.raises(ValueError):
         Gate(SimDevice(ControlLayout(1024), start=False), Config(fast_sync=True, gate_max_bytes=4096 * 2))
+    with pytest.raises(ValueError, match="slots"):  # a receive slot for every rank
+        Gate(SimDevice(ControlLayout(4096, 2), start=False), Config(world_size=3, fast_sync=True, gate_max_bytes=4096))
+
+
+def test_only_float_dtypes_take_the_gate():
+    """The GPU reduces in float: integer all-reduces keep the host path."""
+    g = gate(64 * 1024)
+    for dtype in (mx.float32, mx.float16, mx.bfloat16):
+        assert g.accepts(mx.zeros((8,), dtype), "sum")
+    for dtype in (mx.int8, mx.int32, mx.uint8, mx.uint32, mx.int64):
+        assert not g.accepts(mx.zeros((8,), dtype), "sum")
 
 
 def test_wrap_aware_compare():

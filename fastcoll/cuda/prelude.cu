@@ -23,6 +23,14 @@ FC_DEVICE void fc_store(fc_words_t p, fc_uint v) {
   cuda::atomic_ref<unsigned int, cuda::thread_scope_system>(*p).store(v, cuda::memory_order_release);
 }
 
+// A relaxed load and store at system scope: atomic, but ordering nothing around them.
+FC_DEVICE fc_uint fc_load_relaxed(fc_words_t p) {
+  return cuda::atomic_ref<unsigned int, cuda::thread_scope_system>(*p).load(cuda::memory_order_relaxed);
+}
+FC_DEVICE void fc_store_relaxed(fc_words_t p, fc_uint v) {
+  cuda::atomic_ref<unsigned int, cuda::thread_scope_system>(*p).store(v, cuda::memory_order_relaxed);
+}
+
 // Make this thread's earlier stores (the send mailbox) visible at system scope.
 FC_DEVICE void fc_fence() {
   __threadfence_system();
@@ -34,8 +42,7 @@ FC_DEVICE void fc_barrier() {
 }
 
 // Copy count units as thread tid of nthreads. CUDA: each thread loads FC_BATCH units before it
-// stores them, so that one thread keeps FC_BATCH loads in flight (the receive mailbox is in host
-// memory: each load is a bus round trip).
+// stores them, so that one thread keeps FC_BATCH loads in flight.
 #define FC_BATCH 16
 template <typename U>
 FC_DEVICE void fc_copy_units(U* dst, const U* src, fc_uint count, fc_uint tid, fc_uint nthreads) {
@@ -77,12 +84,16 @@ FC_DEVICE void fc_copy_in(fc_bytes_t dst, const FC_X_SPACE T* src, fc_uint n, fc
   fc_copy_bytes(dst, reinterpret_cast<const unsigned char*>(src), n, tid, nthreads);
 }
 
-// The receive mailbox (n bytes) into out.
-template <typename T>
-FC_DEVICE void fc_copy_out(T* dst, fc_bytes_t src, fc_uint n, fc_uint tid, fc_uint nthreads) {
-  fc_copy_bytes(reinterpret_cast<unsigned char*>(dst), src, n, tid, nthreads);
-}
-
-
 // The address space of a kernel's outputs (CUDA has one).
 #define FC_OUT
+
+// Element i of a slot of the receive mailbox, as a T.
+template <typename T>
+FC_DEVICE T fc_mailbox_at(fc_bytes_t base, fc_uint i) {
+  return reinterpret_cast<const T*>(base)[i];
+}
+
+// a / b, correctly rounded whatever the compiler's fast-math flags (the host path divides so).
+FC_DEVICE float fc_div(float a, float b) {
+  return __fdiv_rn(a, b);
+}

@@ -1,4 +1,4 @@
-"""What the host half needs from a device: the shared page and the two kernels, in stream order."""
+"""What the host half needs from a device: the shared page and the gate's kernels, in stream order."""
 
 from __future__ import annotations
 
@@ -10,22 +10,22 @@ from fastcoll.gate.layout import ControlLayout
 
 
 class DeviceBackend(Protocol):
-    """A GPU (or a thread playing one) that runs the gate's arrival and release kernels.
+    """A GPU (or a thread playing one) that runs the gate's kernels (fastcoll/gate/kernels.py).
 
-    `launch` enqueues, lazily, the arrival-publish kernel (x -> send mailbox, then ARRIVAL = seq)
-    and after it the release-spin kernel (spin until RELEASE reaches seq, then receive mailbox ->
-    result). The arrival kernel takes `after`, the previous gate's token, as an input, so gates
-    run on the device strictly in issue order and never share the mailboxes.
+    `launch` enqueues, lazily, the arrival-publish kernel (x -> send mailbox, then ARRIVAL = seq,
+    seq being the previous token's plus one), the release spin, and the reduction of the receive
+    mailbox into the result. The arrival kernel takes `after`, the previous gate's token, as an
+    input, so gates run on the device strictly in issue order and never share the mailboxes.
     """
 
     name: str
     layout: ControlLayout
     page: np.ndarray  # flat uint8, host-visible, layout.total_bytes long
 
-    def initial_token(self) -> Any:
-        """The token the first gate waits on (an already-finished one)."""
+    def initial_token(self, seq: int) -> Any:
+        """A token as if gate `seq` had just completed (the first gate is seq + 1)."""
 
-    def launch(self, x: Any, seq: int, nbytes: int, max_iters: int, after: Any) -> tuple[Any, Any]:
+    def launch(self, x: Any, op: str, max_iters: int, after: Any) -> tuple[Any, Any]:
         """Enqueue one gate; return (its result, its token). Evaluates nothing."""
 
     def wait(self, token: Any) -> None:

@@ -15,6 +15,7 @@ from fastcoll.gate.page import ControlPage
 from fastcoll.gate.poll import Poller
 from fastcoll.gate.profile import GateProfile
 from fastcoll.gate.select import dtype_name, gate_accepts
+from fastcoll.gate.seq import seq_add
 
 log = logging.getLogger("fastcoll.gate")
 
@@ -37,6 +38,9 @@ class Gate:
     ):
         if config.gate_max_bytes > backend.layout.max_bytes:
             raise ValueError("the backend's mailboxes are smaller than gate_max_bytes")
+        if backend.layout.ranks != config.world_size:
+            raise ValueError(f"the backend's receive mailbox has {backend.layout.ranks} slots for "
+                             f"{config.world_size} ranks")
         self._backend = backend
         self._max_bytes = config.gate_max_bytes
         self._max_iters = max(1, min(config.fence_max_iters, L.MAX_ITERS_LIMIT))
@@ -45,7 +49,7 @@ class Gate:
             ControlPage(backend.page, backend.layout), start_seq=start_seq,
             timeout=config.timeout, profile=self._profile, poller=poller,
         )
-        self._token = backend.initial_token()
+        self._token = backend.initial_token(seq_add(start_seq, -1))
         self._closed = False
         self._log_handler: logging.Handler | None = None
         if self._profile is not None:
@@ -63,8 +67,8 @@ class Gate:
 
     def accepts(self, x: Any, op: str) -> bool:
         """Whether all_reduce(x, op) takes the gate: x an mx.array of a supported dtype whose
-        nbytes <= gate_max_bytes, op one of sum/prod/min/max/mean. Depends only on x's shape and
-        dtype, op and init-fixed config, so every rank decides alike."""
+        nbytes <= gate_max_bytes, op one of sum/prod/min/max/mean (fastcoll/gate/select.py).
+        Depends only on x's shape and dtype, op and init-fixed config, so every rank decides alike."""
         shape = getattr(x, "shape", None)
         dtype = getattr(x, "dtype", None)
         if shape is None or dtype is None or not _is_mx_array(x):
@@ -72,27 +76,23 @@ class Gate:
         return gate_accepts(shape, dtype_name(dtype), op, self._max_bytes)
 
     def all_reduce(self, x: Any, op: str, exchange: Exchange, submit: Submit) -> Any:
-        """A lazy result of x's shape and dtype whose graph holds the arrival and release kernels.
+        """A lazy result of x's shape and dtype whose graph holds the gate's kernels.
 
         Submits the host half to the service thread (in call order) and evaluates nothing.
-        `exchange(send)` all-reduces a flat numpy array (the dtype's host form: bfloat16 as uint16
-        bits) and returns the flat result.
+        `exchange(send, gathered)` fills `gathered` with every rank's bytes of x, in rank order
+        (fastcoll/gate/host.py); the GPU reduces them.
         """
         if not self.accepts(x, op):
             raise ValueError(f"the fence gate does not take all_reduce({op!r}) of {x.dtype} {tuple(x.shape)}")
         self.check()
-        ticket_seq = self._host.issue()
-        try:
-            result, token = self._backend.launch(x, ticket_seq, x.nbytes, self._max_iters, self._token)
-        except BaseException:
-            self._host.withdraw(ticket_seq)  # no kernel will arrive with this seq; the next one skips it
-            raise
+        result, token = self._backend.launch(x, op, self._max_iters, self._token)
+        # Issued once its kernels exist, as the GPU counts it; if the gate has failed meanwhile
+        # this raises, and the kernels just built are dropped with the result nobody gets.
+        seq = self._host.issue()
         self._token = token
-        ticket = Ticket(ticket_seq, dtype_name(x.dtype), int(x.size), int(x.nbytes))
         try:
-            submit(functools.partial(self._host.serve, ticket, exchange))
+            submit(functools.partial(self._host.serve, Ticket(seq, int(x.nbytes)), exchange))
         except BaseException as e:
-            self._host.withdraw(ticket_seq)
             self._host.fail(e)  # the kernels exist: release them with an error now
             raise
         return result

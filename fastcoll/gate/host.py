@@ -1,8 +1,9 @@
 """The host half of the handshake, run on the service thread once per gate.
 
     poll ARRIVAL until it holds this gate's seq      (the GPU copied x into the send mailbox)
-    exchange the send mailbox with the peers          (the core's host all-reduce)
-    write the receive mailbox, then STATUS, then RELEASE = seq   (the spinning kernel continues)
+    gather every rank's send mailbox into the receive mailbox, in rank order (the core's
+        all_gather: the host only moves bytes; the GPU reduces them)
+    store STATUS, then RELEASE = seq                 (the spinning kernel continues)
 
 The one rule: the GPU is never left waiting. Whatever goes wrong (a peer lost, a timeout, a
 mismatch, a bug, the gate closed), RELEASE is still stored, with an error STATUS, for every gate
@@ -23,7 +24,6 @@ from typing import Callable
 
 import numpy as np
 
-from fastcoll import dtypes
 from fastcoll.errors import CollectiveTimeoutError, FastcollError
 from fastcoll.gate import layout as L
 from fastcoll.gate.page import ControlPage
@@ -33,7 +33,9 @@ from fastcoll.gate.seq import seq_add, seq_diff
 
 log = logging.getLogger("fastcoll.gate")
 
-Exchange = Callable[[np.ndarray], np.ndarray]
+# exchange(send, gathered): `send` is this rank's x (bytes, read-only); fill `gathered` with every
+# rank's x, rank r's at bytes [r * len(send), (r + 1) * len(send)).
+Exchange = Callable[[np.ndarray, np.ndarray], None]
 
 # How long the profiler waits for the spinning kernel's acknowledgement of a release, and for how
 # much of that it polls without yielding (a GPU acknowledges in microseconds).
@@ -50,9 +52,7 @@ class Ticket:
     """What the service thread needs to serve one gate."""
 
     seq: int
-    name: str  # fastcoll dtype name
-    count: int
-    nbytes: int
+    nbytes: int  # of this rank's x
 
 
 def fresh_error(err: BaseException) -> FastcollError:
@@ -87,6 +87,7 @@ class HostHalf:
         self._stop = threading.Event()
         self._error: FastcollError | None = None
         self._status = L.OK  # sticky: the first error status stays
+        self._ranks = page.layout.ranks
         self._issued = seq_add(start_seq, -1)
         self._released = self._issued
         self._outstanding = 0
@@ -95,7 +96,9 @@ class HostHalf:
     # ----- the caller's side -----
 
     def issue(self) -> int:
-        """The next gate's sequence number; raises the recorded error instead if there is one."""
+        """The next gate's sequence number, once its kernels are built (the GPU counts them the
+        same way: each arrival publishes its previous gate's number plus one); raises the
+        recorded error instead if there is one."""
         with self._lock:
             if self._error is not None:
                 raise fresh_error(self._error)
@@ -104,11 +107,6 @@ class HostHalf:
             self._issued = seq_add(self._issued, 1)
             self._outstanding += 1
             return self._issued
-
-    def withdraw(self, seq: int) -> None:
-        """Forget gate `seq`: its kernels were never built, so nothing will serve it."""
-        with self._lock:
-            self._outstanding -= 1
 
     def pending(self) -> bool:
         """Whether issued gates have not been served yet (and can still be)."""
@@ -167,12 +165,11 @@ class HostHalf:
                 self.check()  # a spin that hit its bound lets the GPU run ahead: report that
                 raise FastcollError(f"gate protocol error: waiting for gate {seq}, the GPU published {arrived}")
             self.page.fence()  # the mailbox is read only after ARRIVAL was seen
-            send = self.page.send[: ticket.nbytes].view(dtypes.host_dtype(ticket.name))
+            send = self.page.send[: ticket.nbytes]
             send.flags.writeable = False
             t_exchange = time.perf_counter()
-            result = exchange(send)
+            exchange(send, self.page.recv[: self._ranks * ticket.nbytes])
             exchange_s = time.perf_counter() - t_exchange
-            self._write_result(ticket, result)
             t_release, release_us, iters = self._release_and_time(seq)
             if self._profile is not None:
                 host_us = (t_release - t_arrived) * 1e6
@@ -188,16 +185,6 @@ class HostHalf:
         finally:
             with self._lock:
                 self._outstanding -= 1
-
-    def _write_result(self, ticket: Ticket, result: np.ndarray) -> None:
-        result = np.asarray(result)
-        expected = dtypes.host_dtype(ticket.name)
-        if result.dtype != expected or result.size != ticket.count:
-            raise FastcollError(
-                f"gate {ticket.seq}: the exchange returned {result.size} x {result.dtype}, "
-                f"expected {ticket.count} x {expected}")
-        dst = self.page.recv[: ticket.nbytes].view(expected)
-        np.copyto(dst, result.reshape(-1))
 
     def _release_and_time(self, seq: int) -> tuple[float, float | None, int | None]:
         """Store the ok release; when profiling, wait for the spinning kernel's acknowledgement.

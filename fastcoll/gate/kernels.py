@@ -9,26 +9,40 @@ drift. The prelude gives:
     FC_WORDS(p), FC_BYTES(p)          the control page as words or bytes (MLX passes it as input)
     fc_load(p), fc_store(p, v)        system-scope acquire load, release store of a control word
     fc_fence(), fc_barrier()          system-scope fence of this thread's stores; threadgroup barrier
+    fc_load_relaxed, fc_store_relaxed  the same, atomic but ordering nothing around them
     fc_copy_in(dst, x, n, tid, nt)    x (n bytes) into the send mailbox, as thread tid of nt
-    fc_copy_out(out, src, n, tid, nt) the receive mailbox (n bytes) into out
+    fc_mailbox_at<T>(base, i)         element i of a receive-mailbox slot, as a T
+    fc_div(a, b)                      a / b correctly rounded (whatever the fast-math flags)
 
 and the two expressions that read a thread's index (THREAD_INDEX in the backend's module).
 `header(lang, space)` and `source(lang, name)` assemble what mx.fast.metal_kernel or
 mx.fast.cuda_kernel compiles. The load-bearing properties from the seed (docs/gate.md): both
 kernels reach the control page only through system-scope accesses; the release spin is one thread
 in one threadgroup, with no backoff and no chunking, bounded by FASTCOLL_FENCE_MAX_ITERS.
+
+A gate is three kernels in the caller's graph (two for payloads of up to 256 bytes):
+
+    fc_arrival (one threadgroup)    x -> send mailbox; ARRIVAL = the previous token's seq + 1
+    fc_release_wait (one thread)    spin until RELEASE reaches seq
+    fc_deliver (one threadgroup)    reduce the receive mailbox's slots (every rank's x, which the
+                                    host gathered) into the result, in rank order
+  or, small:
+    fc_release (one thread)         the spin, then the reduction by the spinning thread
+
+The host only moves bytes: the reduction runs on the GPU, in float, rounded to the dtype after
+every rank as the host path rounds it.
 """
 
 from __future__ import annotations
 
 from types import ModuleType
 
-from fastcoll.gate.layout import c_defines
+from fastcoll.gate.layout import ControlLayout, c_defines
 
 HELPERS = r"""
 // ---- the body both languages share (fastcoll/gate/kernels.py) ----
 
-// All-ones bytes into out: NaN in every float type, -1 in every signed integer type.
+// All-ones bytes into out: NaN in every float type.
 template <typename T>
 FC_DEVICE void fc_poison(FC_OUT T* dst, fc_uint n, fc_uint tid, fc_uint nthreads) {
   FC_OUT unsigned char* d = (FC_OUT unsigned char*)(dst);
@@ -40,93 +54,152 @@ FC_DEVICE void fc_poison(FC_OUT T* dst, fc_uint n, fc_uint tid, fc_uint nthreads
 // The release spin: one thread, no backoff and no chunking. Each iteration is one system-scope
 // acquire load of RELEASE, compared wrap-aware as in fastcoll/gate/seq.py; max_iters
 // (FASTCOLL_FENCE_MAX_ITERS) bounds it as a backstop only, since the host stores RELEASE on every
-// failure path. Writes SPIN_ITERS and ACK, and SPIN_FAILED once the bound is hit.
-FC_DEVICE fc_uint fc_spin(fc_words_t words, fc_uint seq, fc_uint max_iters) {
-  fc_uint status = FC_OK;
+// failure path. A gate whose predecessor failed (prev, from the token chain) does not wait: after
+// a spin timeout the host is gone or stuck. Writes SPIN_ITERS and ACK (relaxed: for the profile),
+// and SPIN_FAILED once the bound is hit.
+FC_DEVICE fc_uint fc_spin(fc_words_t words, fc_uint seq, fc_uint prev, fc_uint max_iters) {
+  fc_uint status = prev;
   fc_uint iters = 0;
-  if (fc_load(words + FC_SPIN_FAILED) != 0u) {
-    // An earlier spin hit its bound: the host is gone or stuck, so do not wait again.
-    status = FC_TIMEOUT;
-  } else {
+  if (status == FC_OK) {
     while ((int)(fc_load(words + FC_RELEASE) - seq) < 0) {
       if (++iters >= max_iters) {
         status = FC_TIMEOUT;
+        fc_store_relaxed(words + FC_SPIN_FAILED_SEQ, seq);
+        fc_store(words + FC_SPIN_FAILED, 1u);
         break;
       }
     }
-    if (status == FC_OK) {
-      status = fc_load(words + FC_STATUS);
+  }
+  fc_store_relaxed(words + FC_SPIN_ITERS, iters);
+  fc_store_relaxed(words + FC_ACK, seq);
+  return status;
+}
+
+// One step of a reduction, as the host path computes it (fastcoll/dtypes.py): in float, the
+// result rounded to the dtype by the caller after every rank; min and max propagate NaN as
+// numpy's minimum and maximum do.
+template <int OP>
+FC_DEVICE float fc_apply(float a, float b) {
+  if (OP == FC_OP_PROD) {
+    return a * b;
+  }
+  if (OP == FC_OP_MIN) {
+    return (a < b || a != a) ? a : b;
+  }
+  if (OP == FC_OP_MAX) {
+    return (a > b || a != a) ? a : b;
+  }
+  return a + b;  // sum, and mean before its division
+}
+
+// out[i] = the reduction of element i over the receive mailbox's FC_RANKS slots (slot p holds
+// rank p's x, COUNT elements of T each, back to back), combined in rank order on every rank so
+// that every rank gets the same bits, as thread tid of nthreads. Each thread loads BATCH
+// elements of every slot before it combines them: the mailbox is in host memory, where each load
+// is a bus round trip, so the loads must be in flight together.
+template <typename T, int OP, int COUNT, int BATCH>
+FC_DEVICE void fc_reduce(FC_OUT T* out, fc_bytes_t recv, fc_uint tid, fc_uint nthreads) {
+  for (fc_uint first = tid; first < (fc_uint)COUNT; first += BATCH * nthreads) {
+    T w[FC_RANKS][BATCH];
+    for (fc_uint p = 0; p < FC_RANKS; ++p) {
+      for (fc_uint k = 0; k < BATCH; ++k) {
+        const fc_uint i = first + k * nthreads;
+        if (i < (fc_uint)COUNT) {
+          w[p][k] = fc_mailbox_at<T>(recv + p * (COUNT * sizeof(T)), i);
+        }
+      }
+    }
+    for (fc_uint k = 0; k < BATCH; ++k) {
+      const fc_uint i = first + k * nthreads;
+      if (i < (fc_uint)COUNT) {
+        float acc = (float)(w[0][k]);
+        for (fc_uint p = 1; p < FC_RANKS; ++p) {
+          acc = (float)((T)(fc_apply<OP>(acc, (float)(w[p][k]))));
+        }
+        if (OP == FC_OP_MEAN) {
+          acc = fc_div(acc, (float)(FC_RANKS));
+        }
+        out[i] = (T)(acc);
+      }
     }
   }
-  if (status == FC_TIMEOUT) {
-    fc_store(words + FC_SPIN_FAILED_SEQ, seq);
-    fc_store(words + FC_SPIN_FAILED, 1u);
-  }
-  fc_store(words + FC_SPIN_ITERS, iters);
-  fc_store(words + FC_ACK, seq);
-  return status;
 }
 """
 
 # Each kernel: (input names, output names, body). @TID@ and @NTHREADS@ are the backend's
 # THREAD_INDEX expressions (MLX adds a thread attribute to the signature only where the body
-# names it, so they are written out, not hidden behind a macro).
+# names it, so they are written out, not hidden behind a macro). Template constants, set per
+# call by fastcoll/gate/mlx_backend.py: T (the dtype), NBYTES and COUNT (x's size in bytes and
+# elements), OP (layout.OPS), MAX_ITERS (FASTCOLL_FENCE_MAX_ITERS).
 KERNELS: dict[str, tuple[list[str], list[str], str]] = {
     # One threadgroup of ARRIVAL_THREADS threads.
-    "arrival": (["x", "ctrl", "params", "after"], ["arrived"], r"""
-  // fc_arrival: one threadgroup copies x into the send mailbox, then one thread publishes seq.
+    "arrival": (["x", "ctrl", "after"], ["arrived"], r"""
+  // fc_arrival: one threadgroup copies x into the send mailbox, then one thread publishes the
+  // gate's sequence number, the one after the previous gate's.
   fc_words_t words = FC_WORDS(ctrl);
-  const fc_uint seq = params[FC_P_SEQ];
-  const fc_uint nbytes = params[FC_P_NBYTES];
   const fc_uint tid = @TID@;
   const fc_uint nthreads = @NTHREADS@;
-  fc_copy_in(FC_BYTES(words) + FC_SEND_OFFSET, x, nbytes, tid, nthreads);
+  fc_copy_in(FC_BYTES(words) + FC_SEND_OFFSET, x, NBYTES, tid, nthreads);
   // Every thread's mailbox stores reach system scope before the threadgroup meets...
   fc_fence();
   fc_barrier();
   if (tid == 0) {
     // ...and only then is ARRIVAL published, with a system-scope release store.
+    const fc_uint seq = after[FC_TOKEN_SEQ] + 1u;
     fc_store(words + FC_ARRIVAL, seq);
-    arrived[0] = seq;
+    arrived[FC_TOKEN_SEQ] = seq;
+    arrived[FC_TOKEN_STATUS] = after[FC_TOKEN_STATUS];
   }
 """),
     # One thread in one threadgroup.
-    "release": (["ctrl", "params", "after"], ["out", "done"], r"""
+    "release": (["ctrl", "arrived"], ["out", "token"], r"""
   // fc_release: one thread in one threadgroup, a shape deliberately not configurable (more
-  // threadgroups slow a saturated GPU). It spins on RELEASE, then copies the receive mailbox out.
+  // threadgroups slow a saturated GPU). It spins on RELEASE, then reduces the receive mailbox
+  // into out itself (small payloads: fc_deliver does larger ones).
   fc_words_t words = FC_WORDS(ctrl);
-  const fc_uint seq = params[FC_P_SEQ];
-  const fc_uint nbytes = params[FC_P_NBYTES];
-  const fc_uint status = fc_spin(words, seq, params[FC_P_MAX_ITERS]);
+  const fc_uint seq = arrived[FC_TOKEN_SEQ];
+  fc_uint status = fc_spin(words, seq, arrived[FC_TOKEN_STATUS], MAX_ITERS);
   if (status == FC_OK) {
-    fc_copy_out(out, FC_BYTES(words) + params[FC_P_RECV_OFFSET], nbytes, 0u, 1u);
+    status = fc_load(words + FC_STATUS);
+  }
+  if (status == FC_OK) {
+    fc_reduce<T, OP, COUNT, COUNT>(out, FC_BYTES(words) + FC_RECV_OFFSET, 0u, 1u);  // every load at once
   } else {
     // No valid data: all-ones bytes (NaN), and the host raises the error at the next call.
-    fc_poison(out, nbytes, 0u, 1u);
+    fc_poison(out, COUNT * sizeof(T), 0u, 1u);
   }
-  done[0] = status;
+  token[FC_TOKEN_SEQ] = seq;
+  token[FC_TOKEN_STATUS] = status;
 """),
     # One thread in one threadgroup.
-    "release_wait": (["ctrl", "params", "after"], ["done"], r"""
-  // fc_release_wait: the same one-thread spin without the copy; fc_deliver copies after it.
+    "release_wait": (["ctrl", "arrived"], ["done"], r"""
+  // fc_release_wait: the same one-thread spin without the reduction; fc_deliver does it.
   fc_words_t words = FC_WORDS(ctrl);
-  done[0] = fc_spin(words, params[FC_P_SEQ], params[FC_P_MAX_ITERS]);
+  const fc_uint seq = arrived[FC_TOKEN_SEQ];
+  done[FC_TOKEN_SEQ] = seq;
+  done[FC_TOKEN_STATUS] = fc_spin(words, seq, arrived[FC_TOKEN_STATUS], MAX_ITERS);
 """),
     # One threadgroup of DELIVER_THREADS threads.
-    "deliver": (["ctrl", "params", "status"], ["out", "delivered"], r"""
-  // fc_deliver: one threadgroup copies the receive mailbox into out once the spin has ended.
+    "deliver": (["ctrl", "done"], ["out", "token"], r"""
+  // fc_deliver: one threadgroup reduces the receive mailbox into out once the spin has ended.
+  // STATUS is loaded relaxed, beside the data: the spin's acquire of RELEASE, in the kernel
+  // before this one, already orders the host's stores before everything this kernel reads.
   fc_words_t words = FC_WORDS(ctrl);
-  const fc_uint nbytes = params[FC_P_NBYTES];
   const fc_uint tid = @TID@;
   const fc_uint nthreads = @NTHREADS@;
-  if (status[0] == FC_OK) {
-    fc_copy_out(out, FC_BYTES(words) + params[FC_P_RECV_OFFSET], nbytes, tid, nthreads);
+  fc_uint status = done[FC_TOKEN_STATUS];
+  if (status == FC_OK) {
+    status = fc_load_relaxed(words + FC_STATUS);
+  }
+  if (status == FC_OK) {
+    fc_reduce<T, OP, COUNT, 8>(out, FC_BYTES(words) + FC_RECV_OFFSET, tid, nthreads);
   } else {
     // No valid data: all-ones bytes (NaN), and the host raises the error at the next call.
-    fc_poison(out, nbytes, tid, nthreads);
+    fc_poison(out, COUNT * sizeof(T), tid, nthreads);
   }
   if (tid == 0) {
-    delivered[0] = status[0];
+    token[FC_TOKEN_SEQ] = done[FC_TOKEN_SEQ];
+    token[FC_TOKEN_STATUS] = status;
   }
 """),
     # One thread in one threadgroup.
@@ -139,10 +212,10 @@ KERNELS: dict[str, tuple[list[str], list[str], str]] = {
 }
 
 
-def header(lang: ModuleType, space: str) -> str:
+def header(lang: ModuleType, space: str, layout: ControlLayout) -> str:
     """What precedes every kernel: the backend's prelude (x in address space `space`), the
-    control page's layout, and the shared helpers."""
-    return lang.prelude().replace("@DEFINES@", c_defines()).replace("@X_SPACE@", space) + HELPERS
+    control page's `layout`, and the shared helpers."""
+    return lang.prelude().replace("@DEFINES@", c_defines(layout)).replace("@X_SPACE@", space) + HELPERS
 
 
 def source(lang: ModuleType, name: str) -> tuple[list[str], list[str], str]:

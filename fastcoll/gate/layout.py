@@ -5,18 +5,21 @@
     byte 256    line 2  ACK, SPIN_ITERS,             written by the GPU (release kernel)
                         SPIN_FAILED, SPIN_FAILED_SEQ
     byte 384    line 3  MARK                         written by the GPU (fc_mark, diagnostics)
-    byte 4096           send mailbox                 GPU writes x here, the host reads it
-    byte 4096+M         receive mailbox              the host writes the result, the GPU reads it
-    (M = gate_max_bytes rounded up to 4 KiB; the page is rounded up to 64 KiB)
+    byte 4096           send mailbox (M bytes)       the GPU writes x here, the host reads it
+    byte 4096+M         receive mailbox (R x M)      the host writes every rank's x, in rank
+                                                     order, the GPU reduces them into the result
+    (M = gate_max_bytes rounded up to 4 KiB, R = the number of ranks; the page is rounded up to
+    64 KiB)
 
 Words written by different agents sit on different 128-byte lines so that a store by one never
 drags the other's line with it. The page is rounded up to 64 KiB, the granularity at which CUDA
 applies memory advice, so that no other buffer shares its pages. The kernels get the same
 offsets from `c_defines()`, so this module is the one source of truth for them.
 
-Per-gate values reach the kernels through a small params array: the sequence number, the byte
-count, the spin's iteration bound and the receive mailbox's offset. Keeping them out of the
-kernel source means one compiled kernel per dtype, whatever the layout.
+Nothing per gate travels in an array of its own: the sequence number comes to each gate's
+arrival kernel in the previous gate's token (TOKEN_SEQ + 1), and the byte count, element count,
+op and spin bound are template constants of the kernels (one compile per shape and dtype, which
+a model repeats).
 """
 
 from __future__ import annotations
@@ -40,6 +43,15 @@ SEND_OFFSET = HEADER_BYTES
 MAILBOX_ALIGN = 4096
 PAGE_BYTES = 64 * 1024
 
+# A gate's token (the last kernel's second output, the next gate's arrival input): four words,
+# so that MLX keeps it in device memory (it puts allocations of 8 bytes or less in managed memory).
+TOKEN_SEQ = 0  # the gate's sequence number
+TOKEN_STATUS = 1  # its status: a spin timeout travels on, so later spins do not wait
+TOKEN_WORDS = 4
+
+# Reduction ops, as the kernels' OP template constant.
+OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "mean": 4}
+
 # Status codes in STATUS (host -> GPU) and in the release kernel's status output.
 OK = 0
 ERROR = 1  # the exchange failed (peer lost, timeout, mismatch): the data is not valid
@@ -48,11 +60,8 @@ TIMEOUT = 3  # the GPU's spin hit FASTCOLL_FENCE_MAX_ITERS before the release ca
 
 STATUS_NAMES = {OK: "ok", ERROR: "error", CLOSED: "closed", TIMEOUT: "spin timeout"}
 
-# Indices into the per-gate params array (uint32).
+# Indices into the params array of fc_mark (diagnostics only).
 P_SEQ = 0
-P_NBYTES = 1
-P_MAX_ITERS = 2
-P_RECV_OFFSET = 3
 PARAMS_WORDS = 4
 
 # The release spin compares iterations as signed 32-bit on Metal; keep the bound below that.
@@ -65,9 +74,10 @@ def _round_up(n: int, to: int) -> int:
 
 @dataclass(frozen=True)
 class ControlLayout:
-    """Byte offsets and sizes of one control page for mailboxes of `max_bytes`."""
+    """Byte offsets and sizes of one control page for gates of up to `max_bytes` on `ranks` ranks."""
 
     max_bytes: int
+    ranks: int = 1
 
     @property
     def mailbox_bytes(self) -> int:
@@ -82,16 +92,21 @@ class ControlLayout:
         return SEND_OFFSET + self.mailbox_bytes
 
     @property
+    def recv_bytes(self) -> int:
+        return self.ranks * self.mailbox_bytes
+
+    @property
     def total_bytes(self) -> int:
-        return _round_up(self.recv_offset + self.mailbox_bytes, PAGE_BYTES)
+        return _round_up(self.recv_offset + self.recv_bytes, PAGE_BYTES)
 
     @property
     def total_words(self) -> int:
         return self.total_bytes // 4
 
 
-def c_defines() -> str:
-    """The word offsets and status codes as preprocessor defines, for both kernel languages."""
+def c_defines(layout: ControlLayout) -> str:
+    """The word offsets, status codes and `layout`'s mailboxes as preprocessor defines, for both
+    kernel languages."""
     names = {
         "FC_ARRIVAL": ARRIVAL,
         "FC_RELEASE": RELEASE,
@@ -102,14 +117,16 @@ def c_defines() -> str:
         "FC_SPIN_FAILED_SEQ": SPIN_FAILED_SEQ,
         "FC_MARK": MARK,
         "FC_SEND_OFFSET": SEND_OFFSET,
+        "FC_RECV_OFFSET": layout.recv_offset,
+        "FC_RANKS": layout.ranks,
         "FC_OK": OK,
         "FC_ERROR": ERROR,
         "FC_CLOSED": CLOSED,
         "FC_TIMEOUT": TIMEOUT,
+        "FC_TOKEN_SEQ": TOKEN_SEQ,
+        "FC_TOKEN_STATUS": TOKEN_STATUS,
         "FC_P_SEQ": P_SEQ,
-        "FC_P_NBYTES": P_NBYTES,
-        "FC_P_MAX_ITERS": P_MAX_ITERS,
-        "FC_P_RECV_OFFSET": P_RECV_OFFSET,
+        **{f"FC_OP_{name.upper()}": code for name, code in OPS.items()},
     }
     lines = ["// Generated from fastcoll/gate/layout.py: the control page's layout."]
     lines += [f"#define {name} {value}u" for name, value in names.items()]

@@ -2,20 +2,19 @@
 
 One persistent, evaluated uint32 array is the control page; the host reaches it through its
 zero-copy numpy view (on CUDA, taking that view moves MLX's buffer into managed memory for good).
-Each gate adds to the caller's lazy graph:
+Each gate adds to the caller's lazy graph the kernels of fastcoll/gate/kernels.py:
 
     fc_arrival (one threadgroup)      x -> send mailbox, ARRIVAL = seq
-    fc_release (one thread)           spin on RELEASE, then receive mailbox -> out
-  or, for payloads above `spin_copy_max_bytes`:
     fc_release_wait (one thread)      spin on RELEASE
-    fc_deliver (one threadgroup)      receive mailbox -> out
+    fc_deliver (one threadgroup)      receive mailbox (every rank's x) -> reduced -> out
+  or, where every rank's payload together is at most `spin_copy_max_bytes`:
+    fc_release (one thread)           spin on RELEASE, then reduce -> out itself
 
-The spin is always one thread in one threadgroup. Where the receive mailbox lives in host memory
-(CUDA, advised towards the host) one thread copying it out pays a bus round trip per batch of
-loads, so larger payloads are copied by a whole threadgroup in a kernel of their own; the cut-off
-was chosen by measurement (bench/results/gate_h200.md). Every gate's arrival kernel takes the
-previous gate's last output as an input, so gates run on the GPU in issue order and never
-overlap on the mailboxes.
+The spin is always one thread in one threadgroup. The receive mailbox lives in host memory
+(on CUDA, advised towards the host), where one thread pays a bus round trip per batch of loads,
+so larger payloads are reduced by a whole threadgroup in a kernel of their own. Every gate's
+arrival kernel takes the previous gate's token as an input, so gates run on the GPU strictly in
+issue order, never overlap on the mailboxes, and count their sequence numbers alike with the host.
 """
 
 from __future__ import annotations
@@ -36,7 +35,8 @@ log = logging.getLogger("fastcoll.gate")
 
 ARRIVAL_THREADS = 256
 DELIVER_THREADS = 256
-# Payloads up to this many bytes are copied out by the spinning thread itself (no extra kernel).
+# Payloads (every rank's together) up to this many bytes are reduced by the spinning thread
+# itself, saving a kernel.
 SPIN_COPY_MAX_BYTES = 256
 
 Advise = Callable[[np.ndarray], "Callable[[], None] | None"]
@@ -52,6 +52,7 @@ class MlxBackend:
         layout: L.ControlLayout,
         advise: Advise | None = None,
         spin_copy_max_bytes: int = SPIN_COPY_MAX_BYTES,
+        deliver_threads: int = DELIVER_THREADS,
     ):
         import mlx.core as mx
 
@@ -60,6 +61,7 @@ class MlxBackend:
         self.name: str = lang.LANGUAGE
         self.layout = layout
         self.spin_copy_max_bytes = spin_copy_max_bytes
+        self.deliver_threads = deliver_threads
         # Made from host memory, so MLX allocates it where the host can reach it (managed memory on
         # CUDA); the numpy view is the host's window on it for the life of the gate.
         self._ctrl = mx.array(np.zeros(layout.total_words, dtype=np.uint32))
@@ -68,44 +70,52 @@ class MlxBackend:
         if not self.page.flags.writeable:
             raise RuntimeError("MLX gave a read-only view of the control page")
         self._undo_advice = advise(self.page) if advise is not None else None
-        self._first = mx.zeros((1,), dtype=mx.uint32)
-        mx.eval(self._first)
         self._kernels: dict[str, Any] = {}
+        self._calls: dict[tuple, tuple] = {}  # (dtype, shape, op, max_iters) -> the launch's arguments
 
     # ----- DeviceBackend -----
 
-    def initial_token(self) -> Any:
-        return self._first
-
-    def launch(self, x: Any, seq: int, nbytes: int, max_iters: int, after: Any) -> tuple[Any, Any]:
+    def initial_token(self, seq: int) -> Any:
+        """A token as if gate `seq` had just completed."""
         mx = self._mx
+        token = mx.array([seq, L.OK, 0, 0], dtype=mx.uint32)
+        mx.eval(token)
+        return token
+
+    def launch(self, x: Any, op: str, max_iters: int, after: Any) -> tuple[Any, Any]:
         flat = x if x.ndim == 1 else x.reshape(-1)  # MLX passes a 0-d input by reference
-        params = mx.array([seq, nbytes, max_iters, self.layout.recv_offset], dtype=mx.uint32)
-        template = [("T", x.dtype)]
-        space = self._lang.x_space(flat.size)
-        (arrived,) = self._kernel("arrival", space)(
-            inputs=[flat, self._ctrl, params, after], template=template,
-            grid=(ARRIVAL_THREADS, 1, 1), threadgroup=(ARRIVAL_THREADS, 1, 1),
-            output_shapes=[(1,)], output_dtypes=[mx.uint32],
-        )
-        if nbytes <= self.spin_copy_max_bytes:
-            out, token = self._kernel("release")(
-                inputs=[self._ctrl, params, arrived], template=template,
-                grid=(1, 1, 1), threadgroup=(1, 1, 1),
-                output_shapes=[flat.shape, (1,)], output_dtypes=[x.dtype, mx.uint32],
-            )
+        key = (x.dtype, flat.size, op, max_iters)
+        args = self._calls.get(key)
+        if args is None:
+            args = self._calls[key] = self._arguments(x.dtype, flat.size, x.nbytes, op, max_iters)
+        arrival, first, second = args
+        (arrived,) = arrival[0](inputs=[flat, self._ctrl, after], **arrival[1])
+        if second is None:
+            out, token = first[0](inputs=[self._ctrl, arrived], **first[1])
         else:
-            (done,) = self._kernel("release_wait")(
-                inputs=[self._ctrl, params, arrived],
-                grid=(1, 1, 1), threadgroup=(1, 1, 1),
-                output_shapes=[(1,)], output_dtypes=[mx.uint32],
-            )
-            out, token = self._kernel("deliver")(
-                inputs=[self._ctrl, params, done], template=template,
-                grid=(DELIVER_THREADS, 1, 1), threadgroup=(DELIVER_THREADS, 1, 1),
-                output_shapes=[flat.shape, (1,)], output_dtypes=[x.dtype, mx.uint32],
-            )
+            (done,) = first[0](inputs=[self._ctrl, arrived], **first[1])
+            out, token = second[0](inputs=[self._ctrl, done], **second[1])
         return (out if x.ndim == 1 else out.reshape(x.shape)), token
+
+    def _arguments(self, dtype: Any, count: int, nbytes: int, op: str, max_iters: int) -> tuple:
+        """The kernels of one kind of gate and the keyword arguments of their calls, made once."""
+        mx = self._mx
+        token = {"output_shapes": [(L.TOKEN_WORDS,)], "output_dtypes": [mx.uint32]}
+        result = {"output_shapes": [(count,), (L.TOKEN_WORDS,)], "output_dtypes": [dtype, mx.uint32]}
+        reduce = [("T", dtype), ("COUNT", count), ("OP", L.OPS[op])]
+        one = {"grid": (1, 1, 1), "threadgroup": (1, 1, 1)}
+        arrival = (self._kernel("arrival", self._lang.x_space(count)), {
+            "template": [("T", dtype), ("NBYTES", nbytes)], **token,
+            "grid": (ARRIVAL_THREADS, 1, 1), "threadgroup": (ARRIVAL_THREADS, 1, 1)})
+        if nbytes * self.layout.ranks <= self.spin_copy_max_bytes:
+            release = (self._kernel("release"), {
+                "template": reduce + [("MAX_ITERS", max_iters)], **result, **one})
+            return arrival, release, None
+        wait = (self._kernel("release_wait"), {"template": [("MAX_ITERS", max_iters)], **token, **one})
+        deliver = (self._kernel("deliver"), {
+            "template": reduce, **result,
+            "grid": (self.deliver_threads, 1, 1), "threadgroup": (self.deliver_threads, 1, 1)})
+        return arrival, wait, deliver
 
     def wait(self, token: Any) -> None:
         self._mx.eval(token)
@@ -135,8 +145,8 @@ class MlxBackend:
             lang = self._lang
             inputs, outputs, source = kernels.source(lang, which)
             name = f"fastcoll_gate_{which}" + (f"_{space}" if space else "")
-            k = lang.make_kernel(name, inputs, outputs, source, kernels.header(lang, space or lang.X_SPACES[0]))
-            self._kernels[key] = k
+            header = kernels.header(lang, space or lang.X_SPACES[0], self.layout)
+            k = self._kernels[key] = lang.make_kernel(name, inputs, outputs, source, header)
         return k
 
 
@@ -155,28 +165,37 @@ def verified(backend: MlxBackend, name: str, run_self_test: bool = True) -> MlxB
 def self_test(backend: MlxBackend, timeout_s: float = 30.0, max_iters: int = 20_000_000) -> str | None:
     """Run a few gates end to end against a helper thread; None if all went right, else why not.
 
-    Covers both address spaces of x (Metal), both copy-out paths and a dtype of each width, and
+    Covers both address spaces of x (Metal), both reduction paths and each gated dtype, and
     proves that mx.eval lets another Python thread run while the GPU spins (the service thread
-    must). A GPU that never observes the release ends its spin at `max_iters` with a timeout
-    status, which fails the test instead of hanging it.
+    must). The helper fills every rank's slot of the receive mailbox with x + rank, so the sums
+    show that the GPU reduced the receive side, not its own send mailbox. A GPU that never
+    observes the release ends its spin at `max_iters` with a timeout status, which fails the
+    test instead of hanging it.
     """
+    from fastcoll import dtypes
+
     mx = backend._mx
     page = ControlPage(backend.page, backend.layout)
     page.reset(1)
+    n = backend.layout.ranks
     big = backend.spin_copy_max_bytes // 4 + 5
-    cases = [
-        mx.arange(4, dtype=mx.float32),  # < 8 elements: Metal's constant address space
-        mx.arange(16, dtype=mx.float32),
-        mx.arange(big, dtype=mx.float32),  # copied out by fc_deliver
-        mx.arange(9, dtype=mx.int16),
-        mx.arange(33, dtype=mx.uint8),
-    ]
-    mx.eval(cases)
+    cases = [(4, "float32"), (16, "float32"), (big, "float32"), (9, "float16"), (130, "bfloat16")]
+    # Small integers: exact in every dtype, whatever the order of the sum.
+    values = [np.arange(size, dtype=np.float32) % 16 for size, _ in cases]
+    xs = [mx.array(v).astype(getattr(mx, name)) for v, (_, name) in zip(values, cases)]
+    mx.eval(xs)
+
+    def host_bytes(v: np.ndarray, name: str) -> bytes:
+        if name == "bfloat16":
+            return dtypes.float32_to_bf16(v).tobytes()
+        return v.astype(name).tobytes()
+
+    slots = [b"".join(host_bytes(v + p, name) for p in range(n)) for v, (_, name) in zip(values, cases)]
     problems: list[str] = []
     stop = threading.Event()
 
-    def host() -> None:
-        for seq, x in enumerate(cases, start=1):
+    def host() -> None:  # numpy and the page only: no MLX call while the main thread evaluates
+        for seq, data in enumerate(slots, start=1):
             deadline = time.monotonic() + timeout_s
             while page.load(L.ARRIVAL) != seq:
                 if stop.is_set() or time.monotonic() > deadline:
@@ -184,19 +203,17 @@ def self_test(backend: MlxBackend, timeout_s: float = 30.0, max_iters: int = 20_
                     page.store(L.STATUS, L.ERROR)
                     page.store(L.RELEASE, len(cases))
                     return
-            nbytes = x.nbytes
             page.fence()
-            send = page.send[:nbytes].copy()
-            page.recv[:nbytes] = send[::-1]  # bytes reversed: the GPU must copy the receive side
+            page.recv[: len(data)] = np.frombuffer(data, dtype=np.uint8)
             page.fence()
             page.store(L.STATUS, L.OK)
             page.fence()
             page.store(L.RELEASE, seq)
 
     outs = []
-    token = backend.initial_token()
-    for seq, x in enumerate(cases, start=1):
-        out, token = backend.launch(x, seq, x.nbytes, max_iters, token)
+    token = backend.initial_token(0)
+    for x in xs:
+        out, token = backend.launch(x, "sum", max_iters, token)
         outs.append(out)
     helper = threading.Thread(target=host, name="fastcoll-gate-selftest", daemon=True)
     helper.start()
@@ -212,11 +229,11 @@ def self_test(backend: MlxBackend, timeout_s: float = 30.0, max_iters: int = 20_
         return "; ".join(problems)
     if page.load(L.SPIN_FAILED):
         return "the GPU's release spin never observed the host's store (coherence)"
-    for seq, (x, out) in enumerate(zip(cases, outs), start=1):
-        want = np.array(x).reshape(-1).view(np.uint8)[::-1]
-        got = np.array(out).reshape(-1).view(np.uint8)
+    for seq, (v, out, (size, name)) in enumerate(zip(values, outs, cases), start=1):
+        want = sum(v + p for p in range(n))
+        got = np.array(out.astype(mx.float32))
         if not np.array_equal(want, got):
-            return f"gate {seq}: wrong bytes came back ({x.dtype}, {x.size} elements)"
+            return f"gate {seq}: wrong values came back ({name}, {size} elements)"
     if page.load(L.ACK) != len(cases):
         return "the release kernel's acknowledgement is missing"
     return None

@@ -20,7 +20,7 @@ def probe(config: Config) -> Gate | None:
     """
     if not config.fast_sync:
         return None
-    layout = ControlLayout(config.gate_max_bytes)
+    layout = ControlLayout(config.gate_max_bytes, config.world_size)
     for name in backends.BACKENDS:
         try:
             backend = backends.open_backend(name, layout)

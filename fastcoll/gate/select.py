@@ -12,12 +12,9 @@ from typing import Any, Sequence
 
 from fastcoll import dtypes
 
-# The kernels copy bytes, so any fixed-size dtype would do; these are the ones a reduction of a
-# GPU array can have (bool cannot be reduced, float64 and complex64 do not run on every GPU).
-GATE_DTYPES = frozenset(
-    {"float32", "float16", "bfloat16", "int8", "int16", "int32", "int64",
-     "uint8", "uint16", "uint32", "uint64"}
-)
+# The GPU reduces in float (fastcoll/gate/kernels.py): the float types a model's activations
+# have. Other dtypes keep the host path.
+GATE_DTYPES = frozenset({"float32", "float16", "bfloat16"})
 GATE_OPS = frozenset(dtypes.OPS)
 
 

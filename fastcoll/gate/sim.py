@@ -1,11 +1,13 @@
 """A device played by a thread, and a serial service thread: the gate's host half without a GPU.
 
-SimDevice runs each launched gate on one "stream" thread, in order, doing what the two kernels do
-(fastcoll/gate/kernels.py): the arrival publish copies x into the send mailbox and stores ARRIVAL;
-the release spin polls RELEASE with the same iteration bound and the same wrap-aware compare, then
-copies the receive mailbox out (or all-ones bytes on an error status), and writes SPIN_ITERS, ACK
-and, on hitting the bound, SPIN_FAILED. Unlike a GPU it yields the GIL on every spin iteration: a
-real GPU never competes with Python for it. Used by the tests and by bench/gate_bench.py.
+SimDevice runs each launched gate on one "stream" thread, in order, doing what the kernels do
+(fastcoll/gate/kernels.py): the arrival publish copies x into the send mailbox and stores ARRIVAL
+(the previous token's seq plus one); the release spin polls RELEASE with the same iteration bound
+and the same wrap-aware compare, unless the previous gate failed; then the receive mailbox's slots
+(every rank's x) are reduced in rank order into the result (or all-ones bytes on an error status),
+and SPIN_ITERS, ACK and, on hitting the bound, SPIN_FAILED are written. Unlike a GPU it yields the
+GIL on every spin iteration: a real GPU never competes with Python for it. Used by the tests and
+by bench/gate_bench.py.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from typing import Any, Callable
 
 import numpy as np
 
+from fastcoll import dtypes
 from fastcoll.gate import layout as L
-from fastcoll.gate.seq import seq_diff
+from fastcoll.gate.select import dtype_name
+from fastcoll.gate.seq import seq_add, seq_diff
 
 
 def raw_bytes(x: Any) -> np.ndarray:
@@ -34,7 +38,7 @@ def raw_bytes(x: Any) -> np.ndarray:
 
 
 class SimResult:
-    """One simulated gate's result: raw bytes and the release kernel's status, once it ran."""
+    """One simulated gate's result and token: raw bytes and the status, once it ran."""
 
     def __init__(self, seq: int):
         self.seq = seq
@@ -76,15 +80,15 @@ class SimDevice:
         if start:
             self._thread.start()
 
-    def initial_token(self) -> SimResult:
-        token = SimResult(-1)
+    def initial_token(self, seq: int) -> SimResult:
+        token = SimResult(seq)
         token.finish(np.zeros(0, np.uint8), L.OK, 0)
         return token
 
-    def launch(self, x: Any, seq: int, nbytes: int, max_iters: int, after: Any) -> tuple[SimResult, SimResult]:
-        data = raw_bytes(x)[:nbytes].copy()
-        result = SimResult(seq)
-        self._queue.put((data, seq, nbytes, max_iters, result))
+    def launch(self, x: Any, op: str, max_iters: int, after: SimResult) -> tuple[SimResult, SimResult]:
+        data = raw_bytes(x).copy()
+        result = SimResult(seq_add(after.seq, 1))
+        self._queue.put((data, dtype_name(x.dtype), op, max_iters, after, result))
         return result, result
 
     def wait(self, token: SimResult) -> None:
@@ -109,41 +113,51 @@ class SimDevice:
                 return
             while self._held.is_set():
                 time.sleep(0.0005)
-            data, seq, nbytes, max_iters, result = job
-            self._arrival(data, seq)
-            self._release(seq, nbytes, max_iters, result)
+            data, name, op, max_iters, after, result = job
+            self._arrival(data, result.seq)
+            self._release(result.seq, after.status, name, op, data.size, max_iters, result)
 
     def _arrival(self, data: np.ndarray, seq: int) -> None:
         off = self.layout.send_offset
         self.page[off : off + data.size] = data
         self._words[L.ARRIVAL] = seq
 
-    def _release(self, seq: int, nbytes: int, max_iters: int, result: SimResult) -> None:
+    def _release(self, seq: int, prev: int, name: str, op: str, nbytes: int, max_iters: int,
+                 result: SimResult) -> None:
         w = self._words
-        status = L.OK
+        status = prev  # a failed predecessor: do not wait
         iters = 0
-        if w[L.SPIN_FAILED] != 0:
-            status = L.TIMEOUT  # an earlier spin hit its bound: do not wait again
-        else:
+        if status == L.OK:
             while seq_diff(w[L.RELEASE], seq) < 0:
                 iters += 1
                 if iters >= max_iters:
                     status = L.TIMEOUT
+                    w[L.SPIN_FAILED_SEQ] = seq
+                    w[L.SPIN_FAILED] = 1
                     break
                 time.sleep(0)
-            if status == L.OK:
-                status = w[L.STATUS]
         if status == L.OK:
-            off = self.layout.recv_offset
-            out = self.page[off : off + nbytes].copy()
-        else:
-            out = np.full(nbytes, 0xFF, dtype=np.uint8)
-        if status == L.TIMEOUT:
-            w[L.SPIN_FAILED_SEQ] = seq
-            w[L.SPIN_FAILED] = 1
+            status = w[L.STATUS]
+        out = np.full(nbytes, 0xFF, dtype=np.uint8)
+        if status == L.OK:
+            out = self._reduce(name, op, nbytes)
         w[L.SPIN_ITERS] = iters
         w[L.ACK] = seq
         result.finish(out, status, iters)
+
+    def _reduce(self, name: str, op: str, nbytes: int) -> np.ndarray:
+        """The receive mailbox's slots reduced in rank order, as fc_reduce does: rounded to the
+        dtype after every rank (the host path's reducers do the same)."""
+        off, n = self.layout.recv_offset, self.layout.ranks
+        host = dtypes.host_dtype(name)
+        slots = self.page[off : off + n * nbytes].view(host).reshape(n, -1)
+        combine = dtypes.reducer(name, op)
+        acc = slots[0].copy()
+        for p in range(1, n):
+            combine(acc, slots[p], acc)
+        if op == "mean":
+            dtypes.finish_mean(name, acc, n)
+        return acc.view(np.uint8)
 
 
 class SerialService:

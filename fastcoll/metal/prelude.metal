@@ -35,6 +35,14 @@ FC_DEVICE void fc_store(fc_words_t p, fc_uint v) {
   metal::atomic_thread_fence(metal::mem_flags::mem_device, metal::memory_order_seq_cst, metal::thread_scope_system);
 }
 
+// A relaxed load and store at system scope: ordering nothing around them.
+FC_DEVICE fc_uint fc_load_relaxed(fc_words_t p) {
+  return *p;
+}
+FC_DEVICE void fc_store_relaxed(fc_words_t p, fc_uint v) {
+  *p = v;
+}
+
 // Make this thread's earlier stores (the send mailbox) visible at system scope.
 FC_DEVICE void fc_fence() {
   metal::atomic_thread_fence(metal::mem_flags::mem_device, metal::memory_order_seq_cst, metal::thread_scope_system);
@@ -66,18 +74,21 @@ FC_DEVICE void fc_copy_in(fc_bytes_t dst, const FC_X_SPACE T* src, fc_uint n, fc
   }
 }
 
-// The receive mailbox (n bytes) into out.
-template <typename T>
-FC_DEVICE void fc_copy_out(device T* dst, fc_bytes_t src, fc_uint n, fc_uint tid, fc_uint nthreads) {
-  if (sizeof(T) % 4 == 0) {
-    fc_copy_units((device uint*)(dst), (volatile coherent(system) device uint*)(src), n / 4, tid, nthreads);
-  } else if (sizeof(T) == 2) {
-    fc_copy_units((device ushort*)(dst), (volatile coherent(system) device ushort*)(src), n / 2, tid, nthreads);
-  } else {
-    fc_copy_units((device uchar*)(dst), src, n, tid, nthreads);
-  }
-}
-
-
 // The address space of a kernel's outputs.
 #define FC_OUT device
+
+// Element i of a slot of the receive mailbox, as a T: its bits through a coherent(system) load
+// of an unsigned word of T's size.
+template <int S> struct fc_bits;
+template <> struct fc_bits<2> { typedef ushort type; };
+template <> struct fc_bits<4> { typedef uint type; };
+template <typename T>
+FC_DEVICE T fc_mailbox_at(fc_bytes_t base, fc_uint i) {
+  typedef typename fc_bits<sizeof(T)>::type B;
+  return as_type<T>(((volatile coherent(system) device B*)(base))[i]);
+}
+
+// a / b, correctly rounded whatever the compiler's fast-math flags (the host path divides so).
+FC_DEVICE float fc_div(float a, float b) {
+  return metal::precise::divide(a, b);
+}

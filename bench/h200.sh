@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The fence gate's runs on one NVIDIA H200 (docs/gate.md): starts CUDA MPS so that two ranks can
+# share the GPU, then runs the parts named, each bounded, writing JSON into OUT.
+#
+#   bash bench/h200.sh OUT tests profile ranks decode
+#
+# On the lent GPU machine, after `bash .device/b/install.sh` (see docs/gate.md) and with
+# PYTHONPATH=/tmp/site:$PWD. `before ROOT` runs the previous version's benchmark from ROOT.
+set -u
+out=$1
+shift
+export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+mkdir -p "$out" "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+pgrep -f nvidia-cuda-mps-control >/dev/null || nvidia-cuda-mps-control -d
+nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
+run() {  # run SECONDS COMMAND...: the command, killed past SECONDS, its output teed into OUT/log
+  local limit=$1
+  shift
+  echo "== $(date -u +%H:%M:%S) $*"
+  timeout --kill-after=5 "$limit" "$@" 2>&1 | tee -a "$out/log.txt"
+  echo "== exit ${PIPESTATUS[0]} after $SECONDS s"
+}
+while [ $# -gt 0 ]; do
+  case $1 in
+    tests) run 200 python3 -m pytest -q -x tests/test_gate_gpu.py tests/test_gate_host.py tests/test_gate_kernels.py ;;
+    profile) run 300 python3 bench/gate_bench.py profile --out "$out" ;;
+    ranks) run 300 python3 bench/gate_bench.py ranks --world 2 --gpus 0,0 --out "$out" ;;
+    decode) run 400 python3 bench/decode_bench.py --shape 8b --runs single,host,gate,gate_profile --out "$out" ;;
+    before)
+      shift
+      (cd "$1" && export PYTHONPATH="/tmp/site:$PWD" &&
+        run 150 python3 bench/gate_bench.py breakdown --tokens 10 --out "$out/before" &&
+        run 150 python3 bench/gate_bench.py ranks --world 2 --gpus 0,0 --ops 300 --tokens 10 \
+          --tag-prefix gate_ranks1gpu_ --out "$out/before") ;;
+    *) echo "unknown part $1" ;;
+  esac
+  shift
+done
