@@ -249,7 +249,7 @@ def cmd_profile(args) -> None:
         sys.exit("gate_bench profile: probe() returned None (see the log above)")
     print(f"probe ok in {res['probe_s']:.2f}s", flush=True)
     layout = ControlLayout(64 * 1024, 1)
-    advised = MlxBackend(cuda, layout, advise=cuda.advise)
+    advised = MlxBackend(cuda, layout, advise=cuda.advise_page)
     plain = MlxBackend(cuda, layout)
     res["advice_applied"] = advised._undo_advice is not None
 

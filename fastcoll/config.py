@@ -81,6 +81,7 @@ class Config:
     direct_max_bytes_two_ranks: int = DEFAULT_DIRECT_MAX_BYTES_TWO_RANKS
     piece_bytes: int = DEFAULT_PIECE_BYTES
     doubling: bool = True
+    gate_direct: bool = True  # the gate's direct mode where every rank shares a host (docs/gate.md)
     spin_reads: int = DEFAULT_SPIN_READS
     yield_reads: int = DEFAULT_YIELD_READS
 
@@ -136,7 +137,8 @@ class Config:
         )
 
 
-TUNING = ("direct_max_bytes", "direct_max_bytes_two_ranks", "piece_bytes", "doubling", "spin_reads", "yield_reads")
+TUNING = ("direct_max_bytes", "direct_max_bytes_two_ranks", "piece_bytes", "doubling", "gate_direct",
+          "spin_reads", "yield_reads")
 
 
 def _tuning(text: str) -> dict:

@@ -18,6 +18,7 @@ from fastcoll import transport
 from fastcoll.config import Config
 from fastcoll.errors import CollectiveTimeoutError, FastcollError
 from fastcoll.group import Group
+from fastcoll.transport.shm import host_id
 
 log = logging.getLogger("fastcoll")
 
@@ -52,7 +53,7 @@ def init(config: Config | None = None) -> Group:
 def _connect(config: Config, gate: Any) -> Group:
     """Rendezvous with every rank and connect the transport the job asked for."""
     deadline = time.monotonic() + config.timeout
-    caps = {"transport": config.transport, "gate": gate is not None}
+    caps = {"transport": config.transport, "gate": gate is not None, "host": host_id()}
     try:
         t, table = transport.connect(config, caps, deadline)
     except CollectiveTimeoutError as e:
@@ -69,7 +70,15 @@ def _connect(config: Config, gate: Any) -> Group:
         log.info("the fence gate is off: not every rank can run it")
         gate.close()
         gate = None
-    return Group(config, t, gate)
+    group = Group(config, t, gate)
+    if gate is not None:
+        try:
+            gate.connect(lambda what, values: group._gather_ints(what, values, None), config.rank,
+                         config.world_size, same_host=len(table.same_host(config.rank)) == config.world_size)
+        except BaseException:
+            group.finalize()
+            raise
+    return group
 
 
 def default() -> Group | None:

@@ -143,21 +143,21 @@ def test_release_kernels_are_one_thread_in_one_threadgroup(nbytes):
 _CUDA_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 
 
-def _mlx_cuda_source() -> str:
+def _mlx_cuda_source(gather=None) -> str:
     """Every gate kernel as mx.fast.cuda_kernel would build it (mlx/backend/cuda/custom_kernel.cpp:
     the header, then `__global__ void name(const T* input, ..., T* output, ...)` whose body starts
-    with the template constants), for each gated dtype and op."""
+    with the template constants), for each gated dtype and op; the direct mode's with `gather`."""
     from fastcoll.gate import layout as L
 
     parts = ["#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cstdint>\n",
-             kernels.header(cuda, "", LAYOUT), "namespace mlx::core::cu {\n"]
+             kernels.header(cuda, "", LAYOUT, 1, gather), "namespace mlx::core::cu {\n"]
     n = 0
     for name, ctype in _CUDA_TYPES.items():
         for op, code in L.OPS.items():
             for which, consts in (
-                ("arrival", {"NBYTES": 8192}),
-                ("release", {"COUNT": 16, "OP": code, "MAX_ITERS": 1000}),
-                ("release_wait", {"MAX_ITERS": 1000}),
+                ("arrival", {"NBYTES": 8192, "SIG": 12345}),
+                ("release", {"COUNT": 16, "OP": code, "MAX_ITERS": 1000, "SIG": 12345}),
+                ("release_wait", {"MAX_ITERS": 1000, "SIG": 12345}),
                 ("deliver", {"COUNT": 4096, "OP": code}),
             ):
                 inputs, outputs, body = kernels.source(cuda, which)
@@ -171,16 +171,19 @@ def _mlx_cuda_source() -> str:
     return "\n".join(parts)
 
 
-def test_cuda_kernels_compile(tmp_path):
-    """The CUDA side, compiled here as MLX's NVRTC would compile it (no GPU needed)."""
+@pytest.mark.parametrize("mode", ["host", "direct"])
+def test_cuda_kernels_compile(tmp_path, mode):
+    """The CUDA side, compiled here as MLX's NVRTC would compile it (no GPU needed), in both modes."""
     import shutil
     import subprocess
+
+    from fastcoll.gate.layout import GatherLayout
 
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc is not installed: the CUDA kernels are compiled on the GPU machine only")
     src = tmp_path / "gate.cu"
-    src.write_text(_mlx_cuda_source())
+    src.write_text(_mlx_cuda_source(GatherLayout(16 * 1024, 2) if mode == "direct" else None))
     r = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", "-c", str(src), "-o", str(tmp_path / "gate.o")],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-4000:]

@@ -54,7 +54,15 @@ def unavailable() -> str | None:
     return None
 
 
-def advise(page: Any) -> Callable[[], None] | None:
+def share_host_memory(ptr: int, nbytes: int) -> tuple[int, Callable[[], None]] | None:
+    """Make host memory (the direct mode's gather segment) reachable from MLX's GPU: its
+    GPU-visible address and an undo, or None."""
+    from fastcoll.cuda.advise import register_host_memory
+
+    return register_host_memory(ptr, nbytes)
+
+
+def advise_page(page: Any) -> Callable[[], None] | None:
     """Prefer host memory for the control page and map it for MLX's GPU; an undo, or None."""
     import mlx.core as mx
 

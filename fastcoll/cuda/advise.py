@@ -92,3 +92,41 @@ def advise_towards_host(page: np.ndarray, device: int = 0) -> Callable[[], None]
             log.debug("could not undo the control page's memory advice: %s", e)
 
     return undo
+
+
+def register_host_memory(ptr: int, nbytes: int) -> tuple[int, Callable[[], None]] | None:
+    """Page-lock host memory (another process's shared mapping too) and map it for the GPU
+    (cudaHostRegister, mapped and portable): its GPU-visible address and an undo, or None (logged)
+    where cuda-python or the registration is unavailable. The direct mode's gather segment."""
+    rt = _runtime()
+    if rt is None:
+        log.info("cuda-python is not installed: the gate's direct mode is off")
+        return None
+    flags = int(getattr(rt, "cudaHostRegisterMapped", 2)) | int(getattr(rt, "cudaHostRegisterPortable", 1))
+
+    def failed(result: Any) -> bool:
+        err = result[0] if isinstance(result, tuple) else result
+        return err != rt.cudaError_t.cudaSuccess
+
+    try:
+        result = rt.cudaHostRegister(ptr, nbytes, flags)
+        if failed(result):
+            log.info("cudaHostRegister failed (%s): the gate's direct mode is off", result)
+            return None
+        result = rt.cudaHostGetDevicePointer(ptr, 0)
+        if failed(result):
+            rt.cudaHostUnregister(ptr)
+            log.info("cudaHostGetDevicePointer failed (%s): the gate's direct mode is off", result)
+            return None
+    except Exception as e:  # an unexpected binding: no direct mode, never a broken job
+        log.info("could not register the gather segment with CUDA (%s): the gate's direct mode is off", e)
+        return None
+    device_ptr = int(result[1])
+
+    def undo() -> None:
+        try:
+            rt.cudaHostUnregister(ptr)
+        except Exception as e:
+            log.debug("cudaHostUnregister failed: %s", e)
+
+    return device_ptr, undo

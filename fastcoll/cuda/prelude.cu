@@ -93,6 +93,14 @@ FC_DEVICE T fc_mailbox_at(fc_bytes_t base, fc_uint i) {
   return reinterpret_cast<const T*>(base)[i];
 }
 
+// The host memory whose 64-bit address the control page holds at word w (the direct mode's
+// gather segment, registered with CUDA: its host address is valid on the GPU).
+FC_DEVICE fc_bytes_t fc_pointer_at(fc_words_t words, fc_uint w) {
+  const unsigned long long a = (unsigned long long)fc_load_relaxed(words + w) |
+                               ((unsigned long long)fc_load_relaxed(words + w + 1) << 32);
+  return reinterpret_cast<fc_bytes_t>(a);
+}
+
 // a / b, correctly rounded whatever the compiler's fast-math flags (the host path divides so).
 FC_DEVICE float fc_div(float a, float b) {
   return __fdiv_rn(a, b);

@@ -2,7 +2,7 @@
 how one is opened. Nothing else in the host half imports a backend.
 
 A backend is a package (fastcoll/metal/, fastcoll/cuda/) with LANGUAGE, THREAD_INDEX, X_SPACES,
-prelude(), x_space(size), make_kernel(...), unavailable() and advise(page); the kernels
+prelude(), x_space(size), make_kernel(...), unavailable() and advise_page(page); the kernels
 themselves are the shared body in fastcoll/gate/kernels.py over the backend's prelude.
 """
 
@@ -33,5 +33,5 @@ def open_backend(name: str, layout: ControlLayout, run_self_test: bool = True) -
     if reason is not None:
         log.debug("no %s fence gate: %s", name, reason)
         return None
-    backend = MlxBackend(lang, layout, advise=lang.advise)
+    backend = MlxBackend(lang, layout, advise=lang.advise_page)
     return verified(backend, name, run_self_test)

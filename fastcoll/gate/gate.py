@@ -50,11 +50,39 @@ class Gate:
             timeout=config.timeout, profile=self._profile, poller=poller,
         )
         self._token = backend.initial_token(seq_add(start_seq, -1))
+        self._timeout = config.timeout
+        self._direct_allowed = config.gate_direct
+        self._gather = None  # the direct mode's segment (fastcoll/gate/direct.py), once set up
+        self._watcher = None
         self._closed = False
         self._log_handler: logging.Handler | None = None
         if self._profile is not None:
             self._show_profile_logs()
             atexit.register(self._at_exit)
+
+    def connect(self, gather_ints: Any, rank: int, size: int, same_host: bool,
+                share: Any = None, alive: Any = None) -> None:
+        """Once the job has formed: switch to the direct mode where every rank can (all ranks on
+        one host, a backend that shares host memory with its GPU; fastcoll/gate/direct.py), else
+        stay in the host mode. Every rank of the job calls it; `gather_ints` all-gathers over the
+        job's transport."""
+        share = share or getattr(self._backend, "share_host_memory", None)
+        if not (self._direct_allowed and size > 1 and same_host and share is not None):
+            return
+        from fastcoll.gate import direct
+
+        gather = direct.setup(gather_ints, rank, size, self._max_bytes, share)
+        if gather is None:
+            return
+        self._backend.use_gather(gather.address, gather.layout, rank)
+        self._gather = gather
+        self._host.direct = True
+        self._watcher = direct.Watcher(self._host, gather, self._timeout, alive)
+
+    @property
+    def direct(self) -> bool:
+        """Whether the GPUs gather among themselves (the direct mode)."""
+        return self._gather is not None
 
     @property
     def backend_name(self) -> str:
@@ -88,8 +116,12 @@ class Gate:
         result, token = self._backend.launch(x, op, self._max_iters, self._token)
         # Issued once its kernels exist, as the GPU counts it; if the gate has failed meanwhile
         # this raises, and the kernels just built are dropped with the result nobody gets.
-        seq = self._host.issue()
+        seq, wake = self._host.issue()
         self._token = token
+        if self._watcher is not None:  # the direct mode: no host half per gate
+            if wake:
+                self._watcher.wake()
+            return result
         try:
             submit(functools.partial(self._host.serve, Ticket(seq, int(x.nbytes)), exchange))
         except BaseException as e:
@@ -120,6 +152,14 @@ class Gate:
             return
         self._closed = True
         self._host.close()
+        if self._watcher is not None:
+            self._watcher.stop()
+        if self._gather is not None:
+            try:
+                self._backend.wait(self._token)  # every kernel that reaches the segment has ended
+            except Exception as e:
+                log.debug("gated results at close: %s", e)
+            self._gather.close()
         if self._profile is not None:
             atexit.unregister(self._at_exit)
             self._profile.log_summary()

@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from fastcoll.errors import CollectiveTimeoutError, FastcollError
+from fastcoll.errors import CollectiveTimeoutError, FastcollError, MismatchError
 from fastcoll.gate import layout as L
 from fastcoll.gate.page import ControlPage
 from fastcoll.gate.poll import Poller, Stopped
@@ -90,35 +90,58 @@ class HostHalf:
         self._ranks = page.layout.ranks
         self._issued = seq_add(start_seq, -1)
         self._released = self._issued
-        self._outstanding = 0
+        self._outstanding = 0  # the host mode's gates not served yet
+        self._watching = False  # the direct mode's watcher is on (see issue())
+        self.direct = False  # the direct mode (fastcoll/gate/direct.py): the GPUs gather
         page.reset(start_seq)
 
     # ----- the caller's side -----
 
-    def issue(self) -> int:
+    def issue(self) -> tuple[int, bool]:
         """The next gate's sequence number, once its kernels are built (the GPU counts them the
-        same way: each arrival publishes its previous gate's number plus one); raises the
-        recorded error instead if there is one."""
+        same way: each arrival publishes its previous gate's number plus one), and, in the direct
+        mode, whether the watcher must be woken; raises the recorded error instead if there is one."""
         with self._lock:
             if self._error is not None:
                 raise fresh_error(self._error)
             if self._stop.is_set():
                 raise GateClosedError("the fence gate is closed")
             self._issued = seq_add(self._issued, 1)
-            self._outstanding += 1
-            return self._issued
+            if not self.direct:
+                self._outstanding += 1
+                return self._issued, False
+            wake, self._watching = not self._watching, True
+            return self._issued, wake
+
+    def completed(self) -> int:
+        """The last gate whose spin has ended (the GPU's ACK)."""
+        return self.page.load(L.ACK)
 
     def pending(self) -> bool:
-        """Whether issued gates have not been served yet (and can still be)."""
-        return self._outstanding > 0 and self._error is None and not self._stop.is_set()
+        """Whether issued gates have not passed yet (and can still)."""
+        if self._error is not None or self._stop.is_set():
+            return False
+        if not self.direct:
+            return self._outstanding > 0
+        with self._lock:
+            busy = seq_diff(self._issued, self.completed()) > 0
+            self._watching = busy  # a watcher that sees nothing pending stops; issue() wakes it
+            return busy
 
     def check(self) -> None:
-        """Raise the recorded error, or a spin timeout the GPU reported, if any."""
-        if self._error is None and self.page.load(L.SPIN_FAILED) != 0:
-            seq = self.page.load(L.SPIN_FAILED_SEQ)
-            self.fail(CollectiveTimeoutError(
-                f"the GPU's release spin for gate {seq} hit FASTCOLL_FENCE_MAX_ITERS before the "
-                "host released it; its result is not valid"))
+        """Raise the recorded error, or a failure the GPU reported (a spin that hit its bound, a
+        rank whose gate differs), if any."""
+        failed = self.page.load(L.SPIN_FAILED)
+        if self._error is None and failed != 0:
+            seq, peer = self.page.load(L.SPIN_FAILED_SEQ), self.page.load(L.SPIN_FAILED_PEER)
+            if failed == L.MISMATCH:
+                self.fail(MismatchError(
+                    f"gated all_reduce {seq}: rank {peer} called another collective (its op, dtype or "
+                    "shape differs from this rank's); the result is not valid"))
+            else:
+                self.fail(CollectiveTimeoutError(
+                    f"the GPU's release spin for gate {seq} hit FASTCOLL_FENCE_MAX_ITERS before the "
+                    "host released it; its result is not valid"))
         err = self._error
         if err is not None:
             raise fresh_error(err)

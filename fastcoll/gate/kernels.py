@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from fastcoll.gate.layout import ControlLayout, c_defines
+from fastcoll.gate.layout import ControlLayout, GatherLayout, c_defines
 
 HELPERS = r"""
 // ---- the body both languages share (fastcoll/gate/kernels.py) ----
@@ -49,6 +49,13 @@ FC_DEVICE void fc_poison(FC_OUT T* dst, fc_uint n, fc_uint tid, fc_uint nthreads
   for (fc_uint i = tid; i < n; i += nthreads) {
     d[i] = 0xFF;
   }
+}
+
+// The first gate that failed on the GPU (a spin timeout, a signature mismatch), for the host.
+FC_DEVICE void fc_record_failure(fc_words_t words, fc_uint seq, fc_uint status, fc_uint peer) {
+  fc_store_relaxed(words + FC_SPIN_FAILED_SEQ, seq);
+  fc_store_relaxed(words + FC_SPIN_FAILED_PEER, peer);
+  fc_store(words + FC_SPIN_FAILED, status);
 }
 
 // The release spin: one thread, no backoff and no chunking. Each iteration is one system-scope
@@ -64,8 +71,7 @@ FC_DEVICE fc_uint fc_spin(fc_words_t words, fc_uint seq, fc_uint prev, fc_uint m
     while ((int)(fc_load(words + FC_RELEASE) - seq) < 0) {
       if (++iters >= max_iters) {
         status = FC_TIMEOUT;
-        fc_store_relaxed(words + FC_SPIN_FAILED_SEQ, seq);
-        fc_store(words + FC_SPIN_FAILED, 1u);
+        fc_record_failure(words, seq, status, FC_RANK);
         break;
       }
     }
@@ -73,6 +79,83 @@ FC_DEVICE fc_uint fc_spin(fc_words_t words, fc_uint seq, fc_uint prev, fc_uint m
   fc_store_relaxed(words + FC_SPIN_ITERS, iters);
   fc_store_relaxed(words + FC_ACK, seq);
   return status;
+}
+
+#if FC_DIRECT
+// The direct mode (ranks of one host: fastcoll/gate/direct.py). Every rank's GPU writes its x
+// into the gather segment and raises its FLAG there; nobody's host moves a byte per gate.
+
+// Rank p's line in the gather segment.
+FC_DEVICE fc_words_t fc_line(fc_bytes_t gather, fc_uint p) {
+  return (fc_words_t)(gather + p * FC_G_LINE_BYTES);
+}
+
+// The direct mode's spin: one thread, no backoff and no chunking, as fc_spin, but it waits for
+// every rank's FLAG to reach seq (one system-scope acquire load per iteration); RELEASE now only
+// ends the wait early, stored by the host on failure (a peer lost, a timeout). Then every rank's
+// signature of this gate must be this rank's: a rank that called another collective is a
+// mismatch, never data.
+FC_DEVICE fc_uint fc_spin_direct(fc_words_t words, fc_bytes_t gather, fc_uint seq, fc_uint prev, fc_uint sig,
+                                 fc_uint max_iters) {
+  fc_uint status = prev;
+  fc_uint iters = 0;
+  fc_uint p = 0;
+  if (status == FC_OK) {
+    while (p < FC_RANKS) {
+      if ((int)(fc_load(fc_line(gather, p) + FC_G_FLAG) - seq) >= 0) {
+        ++p;
+      } else if ((int)(fc_load(words + FC_RELEASE) - seq) >= 0) {
+        status = fc_load(words + FC_STATUS);  // the host gave up on this gate, and says why
+        status = status == FC_OK ? FC_ERROR : status;
+        break;
+      } else if (++iters >= max_iters) {
+        status = FC_TIMEOUT;
+        fc_record_failure(words, seq, status, p);
+        break;
+      }
+    }
+  }
+  if (status == FC_OK) {
+    for (p = 0; p < FC_RANKS; ++p) {
+      if (fc_load_relaxed(fc_line(gather, p) + FC_G_SIG + (seq & 1u)) != sig) {
+        status = FC_MISMATCH;
+        fc_record_failure(words, seq, status, p);
+        break;
+      }
+    }
+  }
+  fc_store_relaxed(words + FC_SPIN_ITERS, iters);
+  fc_store_relaxed(words + FC_ACK, seq);
+  return status;
+}
+#endif
+
+// Where gate seq's slots are (every rank's x, rank p's at p * its size): the receive mailbox
+// the host fills, or in the direct mode the gather segment's set of seq's parity.
+FC_DEVICE fc_bytes_t fc_slots(fc_words_t words, fc_uint seq) {
+#if FC_DIRECT
+  return fc_pointer_at(words, FC_GATHER_ADDR) + FC_G_HEADER + (seq & 1u) * FC_G_SET_BYTES;
+#else
+  return FC_BYTES(words) + FC_RECV_OFFSET;
+#endif
+}
+
+// Where this rank's GPU puts x for gate seq: the send mailbox, or its own slot.
+FC_DEVICE fc_bytes_t fc_own_slot(fc_words_t words, fc_uint seq, fc_uint nbytes) {
+#if FC_DIRECT
+  return fc_slots(words, seq) + FC_RANK * nbytes;
+#else
+  return FC_BYTES(words) + FC_SEND_OFFSET;
+#endif
+}
+
+// The spin of either mode.
+FC_DEVICE fc_uint fc_wait(fc_words_t words, fc_uint seq, fc_uint prev, fc_uint sig, fc_uint max_iters) {
+#if FC_DIRECT
+  return fc_spin_direct(words, fc_pointer_at(words, FC_GATHER_ADDR), seq, prev, sig, max_iters);
+#else
+  return fc_spin(words, seq, prev, max_iters);
+#endif
 }
 
 // One step of a reduction, as the host path computes it (fastcoll/dtypes.py): in float, the
@@ -130,7 +213,7 @@ FC_DEVICE void fc_reduce(FC_OUT T* out, fc_bytes_t recv, fc_uint tid, fc_uint nt
 # THREAD_INDEX expressions (MLX adds a thread attribute to the signature only where the body
 # names it, so they are written out, not hidden behind a macro). Template constants, set per
 # call by fastcoll/gate/mlx_backend.py: T (the dtype), NBYTES and COUNT (x's size in bytes and
-# elements), OP (layout.OPS), MAX_ITERS (FASTCOLL_FENCE_MAX_ITERS).
+# elements), OP (layout.OPS), MAX_ITERS (FASTCOLL_FENCE_MAX_ITERS), SIG (layout.signature).
 KERNELS: dict[str, tuple[list[str], list[str], str]] = {
     # One threadgroup of ARRIVAL_THREADS threads.
     "arrival": (["x", "ctrl", "after"], ["arrived"], r"""
@@ -139,13 +222,18 @@ KERNELS: dict[str, tuple[list[str], list[str], str]] = {
   fc_words_t words = FC_WORDS(ctrl);
   const fc_uint tid = @TID@;
   const fc_uint nthreads = @NTHREADS@;
-  fc_copy_in(FC_BYTES(words) + FC_SEND_OFFSET, x, NBYTES, tid, nthreads);
+  const fc_uint seq = after[FC_TOKEN_SEQ] + 1u;
+  fc_copy_in(fc_own_slot(words, seq, NBYTES), x, NBYTES, tid, nthreads);
   // Every thread's mailbox stores reach system scope before the threadgroup meets...
   fc_fence();
   fc_barrier();
   if (tid == 0) {
-    // ...and only then is ARRIVAL published, with a system-scope release store.
-    const fc_uint seq = after[FC_TOKEN_SEQ] + 1u;
+    // ...and only then is the arrival published, with system-scope release stores.
+#if FC_DIRECT
+    fc_words_t line = fc_line(fc_pointer_at(words, FC_GATHER_ADDR), FC_RANK);
+    fc_store_relaxed(line + FC_G_SIG + (seq & 1u), (fc_uint)SIG);
+    fc_store(line + FC_G_FLAG, seq);
+#endif
     fc_store(words + FC_ARRIVAL, seq);
     arrived[FC_TOKEN_SEQ] = seq;
     arrived[FC_TOKEN_STATUS] = after[FC_TOKEN_STATUS];
@@ -158,12 +246,12 @@ KERNELS: dict[str, tuple[list[str], list[str], str]] = {
   // into out itself (small payloads: fc_deliver does larger ones).
   fc_words_t words = FC_WORDS(ctrl);
   const fc_uint seq = arrived[FC_TOKEN_SEQ];
-  fc_uint status = fc_spin(words, seq, arrived[FC_TOKEN_STATUS], MAX_ITERS);
+  fc_uint status = fc_wait(words, seq, arrived[FC_TOKEN_STATUS], (fc_uint)SIG, MAX_ITERS);
   if (status == FC_OK) {
     status = fc_load(words + FC_STATUS);
   }
   if (status == FC_OK) {
-    fc_reduce<T, OP, COUNT, COUNT>(out, FC_BYTES(words) + FC_RECV_OFFSET, 0u, 1u);  // every load at once
+    fc_reduce<T, OP, COUNT, COUNT>(out, fc_slots(words, seq), 0u, 1u);  // every load at once
   } else {
     // No valid data: all-ones bytes (NaN), and the host raises the error at the next call.
     fc_poison(out, COUNT * sizeof(T), 0u, 1u);
@@ -177,7 +265,7 @@ KERNELS: dict[str, tuple[list[str], list[str], str]] = {
   fc_words_t words = FC_WORDS(ctrl);
   const fc_uint seq = arrived[FC_TOKEN_SEQ];
   done[FC_TOKEN_SEQ] = seq;
-  done[FC_TOKEN_STATUS] = fc_spin(words, seq, arrived[FC_TOKEN_STATUS], MAX_ITERS);
+  done[FC_TOKEN_STATUS] = fc_wait(words, seq, arrived[FC_TOKEN_STATUS], (fc_uint)SIG, MAX_ITERS);
 """),
     # One threadgroup of DELIVER_THREADS threads.
     "deliver": (["ctrl", "done"], ["out", "token"], r"""
@@ -192,7 +280,7 @@ KERNELS: dict[str, tuple[list[str], list[str], str]] = {
     status = fc_load_relaxed(words + FC_STATUS);
   }
   if (status == FC_OK) {
-    fc_reduce<T, OP, COUNT, 8>(out, FC_BYTES(words) + FC_RECV_OFFSET, tid, nthreads);
+    fc_reduce<T, OP, COUNT, 8>(out, fc_slots(words, done[FC_TOKEN_SEQ]), tid, nthreads);
   } else {
     // No valid data: all-ones bytes (NaN), and the host raises the error at the next call.
     fc_poison(out, COUNT * sizeof(T), tid, nthreads);
@@ -212,10 +300,13 @@ KERNELS: dict[str, tuple[list[str], list[str], str]] = {
 }
 
 
-def header(lang: ModuleType, space: str, layout: ControlLayout) -> str:
+def header(lang: ModuleType, space: str, layout: ControlLayout, rank: int = 0,
+           gather: GatherLayout | None = None) -> str:
     """What precedes every kernel: the backend's prelude (x in address space `space`), the
-    control page's `layout`, and the shared helpers."""
-    return lang.prelude().replace("@DEFINES@", c_defines(layout)).replace("@X_SPACE@", space) + HELPERS
+    control page's `layout` (and, in the direct mode, the gather segment's, for `rank`), and the
+    shared helpers."""
+    defines = c_defines(layout, rank, gather)
+    return lang.prelude().replace("@DEFINES@", defines).replace("@X_SPACE@", space) + HELPERS
 
 
 def source(lang: ModuleType, name: str) -> tuple[list[str], list[str], str]:

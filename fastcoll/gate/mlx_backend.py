@@ -72,6 +72,23 @@ class MlxBackend:
         self._undo_advice = advise(self.page) if advise is not None else None
         self._kernels: dict[str, Any] = {}
         self._calls: dict[tuple, tuple] = {}  # (dtype, shape, op, max_iters) -> the launch's arguments
+        self._rank = 0
+        self._gather: L.GatherLayout | None = None  # the direct mode's segment, once it is used
+
+    def share_host_memory(self, ptr: int, nbytes: int) -> Any:
+        """The backend language's share_host_memory (None where it has none)."""
+        return self._lang.share_host_memory(ptr, nbytes)
+
+    def use_gather(self, address: int, gather: L.GatherLayout, rank: int) -> None:
+        """From now on build the direct mode's kernels (fastcoll/gate/direct.py): as rank `rank`,
+        over the gather segment whose GPU-visible address is `address`."""
+        page = ControlPage(self.page, self.layout)
+        page.store(L.GATHER_ADDR, address & 0xFFFFFFFF)
+        page.store(L.GATHER_ADDR + 1, address >> 32)
+        page.fence()
+        self._gather, self._rank = gather, rank
+        self._kernels.clear()
+        self._calls.clear()
 
     # ----- DeviceBackend -----
 
@@ -84,10 +101,11 @@ class MlxBackend:
 
     def launch(self, x: Any, op: str, max_iters: int, after: Any) -> tuple[Any, Any]:
         flat = x if x.ndim == 1 else x.reshape(-1)  # MLX passes a 0-d input by reference
-        key = (x.dtype, flat.size, op, max_iters)
+        key = (x.dtype, x.shape, op, max_iters)
         args = self._calls.get(key)
         if args is None:
-            args = self._calls[key] = self._arguments(x.dtype, flat.size, x.nbytes, op, max_iters)
+            sig = L.signature(op, str(x.dtype).rsplit(".", 1)[-1], tuple(x.shape))
+            args = self._calls[key] = self._arguments(x.dtype, flat.size, x.nbytes, op, max_iters, sig)
         arrival, first, second = args
         (arrived,) = arrival[0](inputs=[flat, self._ctrl, after], **arrival[1])
         if second is None:
@@ -97,21 +115,21 @@ class MlxBackend:
             out, token = second[0](inputs=[self._ctrl, done], **second[1])
         return (out if x.ndim == 1 else out.reshape(x.shape)), token
 
-    def _arguments(self, dtype: Any, count: int, nbytes: int, op: str, max_iters: int) -> tuple:
+    def _arguments(self, dtype: Any, count: int, nbytes: int, op: str, max_iters: int, sig: int) -> tuple:
         """The kernels of one kind of gate and the keyword arguments of their calls, made once."""
         mx = self._mx
         token = {"output_shapes": [(L.TOKEN_WORDS,)], "output_dtypes": [mx.uint32]}
         result = {"output_shapes": [(count,), (L.TOKEN_WORDS,)], "output_dtypes": [dtype, mx.uint32]}
         reduce = [("T", dtype), ("COUNT", count), ("OP", L.OPS[op])]
+        spin = [("MAX_ITERS", max_iters), ("SIG", sig)]
         one = {"grid": (1, 1, 1), "threadgroup": (1, 1, 1)}
         arrival = (self._kernel("arrival", self._lang.x_space(count)), {
-            "template": [("T", dtype), ("NBYTES", nbytes)], **token,
+            "template": [("T", dtype), ("NBYTES", nbytes), ("SIG", sig)], **token,
             "grid": (ARRIVAL_THREADS, 1, 1), "threadgroup": (ARRIVAL_THREADS, 1, 1)})
         if nbytes * self.layout.ranks <= self.spin_copy_max_bytes:
-            release = (self._kernel("release"), {
-                "template": reduce + [("MAX_ITERS", max_iters)], **result, **one})
+            release = (self._kernel("release"), {"template": reduce + spin, **result, **one})
             return arrival, release, None
-        wait = (self._kernel("release_wait"), {"template": [("MAX_ITERS", max_iters)], **token, **one})
+        wait = (self._kernel("release_wait"), {"template": spin, **token, **one})
         deliver = (self._kernel("deliver"), {
             "template": reduce, **result,
             "grid": (self.deliver_threads, 1, 1), "threadgroup": (self.deliver_threads, 1, 1)})
@@ -144,8 +162,8 @@ class MlxBackend:
         if k is None:
             lang = self._lang
             inputs, outputs, source = kernels.source(lang, which)
-            name = f"fastcoll_gate_{which}" + (f"_{space}" if space else "")
-            header = kernels.header(lang, space or lang.X_SPACES[0], self.layout)
+            name = f"fastcoll_gate_{which}" + (f"_{space}" if space else "") + ("_direct" if self._gather else "")
+            header = kernels.header(lang, space or lang.X_SPACES[0], self.layout, self._rank, self._gather)
             k = self._kernels[key] = lang.make_kernel(name, inputs, outputs, source, header)
         return k
 

@@ -52,7 +52,7 @@ class ControlPage:
         self._page = page
         self._words = memoryview(page).cast("I")
         self.send = page[layout.send_offset : layout.send_offset + layout.mailbox_bytes]
-        self.recv = page[layout.recv_offset : layout.recv_offset + layout.mailbox_bytes]
+        self.recv = page[layout.recv_offset : layout.recv_offset + layout.recv_bytes]
         self.fence = make_fence()
 
     def load(self, word: int) -> int:
@@ -68,6 +68,6 @@ class ControlPage:
         before = seq_add(start_seq, -1)
         for word in (L.ARRIVAL, L.RELEASE, L.ACK, L.MARK):
             self.store(word, before)
-        for word in (L.STATUS, L.SPIN_ITERS, L.SPIN_FAILED, L.SPIN_FAILED_SEQ):
+        for word in (L.STATUS, L.SPIN_ITERS, L.SPIN_FAILED, L.SPIN_FAILED_SEQ, L.SPIN_FAILED_PEER):
             self.store(word, 0)
         self.fence()

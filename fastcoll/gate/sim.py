@@ -12,6 +12,7 @@ by bench/gate_bench.py.
 
 from __future__ import annotations
 
+import ctypes
 import queue
 import threading
 import time
@@ -74,6 +75,9 @@ class SimDevice:
         self.layout = layout
         self.page = np.zeros(layout.total_bytes, dtype=np.uint8)
         self._words = memoryview(self.page).cast("I")
+        self._gather: np.ndarray | None = None  # the direct mode's segment, as bytes
+        self._glayout: L.GatherLayout | None = None
+        self._rank = 0
         self._queue: queue.Queue = queue.Queue()
         self._held = threading.Event()  # set: the stream is paused (a "GPU" busy elsewhere)
         self._thread = threading.Thread(target=self._run, name="fastcoll-sim-gpu", daemon=True)
@@ -88,11 +92,21 @@ class SimDevice:
     def launch(self, x: Any, op: str, max_iters: int, after: SimResult) -> tuple[SimResult, SimResult]:
         data = raw_bytes(x).copy()
         result = SimResult(seq_add(after.seq, 1))
-        self._queue.put((data, dtype_name(x.dtype), op, max_iters, after, result))
+        sig = L.signature(op, dtype_name(x.dtype), tuple(x.shape))
+        self._queue.put((data, dtype_name(x.dtype), op, max_iters, after, result, sig))
         return result, result
 
     def wait(self, token: SimResult) -> None:
         token.wait()
+
+    def share_host_memory(self, ptr: int, nbytes: int):
+        """A thread needs no registration: the address is the mapping's own."""
+        return ptr, lambda: None
+
+    def use_gather(self, address: int, gather: L.GatherLayout, rank: int) -> None:
+        """The direct mode, over the segment at `address` (this process's mapping)."""
+        self._gather = np.ctypeslib.as_array((ctypes.c_uint8 * gather.total_bytes).from_address(address))
+        self._glayout, self._rank = gather, rank
 
     def hold(self) -> None:
         """Pause the stream before its next gate (as if earlier kernels were still running)."""
@@ -113,44 +127,88 @@ class SimDevice:
                 return
             while self._held.is_set():
                 time.sleep(0.0005)
-            data, name, op, max_iters, after, result = job
-            self._arrival(data, result.seq)
-            self._release(result.seq, after.status, name, op, data.size, max_iters, result)
+            data, name, op, max_iters, after, result, sig = job
+            self._arrival(data, result.seq, sig)
+            self._release(result.seq, after.status, name, op, data.size, max_iters, result, sig)
 
-    def _arrival(self, data: np.ndarray, seq: int) -> None:
-        off = self.layout.send_offset
-        self.page[off : off + data.size] = data
+    def _arrival(self, data: np.ndarray, seq: int, sig: int) -> None:
+        if self._gather is None:
+            off = self.layout.send_offset
+            self.page[off : off + data.size] = data
+        else:
+            off = self._set(seq) + self._rank * data.size
+            self._gather[off : off + data.size] = data
+            g = self._gather_words()
+            line = self._glayout.line(self._rank)
+            g[line + L.G_SIG + (seq & 1)] = sig
+            g[line + L.G_FLAG] = seq
         self._words[L.ARRIVAL] = seq
 
+    def _set(self, seq: int) -> int:
+        return self._glayout.header_bytes + (seq & 1) * self._glayout.set_bytes
+
+    def _gather_words(self) -> memoryview:
+        return memoryview(self._gather).cast("I")
+
     def _release(self, seq: int, prev: int, name: str, op: str, nbytes: int, max_iters: int,
-                 result: SimResult) -> None:
+                 result: SimResult, sig: int) -> None:
         w = self._words
         status = prev  # a failed predecessor: do not wait
         iters = 0
-        if status == L.OK:
+        if status == L.OK and self._gather is None:
             while seq_diff(w[L.RELEASE], seq) < 0:
                 iters += 1
                 if iters >= max_iters:
                     status = L.TIMEOUT
-                    w[L.SPIN_FAILED_SEQ] = seq
-                    w[L.SPIN_FAILED] = 1
+                    self._record(seq, status, self._rank)
                     break
                 time.sleep(0)
+        elif status == L.OK:  # the direct mode: every rank's FLAG, or the host's abort
+            g, lay, p = self._gather_words(), self._glayout, 0
+            while p < lay.ranks:
+                if seq_diff(g[lay.line(p) + L.G_FLAG], seq) >= 0:
+                    p += 1
+                elif seq_diff(w[L.RELEASE], seq) >= 0:
+                    status = w[L.STATUS] or L.ERROR  # the host gave up, and says why
+                    break
+                else:
+                    iters += 1
+                    if iters >= max_iters:
+                        status = L.TIMEOUT
+                        self._record(seq, status, p)
+                        break
+                    time.sleep(0)
+            if status == L.OK:
+                for p in range(lay.ranks):
+                    if g[lay.line(p) + L.G_SIG + (seq & 1)] != sig:
+                        status = L.MISMATCH
+                        self._record(seq, status, p)
+                        break
         if status == L.OK:
             status = w[L.STATUS]
         out = np.full(nbytes, 0xFF, dtype=np.uint8)
         if status == L.OK:
-            out = self._reduce(name, op, nbytes)
+            out = self._reduce(name, op, nbytes, seq)
         w[L.SPIN_ITERS] = iters
         w[L.ACK] = seq
         result.finish(out, status, iters)
 
-    def _reduce(self, name: str, op: str, nbytes: int) -> np.ndarray:
-        """The receive mailbox's slots reduced in rank order, as fc_reduce does: rounded to the
-        dtype after every rank (the host path's reducers do the same)."""
-        off, n = self.layout.recv_offset, self.layout.ranks
+    def _record(self, seq: int, status: int, peer: int) -> None:
+        w = self._words
+        w[L.SPIN_FAILED_SEQ] = seq
+        w[L.SPIN_FAILED_PEER] = peer
+        w[L.SPIN_FAILED] = status
+
+    def _reduce(self, name: str, op: str, nbytes: int, seq: int) -> np.ndarray:
+        """The slots reduced in rank order, as fc_reduce does: rounded to the dtype after every
+        rank (the host path's reducers do the same)."""
+        n = self.layout.ranks
+        if self._gather is None:
+            src, off = self.page, self.layout.recv_offset
+        else:
+            src, off = self._gather, self._set(seq)
         host = dtypes.host_dtype(name)
-        slots = self.page[off : off + n * nbytes].view(host).reshape(n, -1)
+        slots = src[off : off + n * nbytes].view(host).reshape(n, -1)
         combine = dtypes.reducer(name, op)
         acc = slots[0].copy()
         for p in range(1, n):

@@ -63,6 +63,12 @@ def unavailable() -> str | None:
     return None
 
 
-def advise(page: Any) -> Callable[[], None] | None:
+def share_host_memory(ptr: int, nbytes: int) -> tuple[int, Callable[[], None]] | None:
+    """None: a Metal kernel built through MLX cannot reach another process's memory, so the
+    gate's direct mode is CUDA's only; Metal gates exchange through the host."""
+    return None
+
+
+def advise_page(page: Any) -> Callable[[], None] | None:
     """Nothing to advise: Apple GPUs and CPUs share memory."""
     return None

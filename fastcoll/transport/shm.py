@@ -44,6 +44,7 @@ _HEAD, _TAIL, _ASLEEP = 0, _LINE // 8, 2 * _LINE // 8  # word indices in a ring'
 _CONTROL = 3 * _LINE
 _MAGIC = b"fastcoll-shm-v1\0"
 _PREAMBLE = 64  # magic (16) + nonce (16), padded
+PREAMBLE_PAGE = 4096  # where a segment's page-aligned contents may start, after the preamble
 _OFFER_LIMIT = 4096
 # A reader that found its ring empty and went to sleep in poll() is woken by a doorbell, which
 # the writer sends only when it sees the reader's "asleep" flag. Without a store-load fence the
@@ -355,11 +356,13 @@ def pair(capacity: int = RING_BYTES) -> tuple[ShmLink, ShmLink]:
     return ShmLink(a, *_rings(mem, capacity, lower=True)), ShmLink(b, *_rings(mem, capacity, lower=False))
 
 
-def _create(capacity: int) -> tuple[str, bytes, mmap.mmap]:
+def create_segment(size: int) -> tuple[str, bytes, mmap.mmap]:
+    """A new shared-memory segment of `size` bytes (its first bytes hold a magic and a
+    random nonce): its name, the nonce, and this process's mapping. Unlink the name once the
+    peers have attached; OSError where shared memory cannot be had."""
     api = _shm_api()
     name = "/fc" + secrets.token_hex(12)  # macOS allows 31 characters
     nonce = secrets.token_bytes(16)
-    size = _segment_size(capacity)
     fd = api.shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
     try:
         try:
@@ -378,15 +381,15 @@ def _create(capacity: int) -> tuple[str, bytes, mmap.mmap]:
     return name, nonce, mem
 
 
-def _attach(name: str, nonce: bytes, capacity: int) -> mmap.mmap | None:
-    """The peer's segment, if it is on this host (it exists here and holds the nonce)."""
+def attach_segment(name: str, nonce: bytes, size: int) -> mmap.mmap | None:
+    """A peer's segment made by create_segment, if it is on this host (it exists here, is at
+    least `size` bytes and holds the nonce), else None."""
     api = _shm_api()
     try:
         fd = api.shm_open(name, os.O_RDWR, mode=0o600)
     except OSError:
         return None  # another host
     try:
-        size = _segment_size(capacity)
         if os.fstat(fd).st_size < size:
             return None
         mem = mmap.mmap(fd, size)
@@ -396,6 +399,19 @@ def _attach(name: str, nonce: bytes, capacity: int) -> mmap.mmap | None:
         mem.close()
         return None
     return mem
+
+
+def unlink_segment(name: str) -> None:
+    """Remove a segment's name (the mappings stay valid)."""
+    _shm_api().shm_unlink(name)
+
+
+def _create(capacity: int) -> tuple[str, bytes, mmap.mmap]:
+    return create_segment(_segment_size(capacity))
+
+
+def _attach(name: str, nonce: bytes, capacity: int) -> mmap.mmap | None:
+    return attach_segment(name, nonce, _segment_size(capacity))
 
 
 def _check_offer(offer: object, what: str) -> tuple[str, bytes, int] | None:
