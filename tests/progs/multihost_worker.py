@@ -2,7 +2,8 @@
 
     multihost_worker.py OUTDIR collectives      every collective against numpy references
     multihost_worker.py OUTDIR big MB           one MB-sized all_reduce, checked
-    multihost_worker.py OUTDIR loop             prints "ready", then all-reduces until an error
+    multihost_worker.py OUTDIR loop [FLOATS]    prints "ready", then all-reduces FLOATS float32
+                                                (default 4096) every 10 ms until an error
 
 Each rank writes OUTDIR/rank<N>.json (what it saw: hostname, transport_info(), checks passed,
 the error class and message, times) as soon as it knows, and prints it as one line. OUTDIR is
@@ -44,7 +45,7 @@ def write() -> None:
 def on_term(signum, frame) -> None:
     if "outcome" not in report:  # the launcher stopped this rank before it saw anything
         report.update(outcome="terminated", signal=signum, t_end=time.time())
-        write()
+    write()
     os._exit(128 + signum)
 
 
@@ -79,11 +80,13 @@ def collectives(g) -> None:
             for op in ("sum", "prod", "min", "max"):
                 want = {"sum": stack.sum(0, dtype=dtype), "prod": stack.prod(0, dtype=dtype),
                         "min": stack.min(0), "max": stack.max(0)}[op]
-                equal(fastcoll.all_reduce(every[r], op=op), want, f"all_reduce {op} {dtype} {count}")
+                equal(fastcoll.all_reduce(every[r], op=op), want,
+                      f"all_reduce {op} {dtype} {count}")
             if dtype is np.float32:
-                equal(fastcoll.all_reduce(every[r], op="mean"), stack.sum(0, dtype=dtype) / np.float32(n),
-                      f"all_reduce mean {count}")
-            equal(fastcoll.all_gather(every[r].reshape(1, -1)), stack, f"all_gather {dtype} {count}")
+                equal(fastcoll.all_reduce(every[r], op="mean"),
+                      stack.sum(0, dtype=dtype) / np.float32(n), f"all_reduce mean {count}")
+            equal(fastcoll.all_gather(every[r].reshape(1, -1)), stack,
+                  f"all_gather {dtype} {count}")
             rows = inputs(r, case + 500, (n * 3, count), dtype)
             allrows = np.stack([inputs(q, case + 500, (n * 3, count), dtype) for q in range(n)])
             equal(fastcoll.reduce_scatter(rows), allrows.sum(0, dtype=dtype)[3 * r:3 * r + 3],
@@ -139,8 +142,8 @@ def big(g, mb: int) -> None:
     fastcoll.barrier()
 
 
-def loop(g) -> None:
-    x = np.ones(4096, np.float32)
+def loop(g, floats: int) -> None:
+    x = np.ones(floats, np.float32)
     fastcoll.barrier()
     report["t_ready"] = time.time()
     print("ready", flush=True)
@@ -157,14 +160,13 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_term)
     report["t_start"] = time.time()
     code = 0
-    g = None
     try:
         g = fastcoll.init()
         report.update(rank=g.rank(), size=g.size(), transport=g.transport_info(),
                       t_init=time.time())
         write()  # a rank that dies without a word still leaves this
         {"collectives": lambda: collectives(g), "big": lambda: big(g, int(ARGS[0])),
-         "loop": lambda: loop(g)}[MODE]()
+         "loop": lambda: loop(g, int(ARGS[0]) if ARGS else 4096)}[MODE]()
         report["outcome"] = "ok"
     except fastcoll.FastcollError as e:
         report.update(outcome="error", error=type(e).__name__, message=str(e))

@@ -1,0 +1,293 @@
+"""fastcoll-launch and fastcoll across real (namespaced) hosts: tests/netns.py builds 4 hosts,
+each a network namespace with its own hostname and sshd, two data links and a management link
+into a switch namespace; the launcher runs in a namespace of its own and reaches the hosts over
+ssh, as it would reach Macs. Skipped, saying why, where namespaces cannot be made (not root, no
+iproute2, no sshd).
+
+The failure tests assert what holds today (every rank ends with CollectiveTimeoutError or
+PeerLostError, or is stopped by the launcher, within a bound; the launcher exits non-zero
+within a bound; nothing of the job is left running) and print what each rank and the launcher
+said (`-s` shows it), for the diagnosis to be tightened later.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import netns  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join("tests", "progs", "multihost_worker.py")
+TIMEOUT = 3  # FASTCOLL_TIMEOUT of the failure tests, seconds
+TRANSPORTS = {
+    "tcp": {"FASTCOLL_TRANSPORT": "tcp", "FASTCOLL_SHM": "0"},
+    "shm": {"FASTCOLL_TRANSPORT": "tcp", "FASTCOLL_SHM": "1"},
+    "zmq": {"FASTCOLL_TRANSPORT": "zmq"},
+}
+_count = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def bed():
+    """Four hosts with two data links each, for the whole module; gone afterwards, whatever
+    happened (the bed also tears itself down at interpreter exit, and the next run removes a
+    killed run's leftovers)."""
+    try:
+        b = netns.TestBed(hosts=4, data_links=2).build()
+    except netns.Unavailable as e:
+        pytest.skip(f"multi-host test bed unavailable: {e}")
+    try:
+        yield b
+    finally:
+        b.teardown()
+
+
+@pytest.fixture
+def net(bed):
+    """The bed, healed and emptied of the test's processes after each test."""
+    try:
+        yield bed
+    finally:
+        bed.heal()
+        bed.kill_strays()
+
+
+class Job:
+    """One launcher run of the worker; `reports()` reads what each rank wrote."""
+
+    def __init__(self, bed: netns.TestBed, hosts, mode: str, *args: str, slots: int = 1,
+                 links: int = 1, env: dict | None = None, fmt: str = "mpirun",
+                 launcher_args: tuple = ()) -> None:
+        self.bed = bed
+        self.size = len(hosts) * slots
+        self.outdir = str(bed.root / f"job{next(_count)}")
+        os.mkdir(self.outdir)
+        self.hostfile = bed.hostfile(hosts, slots=slots, links=links, fmt=fmt)
+        self.run = bed.start_launcher(
+            ["-v", "--hostfile", self.hostfile, "--env", f"PYTHONPATH={REPO}", *launcher_args,
+             "python", WORKER, self.outdir, mode, *args],
+            env=bed.launcher_env(**(env or {})), cwd=REPO)
+
+    def wait(self, timeout: float = 60.0) -> int | None:
+        return self.run.wait(timeout)
+
+    def reports(self, wait: float = 0.0) -> dict[int, dict]:
+        """rank -> its report; waits up to `wait` s for every rank's final one."""
+        deadline = time.monotonic() + wait
+        while True:
+            found = {}
+            for p in Path(self.outdir).glob("rank*.json"):
+                try:
+                    r = json.loads(p.read_text())
+                except (OSError, ValueError):
+                    continue
+                found[r["rank"]] = r
+            done = len(found) == self.size and all("outcome" in r for r in found.values())
+            if done or time.monotonic() >= deadline:
+                return found
+            time.sleep(0.1)
+
+    def describe(self) -> str:
+        ranks = "\n".join(f"rank {k}: {json.dumps(v)[:1500]}"
+                          for k, v in sorted(self.reports().items()))
+        return (f"launcher stdout:\n{self.run.out[-3000:]}\n"
+                f"launcher stderr:\n{self.run.err[-3000:]}\nrank reports:\n{ranks}")
+
+    def leftovers(self, wait: float) -> list:
+        """Ranks of this job (their argv names its folder) and launcher agents still alive."""
+        deadline = time.monotonic() + wait
+        while True:
+            left = [(p, c) for p, c in ((p, netns.cmdline(p)) for p in netns.all_pids())
+                    if self.outdir in c]
+            left += [(p, c) for procs in self.bed.processes().values() for p, c in procs
+                     if "fastcoll-agent" in c]
+            if not left or time.monotonic() >= deadline:
+                return left
+            time.sleep(0.1)
+
+
+def assert_all_ok(job: Job, code, hosts, slots: int = 1) -> dict[int, dict]:
+    assert code == 0, job.describe()
+    reports = job.reports(wait=2)
+    assert sorted(reports) == list(range(job.size)), job.describe()
+    for rank, r in reports.items():
+        host = hosts[rank // slots]
+        assert r["outcome"] == "ok", f"rank {rank}: {r.get('error')}: {r.get('message')}\n" \
+            f"{r.get('traceback', '')}\n{job.describe()}"
+        assert r["hostname"] == f"host{host}", r
+        assert r["local_rank"] == str(rank % slots), r
+        assert r["checks"] > 0, r
+    assert job.leftovers(wait=5) == []
+    return reports
+
+
+# ----------------------------------------------------------------------------- collectives
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm", "zmq"])
+@pytest.mark.parametrize("hosts", [(1, 2), (1, 2, 3, 4)], ids=["2hosts", "4hosts"])
+def test_every_collective_across_hosts(net, hosts, transport):
+    job = Job(net, hosts, "collectives", env={**TRANSPORTS[transport], "FASTCOLL_TIMEOUT": "20"},
+              fmt="json" if len(hosts) == 4 else "mpirun")
+    reports = assert_all_ok(job, job.wait(90), hosts)
+    for rank, r in reports.items():
+        # One rank per host: nothing is shared memory, even with FASTCOLL_SHM=1.
+        assert r["transport"] == ("zmq" if transport == "zmq" else "tcp"), r
+        assert r["interface"] == net.host(hosts[rank]).data[0], r
+
+
+@pytest.mark.parametrize("shm", ["1", "0"])
+def test_two_ranks_per_host_share_memory_with_each_other_only(net, shm):
+    hosts = (1, 2)
+    job = Job(net, hosts, "collectives", slots=2,
+              env={"FASTCOLL_SHM": shm, "FASTCOLL_TIMEOUT": "20"})
+    reports = assert_all_ok(job, job.wait(90), hosts, slots=2)
+    for rank, r in reports.items():
+        # Three peers each: the one on the same host over shared memory, the two others on TCP.
+        want = "tcp, shared memory on 1 of 3 connections" if shm == "1" else "tcp"
+        assert r["transport"] == want, (rank, r)
+
+
+@pytest.mark.parametrize("hosts", [(1, 2), (1, 2, 3, 4)], ids=["2hosts", "4hosts"])
+def test_two_data_links_carry_a_large_all_reduce(net, hosts):
+    mb = 32
+    before = {(h, k): net.link_bytes(h, k)[0] for h in hosts for k in range(2)}
+    job = Job(net, hosts, "big", str(mb), links=2, env={"FASTCOLL_TIMEOUT": "30"})
+    reports = assert_all_ok(job, job.wait(90), hosts)
+    sent = {hk: net.link_bytes(*hk)[0] - b for hk, b in before.items()}
+    n = len(hosts)
+    # A ring all-reduce sends 2 (n-1)/n of the message from every rank; striped over two
+    # connections (one per link), each link should carry about half of it.
+    per_link = 2 * (n - 1) / n * mb * 2**20 / 2
+    detail = {f"host{h} d{k}": f"{v / 2**20:.1f} MiB" for (h, k), v in sent.items()}
+    print(f"\n{n} hosts, {mb} MB all_reduce over 2 links: sent per link {detail}; "
+          f"all_reduce took {max(r['seconds'] for r in reports.values()):.3f} s")
+    for hk, v in sent.items():
+        assert v > 0.3 * per_link, (hk, detail)
+
+
+# ----------------------------------------------------------------------------- --check
+
+
+def test_check_across_four_hosts(net):
+    hf = net.hostfile((1, 2, 3, 4), links=2)
+    code, run = net.launch(["--check", "--hostfile", hf, "--env", f"PYTHONPATH={REPO}"],
+                           cwd=REPO, timeout=60)
+    text = run.out
+    print("\n" + text)
+    assert code == 0, text + run.err
+    for h in net.hosts:
+        assert re.search(rf"^{h.name}\s+ok\s+\d+\.\d+\.\d+\s+\S+.*\bok$", text, re.M), text
+        for o in net.hosts:
+            if o is not h:
+                for addr in o.data:
+                    assert re.search(rf"^{h.name} -> {o.name} {re.escape(addr)}:\d+  ok$",
+                                     text, re.M), text
+    assert "all hosts ok" in text
+
+
+def test_check_names_a_cut_data_link(net):
+    hf = net.hostfile((1, 2, 3, 4))
+    net.cut(3)
+    t = time.monotonic()
+    code, run = net.launch(["--check", "--hostfile", hf, "--env", f"PYTHONPATH={REPO}"],
+                           cwd=REPO, timeout=60)
+    took = time.monotonic() - t
+    text = run.out
+    print(f"\n--check with host3's data link cut: exit {code} after {took:.1f} s\n{text}")
+    assert code == 1, text + run.err
+    assert re.search(r"^host3\s+ok\s.*FAIL: cannot reach host1, host2, host4", text, re.M), text
+    assert re.search(r"^host1 -> host3 10\.202\.0\.3:\d+  FAIL", text, re.M), text
+    assert re.search(r"^host1 -> host2 10\.202\.0\.2:\d+  ok$", text, re.M), text
+    assert "some hosts FAILED" in text
+    assert took < 20
+
+
+# ----------------------------------------------------------------------------- failures
+
+
+def _victims(hosts):
+    """The host the fault hits, and the host a one-way drop cuts it off from."""
+    v = hosts[-1] if len(hosts) == 2 else hosts[2]
+    return v, hosts[(hosts.index(v) + 1) % len(hosts)]
+
+
+FAULTS = {
+    "cut_data_link": lambda bed, v, to: bed.cut(v),
+    "one_way_drop": lambda bed, v, to: bed.drop_one_way(v, to),
+    "vanished_host": lambda bed, v, to: bed.vanish(v),
+    "cut_second_link": lambda bed, v, to: bed.cut(v, link=1),
+}
+# What a rank may end with today: its own error, or the launcher's SIGTERM (it stops every
+# rank as soon as the first one exits non-zero, and a rank still waiting for its timeout when
+# that arrives never raises).
+ERRORS = {"CollectiveTimeoutError", "PeerLostError"}
+
+
+@pytest.mark.parametrize("fault", ["cut_data_link", "one_way_drop", "vanished_host"])
+@pytest.mark.parametrize("hosts", [(1, 2), (1, 2, 3, 4)], ids=["2hosts", "4hosts"])
+def test_network_failure_ends_the_job(net, hosts, fault):
+    _failure(net, hosts, fault)
+
+
+def test_one_of_two_data_links_cut_ends_a_striped_job(net):
+    # Connection k of every pair runs over link k; a large all-reduce is striped over both,
+    # so it waits on the dead one. (Small messages go over connection 0 alone: a job of small
+    # collectives does not notice that link 1 is gone.)
+    _failure(net, (1, 2), "cut_second_link", links=2, floats=2 << 20)
+
+
+def _failure(net, hosts, fault, links: int = 1, floats: int = 4096) -> None:
+    victim, other = _victims(hosts)
+    job = Job(net, hosts, "loop", str(floats), links=links,
+              env={"FASTCOLL_TIMEOUT": str(TIMEOUT)},
+              launcher_args=("--grace", "1", "--timeout", "60"))
+    assert job.run.wait_for("ready", len(hosts), timeout=30), job.describe()
+    time.sleep(0.3)  # every rank well inside its loop
+    t_fault = time.time()
+    FAULTS[fault](net, victim, other)
+    code = job.wait(60)
+    launcher_took = job.run.ended - t_fault
+    reports = job.reports(wait=3 * TIMEOUT)
+    left = job.leftovers(wait=3 * TIMEOUT)
+    what = {"cut_data_link": f"host{victim}'s data link cut",
+            "one_way_drop": f"host{victim} -> host{other} packets dropped",
+            "vanished_host": f"host{victim} vanished",
+            "cut_second_link": f"host{victim}'s second of two data links cut"}[fault]
+    lines = [f"\n=== {len(hosts)} hosts, {what}: launcher exit {code} after {launcher_took:.1f} s"]
+    for rank in sorted(reports):
+        r = reports[rank]
+        at = r.get("t_end", float("nan")) - t_fault
+        lines.append(f"  rank {rank} ({r['hostname']}): {r.get('outcome')} at +{at:.1f} s: "
+                     f"{r.get('error', '')}: {(r.get('message') or '')[:300]}")
+    lines += [f"  launcher at +{at - t_fault:.1f} s: {t}" for at, s, t in job.run.lines
+              if at > t_fault and (s == "err" or not t.startswith("["))]
+    lines += [f"  still running in {name}: {c[:80]}" for name, procs in net.processes().items()
+              for _, c in procs]
+    dropped = net.dropped(victim) if fault == "one_way_drop" else None
+    if dropped is not None:
+        lines.append(f"  packets dropped host{victim} -> host{other}: {dropped}")
+    print("\n".join(lines))
+
+    assert code is not None and code != 0, job.describe()
+    assert launcher_took < 20, "\n".join(lines)
+    assert sorted(reports) == list(range(len(hosts))), "\n".join(lines)
+    errors = 0
+    for rank, r in reports.items():
+        assert r.get("outcome") in ("error", "terminated"), (rank, r, "\n".join(lines))
+        if r["outcome"] == "error":
+            errors += 1
+            assert r["error"] in ERRORS, (rank, r)
+        assert r["t_end"] - t_fault < 4 * TIMEOUT, (rank, r)
+    assert errors >= 1, "\n".join(lines)
+    assert left == [], left
+    assert dropped is None or dropped > 0, "the one-way drop dropped nothing"
