@@ -78,8 +78,6 @@ def rank_main(args) -> None:
         from fastcoll import mlx_compat
 
         mlx_compat.install()
-        if os.environ.get("DECODE_RAW_CLEAR_CACHE") == "1":  # MLX's own, without draining the gates
-            mx.clear_cache = mlx_compat.patch._saved["clear_cache"]
         group = mx.distributed.init()
         model.shard(group)
         rank, info = group.rank(), group.fastcoll_group.transport_info()
@@ -109,9 +107,8 @@ RUNS = {
     "host": {"FASTCOLL_FAST_SYNC": "0"},
     "gate": {"FASTCOLL_FAST_SYNC": "1"},
     "gate_profile": {"FASTCOLL_FAST_SYNC": "1", "FASTCOLL_GATE_PROFILE": "1"},
-    # MLX's own clear_cache while gates are in flight; a low spin bound ends a stall in seconds.
-    "gate_raw_clear_cache": {"FASTCOLL_FAST_SYNC": "1", "DECODE_RAW_CLEAR_CACHE": "1",
-                             "FASTCOLL_FENCE_MAX_ITERS": "3000000"},
+    # the host mode of the gate where the direct mode would apply (ranks of one host)
+    "gate_host_mode": {"FASTCOLL_FAST_SYNC": "1", "FASTCOLL_TUNING": "gate_direct=0"},
 }
 
 

@@ -3,6 +3,7 @@ all-reduces beside the host path.
 
     python bench/gate_bench.py profile [--gates 10000] [--tokens 30] [--out DIR]   one rank, one GPU
     python bench/gate_bench.py ranks [--world 2] [--gpus 0,0] [--out DIR]          ranks on localhost
+    python bench/gate_bench.py kill [--timeout 20] [--out DIR]                      a peer killed mid-token
     python bench/gate_bench.py poll [--out DIR]                                     CPU only: the arrival poll
     python bench/gate_bench.py report DIR                                           markdown tables of DIR/*.json
 
@@ -335,6 +336,22 @@ def cmd_profile(args) -> None:
     step("token_gate_64b", tokens, gated(gate), args.tokens, mx.float32, 16)
     step("token_host_64b", tokens, host_path_1rank, args.tokens, mx.float32, 16)
     gate.check()
+    # The direct mode with one rank: the GPU's own FLAG is all its spin waits for, so this is the
+    # gate's kernels with no host turn at all (fastcoll/gate/direct.py).
+    from fastcoll.gate import direct
+
+    gather = direct.setup(lambda what, values: np.array([values], dtype=np.int64), 0, 1, 64 * 1024,
+                          cuda.share_host_memory)
+    res["direct_1rank_available"] = gather is not None
+    if gather is not None:
+        solo = Gate(MlxBackend(cuda, ControlLayout(64 * 1024, 1), advise=cuda.advise_page),
+                    Config(fast_sync=True, gate_max_bytes=64 * 1024, fence_max_iters=MAX_ITERS))
+        solo.use_direct(gather)
+        step("token_direct_8k", tokens, gated(solo), args.tokens, mx.bfloat16, ROW)
+        step("token_direct_8k_pipelined", tokens, gated(solo), args.tokens, mx.bfloat16, ROW, True)
+        step("token_direct_64b", tokens, gated(solo), args.tokens, mx.float32, 16)
+        solo.check()
+        solo.close()
     prof = Gate(plain, Config(fast_sync=True, gate_max_bytes=64 * 1024, fence_max_iters=MAX_ITERS, gate_profile=True))
     step("token_gate_8k_profiled", tokens, gated(prof), 10, mx.bfloat16, ROW)
     service.submit(lambda: None).result(10)
@@ -364,6 +381,7 @@ def cmd_worker(args) -> None:
     rank = g.rank()
     gated = g._job.gate is not None
     res = {"rank": rank, "size": g.size(), "gated": gated, "fast_sync": os.environ.get("FASTCOLL_FAST_SYNC"),
+           "direct": gated and g._job.gate.direct,
            "transport": g.transport_info(), "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"), **machine()}
     allreduce = lambda y: fastcoll.all_reduce(y + 1, op="mean")
     for row, dtype_name in ((int(r), d) for r, d in (part.split(":") for part in args.rows.split(","))):
@@ -397,8 +415,10 @@ def cmd_worker(args) -> None:
 
 def cmd_ranks(args) -> None:
     gpus = args.gpus.split(",") if args.gpus else [None] * args.world
+    host_mode = {"FASTCOLL_TUNING": "gate_direct=0"}  # the gate's host mode where the direct one would apply
     runs = [("host", {"FASTCOLL_FAST_SYNC": "0"}), ("gate", {"FASTCOLL_FAST_SYNC": "1"}),
-            ("gate_profile", {"FASTCOLL_FAST_SYNC": "1", "FASTCOLL_GATE_PROFILE": "1"})]
+            ("gatehost", {"FASTCOLL_FAST_SYNC": "1", **host_mode}),
+            ("gate_profile", {"FASTCOLL_FAST_SYNC": "1", "FASTCOLL_GATE_PROFILE": "1", **host_mode})]
     for i, (tag, extra) in enumerate(runs):
         port = 29700 + (os.getpid() % 200) + i
         procs = []
@@ -428,6 +448,65 @@ def cmd_ranks(args) -> None:
         for r in range(args.world):
             text = Path(f"/tmp/gate_bench_{args.tag_prefix}{tag}_{r}.log").read_text()
             print(f"--- rank {r} log tail ---\n{text[-1500 if any(codes) else -400:]}", flush=True)
+
+
+def cmd_killworker(args) -> None:
+    """One rank of the kill test: rank 1 dies (SIGKILL) in the middle of a token; rank 0 must get
+    PeerLostError well within FASTCOLL_TIMEOUT, and its GPU must still run."""
+    import signal
+
+    import mlx.core as mx
+
+    import fastcoll
+
+    g = fastcoll.init()
+    gate = g._job.gate
+    y = mx.zeros((ROW,), dtype=mx.bfloat16)
+    y = _chain(y, lambda v: fastcoll.all_reduce(v, op="mean"))
+    mx.eval(y)  # one whole token first: both ranks are up and gating
+    y = _chain(y, lambda v: fastcoll.all_reduce(v, op="mean"))
+    if g.rank() == 1:
+        mx.async_eval(y)
+        time.sleep(0.05)  # some of this token's gates pass, then this rank is gone
+        os.kill(os.getpid(), signal.SIGKILL)
+    res = {"mode": "direct" if gate is not None and gate.direct else "host" if gate is not None else "no gate",
+           "timeout_s": g.config.timeout}
+    t0 = time.perf_counter()
+    try:
+        mx.eval(y)
+        fastcoll.check()
+        res["error"] = None
+    except fastcoll.FastcollError as e:
+        res["error"] = f"{type(e).__name__}: {e}"
+    res["seconds_to_error"] = time.perf_counter() - t0
+    z = mx.arange(1024, dtype=mx.float32) * 2  # the GPU still runs
+    mx.eval(z)
+    res["gpu_runs_after"] = bool(float(z[3].item()) == 6.0)
+    fastcoll.finalize()
+    dump(Path(args.out), args.tag, res)
+
+
+def cmd_kill(args) -> None:
+    """A peer killed mid-token, in the gate's direct mode and in its host mode."""
+    for i, (tag, extra) in enumerate((("kill_direct", {}), ("kill_hostmode", {"FASTCOLL_TUNING": "gate_direct=0"}))):
+        port = 29900 + (os.getpid() % 50) + i
+        procs = []
+        for r in range(2):
+            env = dict(os.environ, FASTCOLL_RANK=str(r), FASTCOLL_WORLD_SIZE="2", FASTCOLL_FAST_SYNC="1",
+                       FASTCOLL_COORDINATOR=f"127.0.0.1:{port}", FASTCOLL_TOKEN="gate-kill",
+                       FASTCOLL_TIMEOUT=str(args.timeout), PYTHONUNBUFFERED="1", **extra)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+            procs.append(subprocess.Popen([sys.executable, __file__, "killworker", "--out", args.out, "--tag", tag],
+                                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        for r, p in enumerate(procs):
+            try:
+                text, _ = p.communicate(timeout=3 * args.timeout + 60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                text, _ = p.communicate()
+            print(f"--- {tag} rank {r}: exit {p.returncode}\n{text[-800:]}", flush=True)
+        f = Path(args.out) / f"{tag}.json"
+        print(f"{tag}: {f.read_text() if f.exists() else 'no result'}", flush=True)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -542,7 +621,12 @@ def cmd_report(args) -> None:
                   "| --- | --- | --- | --- |"]
         for gk, hk, label in (("token_gate_8k", "token_host_8k", "4096 x bf16 (8 KiB), serial"),
                               ("token_gate_8k_pipelined", "token_host_8k", "4096 x bf16 (8 KiB), gate pipelined"),
-                              ("token_gate_64b", "token_host_64b", "16 x f32 (64 B), serial")):
+                              ("token_gate_64b", "token_host_64b", "16 x f32 (64 B), serial"),
+                              ("token_direct_8k", "token_host_8k", "8 KiB, direct mode, serial"),
+                              ("token_direct_8k_pipelined", "token_host_8k", "8 KiB, direct mode, pipelined"),
+                              ("token_direct_64b", "token_host_64b", "64 B, direct mode, serial")):
+            if gk not in s:
+                continue
             g, h = s[gk]["ms_per_token"], s[hk]["ms_per_token"]
             lines.append(f"| {label} | {g['median']:.2f} / {g['p90']:.2f} | {h['median']:.2f} / {h['p90']:.2f} | "
                          f"{h['median'] / g['median']:.1f} |")
@@ -553,18 +637,24 @@ def cmd_report(args) -> None:
                 for k in ("arrival_us", "exchange_us", "host_us", "release_us", "spin_iters")) + "."]
     for prefix in sorted({p.stem.rsplit("_", 1)[0] for p in d.glob("*_host.json")}):
         host, gate, prof = load(f"{prefix}_host"), load(f"{prefix}_gate"), load(f"{prefix}_gate_profile")
+        gh = load(f"{prefix}_gatehost") or {}
         if not (host and gate):
             continue
         lines += ["", f"{prefix}: {gate['size']} ranks, {gate['transport']}, {gate.get('gpu', '?').splitlines()[0]}, "
-                      f"rank 0, ms per token of {LAYERS} dependent all-reduces (median / p90):", "",
+                      f"rank 0, ms per token of {LAYERS} dependent all-reduces (median / p90); gate: "
+                      f"{'direct' if gate.get('direct') else 'host'} mode:", "",
                   "| row | host path, us per all-reduce | host path, token | gate, token (serial) | gate, token (pipelined) "
-                  "| host / gate (serial) |", "| --- | --- | --- | --- | --- | --- |"]
+                  "| host / gate (serial) | gate's host mode, serial | its pipelined |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for key in [k[: -len("_serial")] for k in gate if k.endswith("_serial")]:
             hs, gs = host[f"{key}_serial"]["ms_per_token"], gate[f"{key}_serial"]["ms_per_token"]
             gp = gate.get(f"{key}_pipelined", {}).get("ms_per_token", {})
             hu = host[f"{key}_us_per_allreduce_evaluated"]
+            ghs = gh.get(f"{key}_serial", {}).get("ms_per_token", {})
+            ghp = gh.get(f"{key}_pipelined", {}).get("ms_per_token", {})
             lines.append(f"| {key} | {_f(hu)} | {_f(hs, digits=2)} / {_f(hs, 'p90', 2)} | {_f(gs, digits=2)} / "
-                         f"{_f(gs, 'p90', 2)} | {_f(gp, digits=2)} / {_f(gp, 'p90', 2)} | {hs['median'] / gs['median']:.1f} |")
+                         f"{_f(gs, 'p90', 2)} | {_f(gp, digits=2)} / {_f(gp, 'p90', 2)} | {hs['median'] / gs['median']:.1f} "
+                         f"| {_f(ghs, digits=2)} | {_f(ghp, digits=2)} |")
         if prof and prof.get("profile"):
             p = prof["profile"]
             lines += ["", "Per gate on rank 0's service thread (median / p90, us): " + ", ".join(
@@ -603,6 +693,12 @@ def main() -> None:
     p.add_argument("--ops", type=int, default=300)
     p.add_argument("--tokens", type=int, default=30)
     p.add_argument("--rows", default=f"{ROW}:bfloat16")
+    p = sub.add_parser("kill")
+    p.add_argument("--timeout", type=float, default=20)
+    p.add_argument("--out", default=str(OUT))
+    p = sub.add_parser("killworker")
+    p.add_argument("--out", required=True)
+    p.add_argument("--tag", required=True)
     p = sub.add_parser("poll")
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--name", default="gate_poll")
@@ -610,7 +706,8 @@ def main() -> None:
     p = sub.add_parser("report")
     p.add_argument("dir")
     args = ap.parse_args()
-    {"profile": cmd_profile, "ranks": cmd_ranks, "worker": cmd_worker, "poll": cmd_poll, "report": cmd_report}[args.cmd](args)
+    {"profile": cmd_profile, "ranks": cmd_ranks, "worker": cmd_worker, "kill": cmd_kill, "killworker": cmd_killworker,
+     "poll": cmd_poll, "report": cmd_report}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,10 @@ out=$1
 shift
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 mkdir -p "$out" "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-pgrep -f nvidia-cuda-mps-control >/dev/null || nvidia-cuda-mps-control -d
+mps() {  # mps on|off: two ranks share the GPU through CUDA MPS; one process runs without it
+  if [ "$1" = on ]; then pgrep -f nvidia-cuda-mps-control >/dev/null || nvidia-cuda-mps-control -d
+  else echo quit | nvidia-cuda-mps-control 2>/dev/null; sleep 1; fi
+}
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
 run() {  # run SECONDS COMMAND...: the command, killed past SECONDS, its output teed into OUT/log
   local limit=$1
@@ -22,12 +25,16 @@ run() {  # run SECONDS COMMAND...: the command, killed past SECONDS, its output 
 }
 while [ $# -gt 0 ]; do
   case $1 in
-    tests) run 200 python3 -m pytest -q -x tests/test_gate_gpu.py tests/test_gate_host.py tests/test_gate_kernels.py ;;
-    profile) run 300 python3 bench/gate_bench.py profile --out "$out" ;;
-    ranks) run 300 python3 bench/gate_bench.py ranks --world 2 --gpus 0,0 --out "$out" ;;
-    decode) run 400 python3 bench/decode_bench.py --shape 8b --runs single,host,gate,gate_profile --out "$out" ;;
+    tests) mps off; run 200 python3 -m pytest -q -x tests/test_gate_gpu.py tests/test_gate_host.py \
+      tests/test_gate_kernels.py tests/test_gate_direct.py ;;
+    profile) mps off; run 300 python3 bench/gate_bench.py profile --out "$out" ;;
+    kill) mps on; run 200 python3 bench/gate_bench.py kill --out "$out" ;;
+    ranks) mps on; run 400 python3 bench/gate_bench.py ranks --world 2 --gpus 0,0 --tokens 20 --out "$out" ;;
+    decode) mps on; run 400 python3 bench/decode_bench.py --shape 8b --runs single,host,gate,gate_host_mode \
+      --tokens 48 --out "$out" ;;
     before)
       shift
+      mps on
       (cd "$1" && export PYTHONPATH="/tmp/site:$PWD" &&
         run 150 python3 bench/gate_bench.py breakdown --tokens 10 --out "$out/before" &&
         run 150 python3 bench/gate_bench.py ranks --world 2 --gpus 0,0 --ops 300 --tokens 10 \

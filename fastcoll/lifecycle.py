@@ -81,11 +81,6 @@ def _connect(config: Config, gate: Any) -> Group:
     return group
 
 
-def default() -> Group | None:
-    """The default group, or None before init() and after finalize()."""
-    return _default
-
-
 def is_initialized() -> bool:
     """True between init() and finalize()."""
     return _default is not None

@@ -87,10 +87,11 @@ FC_DEVICE void fc_copy_in(fc_bytes_t dst, const FC_X_SPACE T* src, fc_uint n, fc
 // The address space of a kernel's outputs (CUDA has one).
 #define FC_OUT
 
-// Element i of a slot of the receive mailbox, as a T.
+// Element i of a slot of the receive mailbox, as a T: a load that no cache of this GPU may
+// answer (__ldcv), since the host or another rank's GPU wrote it.
 template <typename T>
 FC_DEVICE T fc_mailbox_at(fc_bytes_t base, fc_uint i) {
-  return reinterpret_cast<const T*>(base)[i];
+  return __ldcv(reinterpret_cast<const T*>(base) + i);
 }
 
 // The host memory whose 64-bit address the control page holds at word w (the direct mode's

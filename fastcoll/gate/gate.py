@@ -72,9 +72,14 @@ class Gate:
         from fastcoll.gate import direct
 
         gather = direct.setup(gather_ints, rank, size, self._max_bytes, share)
-        if gather is None:
-            return
-        self._backend.use_gather(gather.address, gather.layout, rank)
+        if gather is not None:
+            self.use_direct(gather, alive)
+
+    def use_direct(self, gather: Any, alive: Any = None) -> None:
+        """Run the direct mode over `gather` (a direct.Gather this rank set up with its peers)."""
+        from fastcoll.gate import direct
+
+        self._backend.use_gather(gather.address, gather.layout, gather.rank)
         self._gather = gather
         self._host.direct = True
         self._watcher = direct.Watcher(self._host, gather, self._timeout, alive)
@@ -103,7 +108,7 @@ class Gate:
             return False
         return gate_accepts(shape, dtype_name(dtype), op, self._max_bytes)
 
-    def all_reduce(self, x: Any, op: str, exchange: Exchange, submit: Submit) -> Any:
+    def all_reduce(self, x: Any, op: str, exchange: Exchange | None = None, submit: Submit | None = None) -> Any:
         """A lazy result of x's shape and dtype whose graph holds the gate's kernels.
 
         Submits the host half to the service thread (in call order) and evaluates nothing.
@@ -112,7 +117,7 @@ class Gate:
         """
         if not self.accepts(x, op):
             raise ValueError(f"the fence gate does not take all_reduce({op!r}) of {x.dtype} {tuple(x.shape)}")
-        self.check()
+        self.check()  # (in the direct mode `exchange` and `submit` are not used: no host half)
         result, token = self._backend.launch(x, op, self._max_iters, self._token)
         # Issued once its kernels exist, as the GPU counts it; if the gate has failed meanwhile
         # this raises, and the kernels just built are dropped with the result nobody gets.

@@ -233,8 +233,10 @@ KERNELS: dict[str, tuple[list[str], list[str], str]] = {
     fc_words_t line = fc_line(fc_pointer_at(words, FC_GATHER_ADDR), FC_RANK);
     fc_store_relaxed(line + FC_G_SIG + (seq & 1u), (fc_uint)SIG);
     fc_store(line + FC_G_FLAG, seq);
-#endif
+    fc_store_relaxed(words + FC_ARRIVAL, seq);  // for the watcher only: the peers read FLAG
+#else
     fc_store(words + FC_ARRIVAL, seq);
+#endif
     arrived[FC_TOKEN_SEQ] = seq;
     arrived[FC_TOKEN_STATUS] = after[FC_TOKEN_STATUS];
   }
@@ -307,6 +309,13 @@ def header(lang: ModuleType, space: str, layout: ControlLayout, rank: int = 0,
     shared helpers."""
     defines = c_defines(layout, rank, gather)
     return lang.prelude().replace("@DEFINES@", defines).replace("@X_SPACE@", space) + HELPERS
+
+
+def compiled(text: str) -> str:
+    """`text` without its comment lines and blank lines: what the compiler gets. MLX copies a
+    kernel's header into its source and hashes that source at every call (about 5 KB here), so
+    the comments, which are for the reader of this file and the preludes, would cost each gate."""
+    return "\n".join(line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("//")) + "\n"
 
 
 def source(lang: ModuleType, name: str) -> tuple[list[str], list[str], str]:

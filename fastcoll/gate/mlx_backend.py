@@ -164,7 +164,8 @@ class MlxBackend:
             inputs, outputs, source = kernels.source(lang, which)
             name = f"fastcoll_gate_{which}" + (f"_{space}" if space else "") + ("_direct" if self._gather else "")
             header = kernels.header(lang, space or lang.X_SPACES[0], self.layout, self._rank, self._gather)
-            k = self._kernels[key] = lang.make_kernel(name, inputs, outputs, source, header)
+            k = self._kernels[key] = lang.make_kernel(
+                name, inputs, outputs, kernels.compiled(source), kernels.compiled(header))
         return k
 
 

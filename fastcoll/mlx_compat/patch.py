@@ -16,7 +16,6 @@ from typing import Any, Iterator
 
 import mlx.core as mx
 
-from fastcoll import lifecycle
 from fastcoll.mlx_compat import api
 
 # The names install() replaces in mlx.core.distributed.
@@ -29,19 +28,6 @@ _saved: dict[str, Any] | None = None  # MLX's own functions while installed
 _install_lock = threading.Lock()
 
 
-def clear_cache() -> None:
-    """mx.clear_cache, once no gated all-reduce is in flight (installed as mx.clear_cache).
-
-    MLX frees its cached buffers holding the GIL, and freeing managed memory waits for the GPU;
-    a GPU spinning on a fence gate waits for the service thread, which needs the GIL to release
-    it. mlx-lm's generation loop calls clear_cache while the next token is in flight, so the
-    gates are evaluated first (docs/gate.md)."""
-    group = lifecycle.default()
-    if group is not None:
-        group._drain_gate()
-    (_saved or {}).get("clear_cache", mx.clear_cache)()
-
-
 def install() -> None:
     """Route mx.distributed's functions to fastcoll (idempotent)."""
     global _saved
@@ -52,8 +38,6 @@ def install() -> None:
         _saved = {name: getattr(module, name) for name in PATCHED}
         for name in PATCHED:
             setattr(module, name, getattr(api, name))
-        _saved["clear_cache"] = mx.clear_cache
-        mx.clear_cache = clear_cache
 
 
 def uninstall() -> None:
@@ -62,7 +46,6 @@ def uninstall() -> None:
     with _install_lock:
         if _saved is None:
             return
-        mx.clear_cache = _saved.pop("clear_cache")
         for name, fn in _saved.items():
             setattr(mx.distributed, name, fn)
         _saved = None
