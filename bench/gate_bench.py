@@ -266,7 +266,7 @@ def cmd_profile(args) -> None:
     mx.eval(y8, y64)
     tok = advised.initial_token(0)
     advised.launch(y8, "mean", MAX_ITERS, tok)
-    arrival, _, _ = advised._calls[(y8.dtype, ROW, "mean", MAX_ITERS)]
+    arrival, _, _ = advised._calls[(y8.dtype, y8.shape, "mean", MAX_ITERS)]
     side = Gate(plain, Config(fast_sync=True, gate_max_bytes=64 * 1024, fence_max_iters=MAX_ITERS))
     host = dtypes.host_dtype("bfloat16")
     a, b = np.ones(ROW, host), np.ones(ROW, host)
@@ -464,11 +464,14 @@ def cmd_killworker(args) -> None:
     y = mx.zeros((ROW,), dtype=mx.bfloat16)
     y = _chain(y, lambda v: fastcoll.all_reduce(v, op="mean"))
     mx.eval(y)  # one whole token first: both ranks are up and gating
-    y = _chain(y, lambda v: fastcoll.all_reduce(v, op="mean"))
+    half = LAYERS // 2
+    for _ in range(half):  # the first half of a token, evaluated by both ranks
+        y = fastcoll.all_reduce(y + 1, op="mean")
     if g.rank() == 1:
-        mx.async_eval(y)
-        time.sleep(0.05)  # some of this token's gates pass, then this rank is gone
-        os.kill(os.getpid(), signal.SIGKILL)
+        mx.eval(y)
+        os.kill(os.getpid(), signal.SIGKILL)  # gone before the second half: rank 0 waits on it there
+    for _ in range(half):
+        y = fastcoll.all_reduce(y + 1, op="mean")
     res = {"mode": "direct" if gate is not None and gate.direct else "host" if gate is not None else "no gate",
            "timeout_s": g.config.timeout}
     t0 = time.perf_counter()

@@ -190,3 +190,28 @@ def test_close_releases_a_gate_still_waiting():
         assert res.wait(WAIT).status == L.CLOSED
     finally:
         close(gates, devices)
+
+
+def test_a_killed_peer_is_dead_before_its_parent_reaps_it():
+    """The watcher's liveness check: a SIGKILLed process that its parent has not waited for yet
+    (a zombie, as a rank is under a launcher busy elsewhere) counts as gone."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from fastcoll.gate.direct import _process_alive
+
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert _process_alive(p.pid)
+        os.kill(p.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while _process_alive(p.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not _process_alive(p.pid)  # not reaped yet: still a zombie
+        assert p.poll() is not None
+    finally:
+        p.kill()
+        p.wait()
+    assert not _process_alive(p.pid)

@@ -197,10 +197,17 @@ class Watcher:
 
 
 def _process_alive(pid: int) -> bool:
+    """Whether process `pid` (on this host) still runs. A process killed but not yet reaped by
+    its parent (a zombie) still answers kill(pid, 0): on Linux its state says it is dead."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # someone else's process: it exists
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rpartition(")")[2].split()[0]  # after "pid (name)"
+    except (OSError, IndexError):
+        return True  # no /proc (macOS): kill(pid, 0) is all there is
+    return state not in ("Z", "X")
