@@ -18,7 +18,10 @@ Faults: `cut(host, link)` sets the host's switch port down (a pulled cable: pack
 without an error), `drop_one_way(src, dst)` drops the IP packets src sends to dst on every data
 link (an htb qdisc on src's data device whose u32 filter sends them to a `pfifo limit 0`:
 this kernel has no netem, no gact action and no iptables/nft tools, but htb, u32 and pfifo),
-`vanish(host)` pulls every cable of the host (management too), `heal()` undoes all of it.
+`vanish(host)` pulls every cable of the host (management too), `shape(rate)` rate-limits every
+data link (a tbf qdisc on each host's data devices), `set_hostname(host, name)` renames a host
+(two hosts of one name look like one machine to fastcoll: they share /dev/shm, the mount
+namespace being the machine's), `heal()` undoes all of it.
 
 The prefix is `fcmh-<pid>-<start time>` of the process that builds the bed, so two runs never
 share names and a later run can tell a crashed run's leftovers (its owner is dead) from a live
@@ -270,6 +273,7 @@ class TestBed:
         self.ssh_config: Path | None = None
         self._made: list[str] = []  # namespaces created, in order
         self._runs: list[Run] = []
+        self._renamed: set[int] = set()
         self._closed = False
 
     # ---- building
@@ -314,7 +318,7 @@ class TestBed:
             raise Unavailable("network namespaces need Linux")
         if os.geteuid() != 0:
             raise Unavailable("network namespaces need root (run the tests as root)")
-        for tool in ("ip", "tc", "unshare", "hostname", SSHD, "ssh", "ssh-keygen"):
+        for tool in ("ip", "tc", "unshare", "nsenter", "hostname", SSHD, "ssh", "ssh-keygen"):
             if not shutil.which(tool):
                 raise Unavailable(f"{tool} is not installed (iproute2, util-linux, openssh-server)")
 
@@ -513,6 +517,23 @@ ClientAliveCountMax 3
                      "prio", "1", "u32", "match", "ip", "dst",
                      f"{self.host(dst).data[k]}/32", "flowid", "1:9")
 
+    def shape(self, rate: str = "1gbit", burst: str = "256kb", latency: str = "20ms") -> None:
+        """Limit every host's data links to `rate` on the way out (a tbf qdisc on each data
+        device; a pair's traffic is then limited both ways). heal() takes it off."""
+        for h in self.hosts:
+            for k in range(self.links):
+                self._tc(h.ns, "qdisc", "replace", "dev", f"d{k}", "root", "tbf", "rate", rate,
+                         "burst", burst, "latency", latency)
+
+    def set_hostname(self, i: int, name: str) -> None:
+        """Give host `i` the hostname `name` (its sshd's UTS namespace, so every session and
+        rank started from now on sees it); heal() gives it its own name back."""
+        h = self.host(i)
+        assert h.sshd is not None
+        _run(["nsenter", "-t", str(h.sshd.pid), "-u", "hostname", name])
+        if name != h.name:
+            self._renamed.add(i)
+
     def dropped(self, src: int) -> int:
         """Packets the one-way drops on host `src` have dropped so far."""
         total = 0
@@ -541,6 +562,11 @@ ClientAliveCountMax 3
                  input="".join(f"link set dev d{k} up\n" for k in range(self.links)))
             _run(["ip", "netns", "exec", h.ns, "tc", "-force", "-batch", "-"], check=False,
                  input="".join(f"qdisc del dev d{k} root\n" for k in range(self.links)))
+        for i in sorted(self._renamed):
+            h = self.host(i)
+            if h.sshd is not None and h.sshd.poll() is None:
+                _run(["nsenter", "-t", str(h.sshd.pid), "-u", "hostname", h.name], check=False)
+        self._renamed.clear()
 
     # ---- looking
 

@@ -6,8 +6,10 @@ iproute2, no sshd).
 
 The failure tests assert what holds today (every rank ends with CollectiveTimeoutError or
 PeerLostError, or is stopped by the launcher, within a bound; the launcher exits non-zero
-within a bound; nothing of the job is left running) and print what each rank and the launcher
-said (`-s` shows it), for the diagnosis to be tightened later.
+within a bound; nothing of the job is left running; a host the launcher lost contact with is
+named with its ranks within a few seconds, and no other fault is taken for a lost host) and
+print what each rank and the launcher said (`-s` shows it), for the diagnosis to be tightened
+later.
 """
 
 from __future__ import annotations
@@ -127,6 +129,7 @@ def assert_all_ok(job: Job, code, hosts, slots: int = 1) -> dict[int, dict]:
         assert r["local_rank"] == str(rank % slots), r
         assert r["checks"] > 0, r
     assert job.leftovers(wait=5) == []
+    assert "warning:" not in job.run.err, job.run.err  # data on the data links, as listed
     return reports
 
 
@@ -189,10 +192,14 @@ def test_check_across_four_hosts(net):
         assert re.search(rf"^{h.name}\s+ok\s+\d+\.\d+\.\d+\s+\S+.*\bok$", text, re.M), text
         for o in net.hosts:
             if o is not h:
-                for addr in o.data:
-                    assert re.search(rf"^{h.name} -> {o.name} {re.escape(addr)}:\d+  ok$",
-                                     text, re.M), text
-    assert "all hosts ok" in text
+                for k, addr in enumerate(o.data):
+                    # Every pair and address: a measured round trip and throughput.
+                    m = re.search(rf"^{h.name} -> {o.name} {re.escape(addr)}:\d+\s+data {k}\s+ok"
+                                  rf"\s+([\d.]+) ms\s+([\d.]+) GB/s$", text, re.M)
+                    assert m, text
+                    rtt_ms, gbs = float(m.group(1)), float(m.group(2))
+                    assert 0 < rtt_ms < 50 and 0.01 < gbs < 100, m.group(0)
+    assert "all hosts ok" in text and "warning" not in text
 
 
 def test_check_names_a_cut_data_link(net):
@@ -206,8 +213,9 @@ def test_check_names_a_cut_data_link(net):
     print(f"\n--check with host3's data link cut: exit {code} after {took:.1f} s\n{text}")
     assert code == 1, text + run.err
     assert re.search(r"^host3\s+ok\s.*FAIL: cannot reach host1, host2, host4", text, re.M), text
-    assert re.search(r"^host1 -> host3 10\.202\.0\.3:\d+  FAIL", text, re.M), text
-    assert re.search(r"^host1 -> host2 10\.202\.0\.2:\d+  ok$", text, re.M), text
+    assert re.search(r"^host1 -> host3 10\.202\.0\.3:\d+\s+data 0\s+FAIL", text, re.M), text
+    assert re.search(r"^host1 -> host2 10\.202\.0\.2:\d+\s+data 0\s+ok\s+[\d.]+ ms", text,
+                     re.M), text
     assert "some hosts FAILED" in text
     assert took < 20
 
@@ -291,3 +299,109 @@ def _failure(net, hosts, fault, links: int = 1, floats: int = 4096) -> None:
     assert errors >= 1, "\n".join(lines)
     assert left == [], left
     assert dropped is None or dropped > 0, "the one-way drop dropped nothing"
+    lost = [t for _, s, t in job.run.lines if s == "err" and "lost contact with host" in t]
+    if fault == "vanished_host":
+        # Named, with its rank, as soon as its ssh session has been silent for three beats (the
+        # ranks' own timeout is 3 s too: whichever comes first stops the job), and nothing
+        # waits on the dead session afterwards.
+        rank = hosts.index(victim)
+        want = (f"lost contact with host host{victim} (rank {rank}): its ssh session went "
+                "silent")
+        assert any(want in t for t in lost), "\n".join(lines)
+        assert launcher_took < 6, "\n".join(lines)
+    else:  # the host's ssh session is fine: no host is reported lost
+        assert lost == [], "\n".join(lines)
+
+
+def test_vanished_host_with_two_ranks_is_named_once_with_both(net):
+    job = Job(net, (1, 2), "loop", slots=2, env={"FASTCOLL_TIMEOUT": "10"},
+              launcher_args=("--grace", "1", "--timeout", "60"))
+    assert job.run.wait_for("ready", 4, timeout=30), job.describe()
+    time.sleep(0.3)
+    t_fault = time.time()
+    net.vanish(2)
+    code = job.wait(30)
+    took = job.run.ended - t_fault
+    lost = [(at - t_fault, t) for at, s, t in job.run.lines if "lost contact" in t]
+    print(f"\nhost2 (ranks 2, 3) vanished: exit {code} after {took:.1f} s; {lost}")
+    # The host is lost before any rank's 10 s timeout: it is the job's failure (255, ssh's).
+    assert code == 255, job.describe()
+    assert len(lost) == 1 and "lost contact with host host2 (ranks 2, 3): its ssh session went " \
+        "silent" in lost[0][1] and "stopping the other 2 rank(s)" in lost[0][1], job.describe()
+    assert lost[0][0] < 5 and took < 6, lost
+    assert job.leftovers(wait=3 * TIMEOUT) == []
+
+
+def test_ssh_session_that_ends_names_the_host(net):
+    job = Job(net, (1, 2), "loop", env={"FASTCOLL_TIMEOUT": "10"},
+              launcher_args=("--grace", "1", "--timeout", "60"))
+    assert job.run.wait_for("ready", 2, timeout=30), job.describe()
+    sessions = [p for p, c in net.processes()["host2"] if c.startswith("sshd")]
+    assert sessions, net.processes()
+    t_fault = time.time()
+    netns._kill(sessions)  # host2's sshd session of the job dies: ssh's connection closes
+    code = job.wait(30)
+    took = job.run.ended - t_fault
+    lost = [t for _, s, t in job.run.lines if "lost contact" in t]
+    print(f"\nhost2's ssh session killed: exit {code} after {took:.1f} s; {lost}")
+    # The agent there stops its rank when its session dies, so rank 0 may see PeerLostError
+    # (exit 3) before the launcher sees ssh end: either is the job's failure, and the host is
+    # named either way.
+    assert code in (3, 255), job.describe()
+    assert any("lost contact with host host2 (rank 1): its ssh session ended (ssh exited with "
+               "code 255)" in t for t in lost), job.describe()
+    assert took < 3, job.describe()
+    assert job.leftovers(wait=3 * TIMEOUT) == []
+
+
+# ----------------------------------------------------------------------------- shared memory
+
+
+@pytest.mark.parametrize("shm", ["1", "0"])
+def test_hosts_of_one_hostname_share_memory_unless_shm_is_off(net, shm):
+    # Two network namespaces that show one hostname, on one machine (one boot id, one /dev/shm):
+    # fastcoll takes them for one host and moves their bytes through shared memory, as it
+    # would for containers sharing a hostname and /dev/shm. FASTCOLL_SHM=0 keeps them on TCP.
+    net.set_hostname(2, "host1")
+    job = Job(net, (1, 2), "collectives",
+              env={"FASTCOLL_SHM": shm, "FASTCOLL_TIMEOUT": "20", "FASTCOLL_LOG": "info"})
+    code = job.wait(90)
+    assert code == 0, job.describe()
+    reports = job.reports(wait=2)
+    want = "tcp, shared memory on 1 of 1 connections" if shm == "1" else "tcp"
+    for rank, r in reports.items():
+        assert r["outcome"] == "ok" and r["checks"] > 0, job.describe()
+        assert r["hostname"] == "host1", r
+        assert r["interface"] == net.host(rank + 1).data[0], r  # still two network namespaces
+        assert r["transport"] == want, (rank, r)
+    # The decision is logged at info on each rank (FASTCOLL_LOG=info shows it).
+    logged = [t for _, _, t in job.run.lines if "connections through shared memory" in t]
+    assert len(logged) == (2 if shm == "1" else 0), logged
+
+
+# ----------------------------------------------------------------------------- data routes
+
+
+@pytest.mark.parametrize("case", ["ssh_address_listed", "hosts_option"])
+def test_data_over_the_ssh_network_is_warned_about(net, case):
+    outdir = str(net.root / f"job{next(_count)}")
+    os.mkdir(outdir)
+    if case == "ssh_address_listed":
+        # host1 lists its management address (the one ssh logs in to) as its data address
+        # while host2 lists a data address.
+        hf = net.root / f"hf{next(_count)}"
+        hf.write_text(f"host1 ips={net.host(1).mgmt}\nhost2 ips={net.host(2).data[0]}\n")
+        where = ["--hostfile", str(hf)]
+        want = (f"warning: host host1's data address {net.host(1).mgmt} is the address ssh "
+                "uses, though the hostfile lists other addresses for host2")
+    else:
+        where = ["--hosts", f"{net.host(1).mgmt},{net.host(2).mgmt}"]
+        want = ("warning: this --hosts job across hosts sends its data over the addresses ssh "
+                f"uses ({net.host(1).mgmt}, {net.host(2).mgmt})")
+    code, run = net.launch([*where, "--env", f"PYTHONPATH={REPO}", "python", WORKER, outdir,
+                            "big", "1"], env=net.launcher_env(FASTCOLL_TIMEOUT="20"), cwd=REPO,
+                           timeout=60)
+    print("\n" + run.err)
+    assert code == 0, run.out + run.err
+    assert want in run.err, run.err
+    assert run.err.count("warning:") == 1, run.err

@@ -6,12 +6,15 @@ ssh's standard input. So the job's secrets never appear on a command line that `
 
 Requests (the first JSON line after the source):
 
-- ``{"mode": "run", "argv": [...], "env": {...}, "cwd": ..., "grace": s, "marker": m}``:
-  start the rank in its own session, then obey ``signal N`` lines on stdin; on end of input
-  (the launcher or the connection is gone) stop the rank: SIGTERM, then SIGKILL after the grace
-  period. The rank's stdout and stderr are this process's, i.e. ssh's. Status lines go to
-  stderr, after a marker only the launcher knows: ``<m>started <pid>``, then ``<m>exit <code>``
-  or ``<m>signal <number>``.
+- ``{"mode": "run", "argv": [...], "env": {...}, "cwd": ..., "grace": s, "marker": m,
+  "heartbeat": s}``: start the rank in its own session, then obey ``signal N`` lines on stdin
+  (lines of at most `MAX_REQUEST` bytes; anything else is ignored); on end of input (the
+  launcher or the connection is gone) stop the rank: SIGTERM, then SIGKILL after the grace
+  period. The rank's stdout and stderr go through pipes to this process, which passes them on
+  to its own (ssh's) line by line, whole. Status lines go to stderr between the rank's lines,
+  after a marker only the launcher knows: ``<m>started <pid>``, then ``<m>beat`` every
+  `heartbeat` seconds while the rank runs (the launcher takes a host whose beats stop for
+  a few seconds as lost), then ``<m>exit <code>`` or ``<m>signal <number>``.
 - ``{"mode": "port"}``: print a free TCP port on this host and exit.
 - ``{"mode": "check", ...}``: see `check_mode`; the replies are JSON lines on stdout, after
   the marker.
@@ -31,6 +34,9 @@ import sys
 import threading
 import time
 
+MAX_REQUEST = 4096  # the longest line the launcher sends after the request (`signal N`)
+MAX_LINE = 1 << 20  # a rank's line longer than this is passed on in pieces of this size
+
 # The ssh command line runs this: read the source length, the source, and run it.
 BOOTSTRAP = (
     "import sys;b=sys.stdin.buffer;"
@@ -40,7 +46,7 @@ BOOTSTRAP = (
 
 def main() -> None:
     """Read the request on stdin and serve it."""
-    line = sys.stdin.buffer.readline()
+    line = sys.stdin.buffer.readline(1 << 24)  # the request: argv and environment, bounded
     if not line:
         sys.exit(0)
     request = json.loads(line)
@@ -60,19 +66,23 @@ def main() -> None:
 
 
 def run_mode(request: dict) -> int:
-    """Start the rank, relay signals to its process group, and return its exit status."""
+    """Start the rank, relay its output and signals, beat, and return its exit status."""
     marker = request["marker"]
     grace = float(request.get("grace", 5.0))
+    heartbeat = float(request.get("heartbeat", 0) or 0)
     env = dict(os.environ)
     env.update(request.get("env", {}))
     host = socket.gethostname()
+    out_lock = threading.Lock()
+    err_lock = threading.Lock()  # status lines go out between the rank's stderr lines
 
     def status(text: str) -> None:
-        try:
-            sys.stderr.write(f"{marker}{text}\n")
-            sys.stderr.flush()
-        except OSError:
-            pass  # the launcher is gone; nobody is left to tell
+        with err_lock:
+            try:
+                sys.stderr.write(f"{marker}{text}\n")
+                sys.stderr.flush()
+            except OSError:
+                pass  # the launcher is gone; nobody is left to tell
 
     try:
         os.chdir(request.get("cwd") or os.path.expanduser("~"))
@@ -83,7 +93,8 @@ def run_mode(request: dict) -> int:
         return 127
     try:
         child = subprocess.Popen(
-            request["argv"], env=env, stdin=subprocess.DEVNULL, start_new_session=True
+            request["argv"], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, start_new_session=True
         )
     except OSError as e:
         sys.stderr.write(f"fastcoll-launch: on {host}: cannot run {request['argv'][0]}: "
@@ -91,6 +102,31 @@ def run_mode(request: dict) -> int:
         status("exit 127")
         return 127
     status(f"started {child.pid}")
+
+    def relay(src, dest, lock: threading.Lock) -> None:
+        # Whole lines only, so that a status line never lands inside one of the rank's.
+        try:
+            while True:
+                data = src.readline(MAX_LINE)
+                if not data:
+                    break
+                with lock:
+                    try:
+                        dest.write(data)
+                        dest.flush()
+                    except OSError:
+                        pass  # ssh is gone; keep draining so the rank never blocks
+        except (OSError, ValueError):
+            pass
+
+    relays = [
+        threading.Thread(target=relay, args=(child.stdout, sys.stdout.buffer, out_lock),
+                         daemon=True),
+        threading.Thread(target=relay, args=(child.stderr, sys.stderr.buffer, err_lock),
+                         daemon=True),
+    ]
+    for t in relays:
+        t.start()
 
     def killpg(sig: int) -> None:
         try:
@@ -100,7 +136,11 @@ def run_mode(request: dict) -> int:
 
     def listen() -> None:
         # Lines from the launcher; end of input means the launcher or the link is gone.
-        for raw in sys.stdin.buffer:
+        stdin = sys.stdin.buffer
+        while True:
+            raw = stdin.readline(MAX_REQUEST)
+            if not raw:
+                break
             words = raw.split()
             if len(words) == 2 and words[0] == b"signal" and words[1].isdigit():
                 killpg(int(words[1]))
@@ -110,12 +150,24 @@ def run_mode(request: dict) -> int:
             time.sleep(0.05)
         killpg(signal.SIGKILL)
 
+    ended = threading.Event()
+
+    def beat() -> None:
+        while not ended.wait(heartbeat):
+            status("beat")
+
     threading.Thread(target=listen, daemon=True).start()
+    if heartbeat > 0:
+        threading.Thread(target=beat, daemon=True).start()
     # The launcher's signals are for the rank; this helper ends when the rank does.
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(sig, lambda s, f: killpg(s))
     code = child.wait()
     killpg(signal.SIGKILL)  # whatever the rank left behind in its group goes with it
+    deadline = time.monotonic() + 2.0  # its last lines (a traceback, often) before the status
+    for t in relays:
+        t.join(max(0.0, deadline - time.monotonic()))
+    ended.set()
     if code < 0:
         status(f"signal {-code}")
         return 128 - code
@@ -133,9 +185,14 @@ def check_mode(request: dict) -> int:
     """Answer `--check`: versions, then reachability of the other hosts' addresses.
 
     1. Reply ``hello``: Python and fastcoll versions, and the port of a listener on all
-       interfaces that greets each connection with this host's id.
-    2. Read ``{"connect": [{"addr", "port", "id"}, ...]}``; reply ``results`` after trying each.
-    3. End at end of input.
+       interfaces that greets each connection with this host's id, then serves what the
+       connection asks (`_serve_probe`: echoes for a round trip, or bytes to count).
+    2. Read ``{"connect": [{"addr", "port", "id"}, ...]}``; reply ``results`` after trying each
+       (all at once).
+    3. Read ``{"measure": [targets], "pings": n, "bytes": n}``; reply ``measured`` after
+       measuring each target in turn: the median round trip of `pings` small exchanges and the
+       throughput of `bytes` sent one way.
+    4. End at end of input. Request lines are at most `MAX_REQUEST * 16` bytes; JSON only.
     """
     marker = request["marker"]
 
@@ -187,11 +244,7 @@ def check_mode(request: dict) -> int:
                 conn, _ = listener.accept()
             except OSError:
                 return
-            with conn:
-                try:
-                    conn.sendall(greeting)
-                except OSError:
-                    pass
+            threading.Thread(target=_serve_probe, args=(conn, greeting), daemon=True).start()
 
     threading.Thread(target=serve, daemon=True).start()
     reply({
@@ -205,12 +258,114 @@ def check_mode(request: dict) -> int:
             "bind_errors": bind_errors,
         }
     })
-    for raw in sys.stdin.buffer:
-        msg = json.loads(raw)
+    while True:
+        raw = sys.stdin.buffer.readline(MAX_REQUEST * 16)
+        if not raw:
+            break
+        try:
+            msg = json.loads(raw)
+        except ValueError:
+            continue
         if "connect" in msg:
             reply({"results": _try_connect(msg["connect"], float(msg.get("timeout", 5.0)))})
+        elif "measure" in msg:
+            pings = max(1, min(int(msg.get("pings", 20)), MAX_PINGS))
+            nbytes = max(1, min(int(msg.get("bytes", 4 << 20)), MAX_PROBE_BYTES))
+            timeout = float(msg.get("timeout", 5.0))
+            reply({"measured": [_measure(t, pings, nbytes, timeout) for t in msg["measure"]]})
     listener.close()
     return 0
+
+
+# The probe a --check connection may ask for after the greeting: b"E" + u32 n (n echoes of
+# PING_BYTES), or b"T" + u64 n (n bytes to swallow, then one byte back). Both bounded.
+PING_BYTES = 64
+MAX_PINGS = 1000
+MAX_PROBE_BYTES = 64 << 20
+PROBE_TIMEOUT = 10.0
+
+
+def _recv_exact(conn: socket.socket, n: int) -> bytes:
+    data = bytearray()
+    while len(data) < n:
+        chunk = conn.recv(min(n - len(data), 1 << 20))
+        if not chunk:
+            raise ConnectionError("closed")
+        data += chunk
+    return bytes(data)
+
+
+def _serve_probe(conn: socket.socket, greeting: bytes) -> None:
+    """One connection to the check listener: greet it, then serve one probe if it asks."""
+    with conn:
+        try:
+            conn.settimeout(PROBE_TIMEOUT)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.sendall(greeting)
+            kind = conn.recv(1)
+            if kind == b"E":
+                n = min(int.from_bytes(_recv_exact(conn, 4), "little"), MAX_PINGS)
+                for _ in range(n):
+                    conn.sendall(_recv_exact(conn, PING_BYTES))
+            elif kind == b"T":
+                left = min(int.from_bytes(_recv_exact(conn, 8), "little"), MAX_PROBE_BYTES)
+                while left > 0:
+                    chunk = conn.recv(min(left, 1 << 20))
+                    if not chunk:
+                        return
+                    left -= len(chunk)
+                conn.sendall(b"K")
+        except (OSError, ValueError):
+            pass
+
+
+def _open_probe(t: dict, timeout: float) -> socket.socket:
+    """A connection to target `t`'s check listener whose greeting is the right host's id."""
+    s = socket.create_connection((t["addr"], t["port"]), timeout=timeout)
+    try:
+        s.settimeout(timeout)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        data = b""
+        while not data.endswith(b"\n") and len(data) < 200:
+            chunk = s.recv(200)
+            if not chunk:
+                break
+            data += chunk
+        if data.decode(errors="replace").strip() != t["id"]:
+            raise ConnectionError("answered by another host or program")
+        return s
+    except BaseException:
+        s.close()
+        raise
+
+
+def _measure(t: dict, pings: int, nbytes: int, timeout: float) -> dict:
+    """Round trip (median of `pings` exchanges of PING_BYTES) and one-way throughput to `t`."""
+    try:
+        with _open_probe(t, timeout) as s:
+            s.sendall(b"E" + pings.to_bytes(4, "little"))
+            payload = b"\x5a" * PING_BYTES
+            rtts = []
+            for _ in range(pings):
+                t0 = time.perf_counter()
+                s.sendall(payload)
+                _recv_exact(s, PING_BYTES)
+                rtts.append(time.perf_counter() - t0)
+        rtts.sort()
+        with _open_probe(t, timeout) as s:
+            block = bytes(min(nbytes, 1 << 20))
+            t0 = time.perf_counter()
+            s.sendall(b"T" + nbytes.to_bytes(8, "little"))
+            left = nbytes
+            while left > 0:
+                s.sendall(block[:left])
+                left -= min(left, len(block))
+            if s.recv(1) != b"K":
+                raise ConnectionError("the throughput probe was not acknowledged")
+            seconds = time.perf_counter() - t0
+        return {"ok": True, "rtt_s": rtts[len(rtts) // 2], "bytes": nbytes, "seconds": seconds}
+    except (OSError, ValueError) as e:
+        return {"ok": False, "error": getattr(e, "strerror", None) or str(e) or type(e).__name__}
 
 
 def _try_connect(targets: list, timeout: float) -> list:
@@ -218,21 +373,11 @@ def _try_connect(targets: list, timeout: float) -> list:
 
     def one(i: int, t: dict) -> None:
         try:
-            with socket.create_connection((t["addr"], t["port"]), timeout=timeout) as s:
-                s.settimeout(timeout)
-                data = b""
-                while not data.endswith(b"\n") and len(data) < 200:
-                    chunk = s.recv(200)
-                    if not chunk:
-                        break
-                    data += chunk
-            got = data.decode(errors="replace").strip()
-            if got == t["id"]:
-                results[i] = {"ok": True}
-            else:
-                results[i] = {"ok": False, "error": "answered by another host or program"}
-        except OSError as e:
-            results[i] = {"ok": False, "error": e.strerror or str(e) or type(e).__name__}
+            _open_probe(t, timeout).close()
+            results[i] = {"ok": True}
+        except (OSError, ValueError) as e:
+            results[i] = {"ok": False,
+                          "error": getattr(e, "strerror", None) or str(e) or type(e).__name__}
 
     threads = [threading.Thread(target=one, args=(i, t)) for i, t in enumerate(targets)]
     for th in threads:

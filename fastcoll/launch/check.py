@@ -3,7 +3,12 @@
 For every host: ssh answers without a prompt; its Python (major.minor) and fastcoll version match
 the launcher's; each listed address is the host's own; and every host can open a TCP connection
 to every other host's listed addresses (each host's agent listens, the others connect and must
-be greeted by the right host). Prints a table; the exit code is 1 on any failure.
+be greeted by the right host). Then, one pair at a time so that no two measurements share a
+link, the round trip (median of `PINGS` exchanges of 64 bytes) and the throughput (`PROBE_BYTES`
+sent one way) from every host to every address of every other host: the addresses a job's data
+uses (each host's `ips`, connection k to address k, else its name, the ssh network). Prints a
+table, and the launcher's warnings about data on the ssh network (`routes.data_warnings`); the
+exit code is 1 on any failure.
 """
 
 from __future__ import annotations
@@ -18,8 +23,11 @@ from typing import Sequence, TextIO
 import fastcoll
 from fastcoll.launch.hostfile import Host, HostList, is_local_host
 from fastcoll.launch.remote import AgentSession, agent_command, explain_ssh_failure
+from fastcoll.launch.routes import data_warnings, ssh_address
 
 CONNECT_TIMEOUT = 3.0
+PINGS = 20
+PROBE_BYTES = 4 << 20
 
 
 @dataclass
@@ -31,6 +39,9 @@ class HostCheck:
     hello: dict | None = None
     problems: list[str] = field(default_factory=list)
     routes: list[tuple[str, str, int, bool, str]] = field(default_factory=list)
+    targets: list[dict] = field(default_factory=list)
+    via: list[str] = field(default_factory=list)  # per route: "data 0", "data 1", "ssh name"
+    measured: list[dict | None] = field(default_factory=list)  # per route: rtt_s, bytes, seconds
 
 
 def run_check(
@@ -42,6 +53,7 @@ def run_check(
     env: dict[str, str] | None = None,
     out: TextIO = sys.stdout,
     timeout: float = 30.0,
+    from_hostfile: bool | None = None,
 ) -> int:
     """Check every host, print the table to `out`, and return 0 if all is well, else 1."""
     unique: dict[str, Host] = {}
@@ -68,14 +80,17 @@ def run_check(
         alive = [c for c in checks if c.hello is not None]
         for c in alive:
             targets = [
-                {"host": o.host.name, "addr": addr, "port": o.hello["port"], "id": ids[o.host.name]}
+                {"host": o.host.name, "addr": addr, "port": o.hello["port"], "id": ids[o.host.name],
+                 "via": f"data {k}" if o.host.ips else "ssh name"}
                 for o in alive
                 if o is not c
-                for addr in (o.host.ips or (o.host.address,))
+                for k, addr in enumerate(o.host.ips or (o.host.address,))
             ]
             if targets and c.session is not None:
                 c.session.send({"connect": targets, "timeout": CONNECT_TIMEOUT})
                 c.routes = [(t["host"], t["addr"], t["port"], False, "") for t in targets]
+                c.via = [t["via"] for t in targets]
+                c.targets = targets
         for c in alive:
             if c.routes and c.session is not None:
                 reply = c.session.reply(max(1.0, deadline - time.monotonic()) + CONNECT_TIMEOUT)
@@ -86,11 +101,23 @@ def run_check(
                     else (h, a, p, False, "no answer")
                     for (h, a, p, _, _), r in zip(c.routes, padded)
                 ]
+        for c in alive:  # one host at a time, each measuring its routes one at a time
+            ok = [t for t, r in zip(c.targets, c.routes) if r[3]]
+            c.measured = [None] * len(c.routes)
+            if not ok or c.session is None:
+                continue
+            c.session.send({"measure": ok, "pings": PINGS, "bytes": PROBE_BYTES,
+                            "timeout": CONNECT_TIMEOUT})
+            wait = max(1.0, deadline - time.monotonic()) + 10.0 * len(ok)
+            got = iter(((c.session.reply(wait) or {}).get("measured") or []) + [None] * len(ok))
+            c.measured = [next(got) if r[3] else None for r in c.routes]
     finally:
         for c in checks:
             if c.session is not None:
                 c.session.close()
-    return _report(checks, out)
+    warnings = [] if from_hostfile is None else data_warnings(
+        hosts, from_hostfile=from_hostfile, resolve=lambda name: ssh_address(ssh, name))
+    return _report(checks, out, warnings)
 
 
 def _hello(c: HostCheck, deadline: float, python: str) -> None:
@@ -113,7 +140,7 @@ def _hello(c: HostCheck, deadline: float, python: str) -> None:
         c.problems.append(f"listed address {addr} is not this host's ({err})")
 
 
-def _report(checks: Sequence[HostCheck], out: TextIO) -> int:
+def _report(checks: Sequence[HostCheck], out: TextIO, warnings: Sequence[str] = ()) -> int:
     rows = [("HOST", "SSH", "PYTHON", "FASTCOLL", "MLX", "STATUS")]
     rows.append(
         ("(launcher)", "-", platform.python_version(), fastcoll.__version__, _mlx_version(), "")
@@ -140,12 +167,30 @@ def _report(checks: Sequence[HostCheck], out: TextIO) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     for r in rows:
         out.write("  ".join(v.ljust(w) for v, w in zip(r, widths)) + "  " + r[5] + "\n")
-    routes = [(c.host.name, r) for c in checks for r in c.routes]
+    routes = [(c, i) for c in checks for i in range(len(c.routes))]
     if routes:
-        out.write("\nREACHABILITY (from -> to address:port)\n")
-        for src, (dst, addr, port, ok, err) in routes:
-            verdict = "ok" if ok else f"FAIL: {err}"
-            out.write(f"{src} -> {dst} {addr}:{port}  {verdict}\n")
+        out.write(f"\nROUTES (from -> to address:port, the addresses a job's data uses; round trip: "
+                  f"median of {PINGS} exchanges of 64 B; throughput: {PROBE_BYTES >> 20} MiB one "
+                  f"way; one pair at a time)\n")
+        table = [("FROM -> TO ADDRESS:PORT", "VIA", "STATUS", "ROUND TRIP", "THROUGHPUT")]
+        for c, i in routes:
+            dst, addr, port, ok, err = c.routes[i]
+            via = c.via[i] if i < len(c.via) else "-"
+            m = c.measured[i] if i < len(c.measured) else None
+            rtt = thr = "-"
+            if ok and m and m.get("ok"):
+                rtt = f"{m['rtt_s'] * 1e3:.3f} ms"
+                thr = f"{m['bytes'] / max(m['seconds'], 1e-9) / 1e9:.3f} GB/s"
+            elif ok and m:
+                rtt = f"FAIL: {m.get('error', '?')}"
+            table.append((f"{c.host.name} -> {dst} {addr}:{port}", via,
+                          "ok" if ok else f"FAIL: {err}", rtt, thr))
+        widths = [max(len(r[k]) for r in table) for k in range(4)]
+        for r in table:
+            line = "  ".join(v.ljust(w) for v, w in zip(r, widths)) + "  " + r[4]
+            out.write(line.rstrip() + "\n")
+    for w in warnings:
+        out.write(f"\nwarning: {w}\n")
     out.write("\nall hosts ok\n" if not failed else "\nsome hosts FAILED the check\n")
     out.flush()
     return 1 if failed else 0

@@ -25,6 +25,7 @@ from fastcoll.launch.job import JobPlan, PlanError, RankPlan, parse_env_items, p
 from fastcoll.launch.output import OutputMux
 from fastcoll.launch.procs import LocalRank, RankProcess, RemoteRank
 from fastcoll.launch.remote import RemoteError, remote_free_port
+from fastcoll.launch.routes import data_warnings, ssh_address
 from fastcoll.launch.supervise import Supervisor
 
 log = logging.getLogger("fastcoll.launch")
@@ -127,9 +128,15 @@ def _main(argv: Sequence[str] | None) -> int:
             env = parse_env_items(list(hosts.envs) + args.env, os.environ)
         except PlanError as e:
             parser.exit(USAGE_ERROR, f"fastcoll-launch: {e}\n")
-        return run_check(hosts, ssh=ssh, python=python, cwd=cwd, env=env)
+        return run_check(hosts, ssh=ssh, python=python, cwd=cwd, env=env,
+                         from_hostfile=bool(args.hostfile))
     if not program:
         parser.error("no program to run: fastcoll-launch [options] PROGRAM [ARGS...]")
+    if hosts is not None:
+        for warning in data_warnings(hosts, from_hostfile=bool(args.hostfile),
+                                     nprocs=args.nprocs, interface=args.interface,
+                                     resolve=lambda name: ssh_address(ssh, name)):
+            sys.stderr.write(f"fastcoll-launch: warning: {warning}\n")
     try:
         plan = plan_job(
             hosts,

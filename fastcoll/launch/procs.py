@@ -1,7 +1,7 @@
 """Rank processes: one started here in its own session, or one started on a host through ssh.
 
-Both answer the same questions (`poll`, `signal`, `kill`, `force`, `cleanup`, `describe`), so
-the supervisor treats them alike.
+Both answer the same questions (`poll`, `signal`, `kill`, `force`, `cleanup`, `describe`,
+`lost`, `silence`, `cut_off`), so the supervisor treats them alike.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from fastcoll.launch.remote import agent_command, agent_payload, explain_ssh_fai
 log = logging.getLogger("fastcoll.launch")
 
 SSH_FAILED = 255  # what ssh itself exits with; a rank that could not start over ssh, too
+HEARTBEAT = 1.0  # seconds between the remote agent's beats
+MISSED_BEATS = 3  # a started session that sends nothing for this many beats has lost its host
 
 
 class StartError(RuntimeError):
@@ -56,6 +58,16 @@ class RankProcess(Protocol):
 
     def describe(self, code: int) -> str:
         """How the rank ended, as a phrase: 'exited with code 3'."""
+
+    def lost(self) -> str | None:
+        """Why the launcher lost contact with the rank's host ('its ssh session went silent'),
+        once poll() has given its code, or None when the rank ended by itself."""
+
+    def silence(self) -> float:
+        """Seconds since the rank's host was last heard from (0 for a rank on this machine)."""
+
+    def cut_off(self, reason: str) -> None:
+        """Give the rank up as lost with its host: kill its ssh client; poll() then ends it."""
 
 
 def describe_code(code: int, signalled: bool) -> str:
@@ -135,12 +147,24 @@ class LocalRank:
     def describe(self, code: int) -> str:
         return describe_code(code, self._signalled)
 
+    def lost(self) -> str | None:
+        return None
+
+    def silence(self) -> float:
+        return 0.0
+
+    def cut_off(self, reason: str) -> None:
+        pass
+
 
 class RemoteRank:
     """A rank on another host: ssh runs the agent there, which runs the rank.
 
     The agent's status lines arrive on ssh's stderr after a random marker: `started PID`, then
-    `exit N` or `signal N`. Without `started`, ssh itself failed, and its stderr says why.
+    `beat` every `heartbeat` seconds, then `exit N` or `signal N`. Without `started`, ssh itself
+    failed, and its stderr says why. A started session that ends without a status, or sends
+    nothing for `missed` beats, has lost its host: poll() ends the rank with 255 and lost()
+    says which of the two.
     """
 
     def __init__(
@@ -153,6 +177,8 @@ class RemoteRank:
         python: str,
         grace: float,
         job_id: str,
+        heartbeat: float = HEARTBEAT,
+        missed: int = MISSED_BEATS,
     ) -> None:
         self.rank = plan.rank
         self.host = plan.host.name
@@ -163,6 +189,11 @@ class RemoteRank:
         self._status: tuple[str, int] | None = None
         self._prestart: list[bytes] = []
         self._failure: str | None = None
+        self._lost: str | None = None
+        self._forced = False
+        self._heartbeat = heartbeat
+        self._silent_after = heartbeat * missed
+        self._heard = time.monotonic()  # the last line of any kind from the agent
         self._stderr_done = threading.Event()
         self._inbox: queue.Queue[bytes | None] = queue.Queue()
         mux.open_log(plan.rank)
@@ -185,6 +216,7 @@ class RemoteRank:
             "cwd": cwd,
             "grace": grace,
             "marker": self._marker.decode(),
+            "heartbeat": heartbeat,
         }
         self._inbox.put(agent_payload(request))
         assert self._proc.stdout is not None and self._proc.stderr is not None
@@ -216,6 +248,7 @@ class RemoteRank:
                 pass
 
     def _on_stderr(self, data: bytes) -> None:
+        self._heard = time.monotonic()
         at = data.find(self._marker)
         if at < 0:
             if self._started:
@@ -226,6 +259,8 @@ class RemoteRank:
         if at > 0:  # the rank's last line had no newline; the status line followed it
             self._mux.line(self.rank, data[:at], err=True)
         words = data[at + len(self._marker):].split()
+        if words == [b"beat"]:
+            return
         if words[:1] == [b"started"]:
             self._started = True
             for line in self._prestart:
@@ -238,8 +273,16 @@ class RemoteRank:
             self._prestart.clear()
 
     def poll(self) -> int | None:
+        if self._lost is not None:
+            self._proc.poll()  # reap the ssh client cut_off() killed
+            return SSH_FAILED
         code = self._proc.poll()
         if code is None:
+            silent = self.silence()
+            if self._status is None and silent > self._silent_after:
+                self.cut_off(f"its ssh session went silent (nothing for {silent:.1f} s; "
+                             f"the agent there beats every {self._heartbeat:g} s)")
+                return SSH_FAILED
             return None
         self._stderr_done.wait(2.0)  # the status line may still be in the pipe
         _join(self._threads[1:2], 0.5)  # and its last lines of stdout
@@ -252,7 +295,27 @@ class RemoteRank:
                 log.debug("rank %d ssh: %r", self.rank, line)
             return code if code not in (0, None) else SSH_FAILED
         self._failure = f"lost its ssh connection to {self.host} (ssh exited with code {code})"
+        if not self._forced:
+            self._lost = f"its ssh session ended (ssh exited with code {code})"
         return SSH_FAILED
+
+    def lost(self) -> str | None:
+        return self._lost
+
+    def silence(self) -> float:
+        """Seconds since the agent was last heard from, once it has started the rank (before,
+        ssh's ConnectTimeout bounds the wait), and while no exit status has come."""
+        if not self._started or self._status is not None:
+            return 0.0
+        return time.monotonic() - self._heard
+
+    def cut_off(self, reason: str) -> None:
+        if self._lost is None:
+            self._lost = reason
+            self._failure = f"lost contact with {self.host}: {reason}"
+            log.debug("rank %d: %s", self.rank, reason)
+        self.force()
+        self._inbox.put(None)
 
     def signal(self, sig: int) -> None:
         self._inbox.put(b"signal %d\n" % sig)
@@ -262,12 +325,13 @@ class RemoteRank:
         self._inbox.put(None)  # end of input: the agent kills the group too, then exits
 
     def force(self) -> None:
+        self._forced = True  # its end is then the launcher's doing, not a lost host
         _killpg(self._proc.pid, signal.SIGKILL)
 
     def cleanup(self) -> None:
         self._inbox.put(None)
         try:
-            self._proc.wait(timeout=5.0)
+            self._proc.wait(timeout=0.5 if self._lost else 5.0)
         except subprocess.TimeoutExpired:
             self.force()
             self._proc.wait()

@@ -28,7 +28,7 @@ SSH_OPTIONS = (
     "-T",
     "-o", "BatchMode=yes",
     "-o", "ConnectTimeout=10",
-    "-o", "ServerAliveInterval=10",
+    "-o", "ServerAliveInterval=5",
     "-o", "ServerAliveCountMax=3",
 )
 

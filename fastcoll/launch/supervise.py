@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 from fastcoll.launch.output import OutputMux
-from fastcoll.launch.procs import RankProcess, StartError
+from fastcoll.launch.procs import HEARTBEAT, SSH_FAILED, RankProcess, StartError
 
 log = logging.getLogger("fastcoll.launch")
 
@@ -99,7 +99,14 @@ class Supervisor:
                     continue
                 codes[p.rank] = code
                 log.debug("rank %d ended: %d", p.rank, code)
-                if code != 0 and stop is None:
+                if p.lost() is not None:  # its host is gone: say so, whether or not stopping
+                    what = self._lost_host(p, procs, codes)
+                    others = len(procs) - len(codes)
+                    if stop is None:
+                        what += f"; stopping the other {others} rank(s)" if others else ""
+                        stop = self._begin_stop(procs, codes, code, signal.SIGTERM)
+                    self._mux.message(what)
+                elif code != 0 and stop is None:
                     others = len(procs) - len(codes)
                     self._mux.message(
                         f"rank {p.rank} (host {p.host}) {p.describe(code)}"
@@ -136,6 +143,21 @@ class Supervisor:
         for p in procs:
             p.cleanup()
         return self._summary(procs, codes, stop)
+
+    @staticmethod
+    def _lost_host(p: RankProcess, procs: list[RankProcess], codes: dict[int, int]) -> str:
+        """'lost contact with host H (ranks ...): why', giving up with `p` every other rank of
+        its host that has missed a beat too (each rank has its own ssh session)."""
+        ranks = [p.rank]
+        for q in procs:
+            if q.rank not in codes and q.host == p.host and q.silence() > 1.5 * HEARTBEAT:
+                q.cut_off(p.lost() or "")
+                code = q.poll()
+                codes[q.rank] = SSH_FAILED if code is None else code
+                ranks.append(q.rank)
+        ranks.sort()
+        which = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+        return f"lost contact with host {p.host} ({which}): {p.lost()}"
 
     def _begin_stop(
         self, procs: list[RankProcess], codes: dict[int, int], code: int, sig: int
