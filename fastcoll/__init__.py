@@ -6,8 +6,9 @@
     fastcoll.finalize()
 
 Where things are: `lifecycle` (init, finalize, the default group), `group` (Group, sub-groups,
-how a call runs), `collectives` (the calls below), `algorithms/` (direct, doubling, ring, and
-`select.py`, the rule that picks one), `transport/` (tcp with shared memory, zmq; the
+how a call runs), `collectives` (the calls below), `exchange` (all_to_all, the rooted and uneven
+collectives, monitored_barrier, new_group), `objects` (msgpack values), `algorithms/` (direct,
+doubling, ring, pairwise, chain, and `select.py`, the rule that picks one), `transport/` (tcp with shared memory, zmq; the
 rendezvous), `service` (the service thread), `gate/` (the fence gate's host half; its GPU
 kernels in `metal/` and `cuda/`), `mlx_compat/` (fastcoll under mx.distributed), `launch/`
 (fastcoll-launch). docs/design.md walks through them.
@@ -24,6 +25,8 @@ from fastcoll.collectives import (  # noqa: E402
     all_reduce,
     barrier,
     broadcast,
+    irecv,
+    isend,
     recv,
     reduce_scatter,
     send,
@@ -37,8 +40,19 @@ from fastcoll.errors import (  # noqa: E402
     PeerLostError,
 )
 from fastcoll.gradients import average_gradients  # noqa: E402
-from fastcoll.group import Group  # noqa: E402
+from fastcoll.exchange import (  # noqa: E402
+    all_gather_v,
+    all_to_all,
+    all_to_all_v,
+    gather,
+    monitored_barrier,
+    new_group,
+    reduce,
+    scatter,
+)
+from fastcoll.group import Group, NonMember  # noqa: E402
 from fastcoll.lifecycle import check, finalize, init, is_initialized  # noqa: E402
+from fastcoll.objects import all_gather_object, broadcast_object  # noqa: E402
 from fastcoll.service import Work  # noqa: E402
 
 logging.getLogger("fastcoll").addHandler(logging.NullHandler())
@@ -46,6 +60,8 @@ logging.getLogger("fastcoll").addHandler(logging.NullHandler())
 __all__ = [
     "init", "finalize", "check", "is_initialized", "Group", "Work", "Config",
     "all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "send", "recv",
-    "average_gradients",
+    "all_to_all", "all_to_all_v", "all_gather_v", "gather", "scatter", "reduce",
+    "broadcast_object", "all_gather_object", "monitored_barrier", "new_group", "NonMember",
+    "isend", "irecv", "average_gradients",
     "FastcollError", "PeerLostError", "CollectiveTimeoutError", "MismatchError", "AuthenticationError",
 ]

@@ -182,8 +182,12 @@ def barrier(group: Group | None = None, timeout: float | None = None) -> None:
         g._run("barrier()", direct.barrier, timeout)
 
 
-def send(x: Any, dst: int, group: Group | None = None, timeout: float | None = None) -> None:
-    """Send `x` to rank `dst`, which must call recv() with the same shape and dtype."""
+def send(x: Any, dst: int, group: Group | None = None, timeout: float | None = None, async_op: bool = False) -> Any:
+    """Send `x` to rank `dst`, which must call recv() with the same shape and dtype.
+
+    With async_op (or isend) it returns a Work at once; keep `x` unchanged until its wait().
+    Ordering (docs/design.md, Point to point): a rank's sends, receives and collectives run one
+    at a time in its call order, and a send completes once its bytes have left this rank."""
     g = lifecycle.resolve(group)
     g.check()
     _check_rank(dst, g, "dst", self_ok=False)
@@ -196,13 +200,15 @@ def send(x: Any, dst: int, group: Group | None = None, timeout: float | None = N
             call.send(dst, i, h.flat[a:b])
         call.flush()
 
-    g._run(sig, body, timeout, p2p=("send", dst))
+    return g._run(sig, body, timeout, async_op, p2p=("send", dst))
 
 
-def recv(shape: Any, dtype: Any, src: int, group: Group | None = None, timeout: float | None = None) -> Any:
+def recv(shape: Any, dtype: Any, src: int, group: Group | None = None, timeout: float | None = None,
+         async_op: bool = False) -> Any:
     """Receive an array of `shape` and `dtype` sent by rank `src` with send().
 
-    An MLX dtype (mx.float32) gives an mx.array; a numpy dtype gives a numpy.ndarray.
+    An MLX dtype (mx.float32) gives an mx.array; a numpy dtype gives a numpy.ndarray. With
+    async_op (or irecv), a Work whose wait() returns it.
     """
     g = lifecycle.resolve(group)
     g.check()
@@ -220,7 +226,17 @@ def recv(shape: Any, dtype: Any, src: int, group: Group | None = None, timeout: 
             call.recv(src, i, buf[a:b])
         return out
 
-    return g._run(sig, body, timeout, p2p=("recv", src))
+    return g._run(sig, body, timeout, async_op, p2p=("recv", src))
+
+
+def isend(x: Any, dst: int, group: Group | None = None, timeout: float | None = None) -> Any:
+    """send(x, dst, async_op=True): a Work; keep `x` unchanged until its wait() returns."""
+    return send(x, dst, group, timeout, async_op=True)
+
+
+def irecv(shape: Any, dtype: Any, src: int, group: Group | None = None, timeout: float | None = None) -> Any:
+    """recv(shape, dtype, src, async_op=True): a Work whose wait() returns the array."""
+    return recv(shape, dtype, src, group, timeout, async_op=True)
 
 
 def _p2p_pieces(flat: np.ndarray, call: Call) -> list[tuple[int, int]]:

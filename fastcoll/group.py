@@ -31,6 +31,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import functools
+import hashlib
 import logging
 import threading
 import time
@@ -40,7 +41,7 @@ import numpy as np
 
 from fastcoll.algorithms import Call, blocks, select
 from fastcoll.config import Config, check_timeout
-from fastcoll.errors import CollectiveTimeoutError, FastcollError
+from fastcoll.errors import CollectiveTimeoutError, FastcollError, MismatchError
 from fastcoll.service import Service, Work
 
 log = logging.getLogger("fastcoll")
@@ -161,6 +162,37 @@ class Group:
         table = self._gather_ints("split", [int(color), int(key)], timeout)
         same = [r for r in range(self.size()) if table[r, 0] == color]
         members = sorted(same, key=lambda r: (int(table[r, 1]) if table[r, 1] >= 0 else r, r))
+        return SubGroup(self, members, prefix)
+
+    def new_group(self, ranks: Any, timeout: float | None = None) -> "Group":
+        """A sub-group of `ranks` (ranks of this group), as torch.distributed.new_group: every
+        rank of this group calls it, with the same `ranks`. Members get the sub-group, ranked in
+        sorted order; the other ranks get a `NonMember`, every use of which raises ValueError.
+        Ranks that pass different lists all raise MismatchError (the lists are compared through
+        a digest, so this costs one small all_gather, as split does)."""
+        try:
+            ranks = list(ranks)
+            members = sorted({int(r) for r in ranks})
+            ok = all(isinstance(r, (int, np.integer)) and not isinstance(r, bool) for r in ranks)
+        except (TypeError, ValueError):
+            raise TypeError(f"new_group ranks must be a sequence of ints, not {type(ranks).__name__}") from None
+        if not ok or not members:
+            raise (TypeError if not ok else ValueError)(f"new_group needs a non-empty list of int ranks, not {ranks!r}")
+        if len(members) != len(ranks) or members[0] < 0 or members[-1] >= self.size():
+            raise ValueError(f"new_group ranks {list(ranks)} must be distinct ranks of this group (0..{self.size() - 1})")
+        self.check()
+        prefix = f"{self._prefix}s{self._splits}g/"
+        self._splits += 1
+        if self.size() > 1:
+            digest = int.from_bytes(hashlib.sha256(repr(members).encode()).digest()[:8], "little") >> 1
+            table = self._gather_ints("new_group", [digest], timeout)
+            differ = [r for r in range(self.size()) if table[r, 0] != table[0, 0]]
+            if differ:
+                raise MismatchError(
+                    f"new_group: ranks {differ} passed a different list of ranks than rank 0; "
+                    f"rank {self.rank()} passed {members}")
+        if self.rank() not in members:
+            return NonMember(self, members)
         return SubGroup(self, members, prefix)
 
     def _gather_ints(self, what: str, values: list[int], timeout: float | None) -> np.ndarray:
@@ -298,6 +330,33 @@ class SubGroup(Group):
 
     def finalize(self) -> None:
         """Retire this view; the connections stay open for the job's other groups."""
+        self._closed = True
+
+
+class NonMember(Group):
+    """What `new_group` gives a rank that is not one of its members: every use raises ValueError
+    (torch.distributed's GROUP_NON_MEMBER). rank() is -1, size() the member count."""
+
+    def __init__(self, parent: Group, members: list[int]):
+        self._job = parent._job
+        self._view(parent.config, tuple(parent._ranks[m] for m in members), "")
+        self._me = parent._ranks[parent.rank()]
+
+    def rank(self) -> int:
+        return -1
+
+    def size(self) -> int:
+        return len(self._ranks)
+
+    def __repr__(self) -> str:
+        return f"<fastcoll.NonMember of a group of job ranks {list(self._ranks)}>"
+
+    def check(self) -> None:
+        raise ValueError(
+            f"this rank (job rank {self._me}) is not a member of the group of job ranks "
+            f"{list(self._ranks)} made by new_group; only its members may use it")
+
+    def finalize(self) -> None:
         self._closed = True
 
 

@@ -83,3 +83,84 @@ def barrier(call: Call) -> None:
         call.send(p, 0, None)
     for p in _peers(call):
         call.recv(p, 0, None)
+
+
+# ----- all_to_all and the rooted collectives (one hop; every block in pieces of piece_bytes) -----
+
+
+def pieces(a: int, b: int, step: int) -> list[tuple[int, int]]:
+    """Element range [a, b) cut into pieces of at most `step` items; an empty range is one empty
+    piece, so that both sides of a block count its messages alike."""
+    return [(s, min(s + step, b)) for s in range(a, b, step)] or [(a, a)]
+
+
+def all_to_all(call: Call, src: np.ndarray, out: np.ndarray, send_bounds: list[tuple[int, int]],
+               recv_bounds: list[tuple[int, int]]) -> None:
+    """src[send_bounds[j]] goes to rank j; out[recv_bounds[i]] receives rank i's block for this
+    rank. Every block to every peer is sent first, then every block is received.
+
+    The messages are the ones `pairwise.all_to_all` sends (each block in pieces of
+    `piece_bytes`, numbered from 0), so two ranks may choose differently (all_to_all_v's
+    buffers differ by rank) and still interoperate."""
+    r = call.rank
+    step = call.piece_items(src.itemsize)
+    a, b = send_bounds[r]
+    ra, rb = recv_bounds[r]
+    out[ra:rb] = src[a:b]
+    for p in _peers(call):
+        for k, (pa, pb) in enumerate(pieces(*send_bounds[p], step)):
+            call.send(p, k, src[pa:pb])
+    for p in _peers(call):
+        for k, (pa, pb) in enumerate(pieces(*recv_bounds[p], step)):
+            call.recv(p, k, out[pa:pb])
+    call.flush()
+
+
+def gather(call: Call, out: np.ndarray | None, src: np.ndarray, bounds: list[tuple[int, int]], root: int) -> None:
+    """Every rank's src lands at bounds[rank] of root's out (out: None on the other ranks).
+
+    One hop at every size: the root's link must carry every block once whatever the algorithm,
+    so relaying through other ranks only adds hops."""
+    step = call.piece_items(src.itemsize)
+    if call.rank != root:
+        for k, (a, b) in enumerate(pieces(0, src.size, step)):
+            call.send(root, k, src[a:b])
+        call.flush()
+        return
+    a, b = bounds[root]
+    out[a:b] = src
+    for p in _peers(call):
+        for k, (pa, pb) in enumerate(pieces(*bounds[p], step)):
+            call.recv(p, k, out[pa:pb])
+
+
+def scatter(call: Call, src: np.ndarray | None, out: np.ndarray, bounds: list[tuple[int, int]], root: int) -> None:
+    """Root's src[bounds[r]] lands in rank r's out (src: None on the other ranks). One hop."""
+    step = call.piece_items(out.itemsize)
+    if call.rank != root:
+        for k, (a, b) in enumerate(pieces(0, out.size, step)):
+            call.recv(root, k, out[a:b])
+        return
+    for p in _peers(call):
+        for k, (pa, pb) in enumerate(pieces(*bounds[p], step)):
+            call.send(p, k, src[pa:pb])
+    a, b = bounds[root]
+    out[...] = src[a:b]
+    call.flush()
+
+
+def reduce(call: Call, src: np.ndarray, buf: np.ndarray | None, root: int, reduce: Combine) -> None:
+    """Root's buf becomes the reduction of every rank's src, combined in rank order (buf: None
+    on the other ranks). For small buffers: each one goes to the root whole."""
+    n = call.size
+    if call.rank != root:
+        call.send(root, 0, src)
+        call.flush()
+        return
+    parts = np.empty((n,) + src.shape, dtype=src.dtype)
+    for p in _peers(call):
+        call.recv(p, 0, parts[p])
+    parts[root] = src
+    reduce(parts[0], parts[1], buf)
+    for p in range(2, n):
+        reduce(buf, parts[p], buf)

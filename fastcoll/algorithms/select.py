@@ -8,7 +8,13 @@ module (the functions of `direct.py` with the same arguments) and give it a line
         doubling   4, 8, 16 ... ranks (Config.doubling), where it has the collective
         direct     otherwise
     large:
-        ring
+        ring       all_reduce, all_gather, reduce_scatter, broadcast
+        pairwise   all_to_all
+        chain      reduce
+    gather, scatter: direct at every size (the root's link carries every block once anyway)
+
+direct and pairwise send the same messages for all_to_all (each block in pieces), so ranks whose
+buffers differ in size (all_to_all_v) may choose differently.
 """
 
 from __future__ import annotations
@@ -16,9 +22,10 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from fastcoll.algorithms import direct, doubling, ring
+from fastcoll.algorithms import chain, direct, doubling, pairwise, ring
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "gather", "scatter", "reduce")
+_LARGE = {"all_to_all": pairwise, "reduce": chain}
 
 
 def small(nbytes: int, size: int, config: Any) -> bool:
@@ -33,8 +40,10 @@ def choose(collective: str, nbytes: int, size: int, config: Any) -> ModuleType:
     fastcoll.Config (its thresholds and switches)."""
     if collective not in COLLECTIVES:
         raise ValueError(f"no algorithm serves {collective!r}")
+    if collective in ("gather", "scatter"):
+        return direct
     if small(nbytes, size, config):
         if config.doubling and doubling.applies(size) and hasattr(doubling, collective):
             return doubling
         return direct
-    return ring
+    return _LARGE.get(collective, ring)
