@@ -192,3 +192,49 @@ def test_check_on_this_machine(launches):
     assert code == 0, text + err.decode()
     assert re.search(r"^localhost\s+local\s+\d+\.\d+\.\d+\s+\S+\s+\S+\s+ok$", text, re.M), text
     assert "all hosts ok" in text
+
+
+
+def _restart_runs(out: bytes) -> dict[str, list[dict]]:
+    """The JSON lines of `fail-first` ranks, by FASTCOLL_RESTART_COUNT."""
+    runs: dict[str, list[dict]] = {}
+    for line in out.splitlines():
+        if b"] {" in line:
+            info = json.loads(line.split(b"] ", 1)[1])
+            runs.setdefault(info["FASTCOLL_RESTART_COUNT"], []).append(info)
+    return runs
+
+
+def test_max_restarts_starts_every_rank_again(launches):
+    """Rank 1 fails on the first attempt; the second, with a fresh token and coordinator port and
+    FASTCOLL_RESTART_COUNT=1, succeeds, and so does the launcher."""
+    code, out, err, took = launches.run(
+        ["-n", "3", "--max-restarts", "2", *launches.rank_args("fail-first", "1", "3")])
+    assert code == 0, err.decode()
+    assert b"rank 1 (host localhost) exited with code 3" in err, err.decode()
+    assert b"restarting every rank (restart 1 of 2, FASTCOLL_RESTART_COUNT=1)" in err, err.decode()
+    runs = _restart_runs(out)
+    assert sorted(runs) == ["0", "1"], runs
+    for attempt in runs.values():
+        assert sorted(int(r["FASTCOLL_RANK"]) for r in attempt) == [0, 1, 2]
+        assert len({r["FASTCOLL_TOKEN"] for r in attempt}) == 1
+    first, second = runs["0"][0], runs["1"][0]
+    assert first["FASTCOLL_TOKEN"] != second["FASTCOLL_TOKEN"]
+    assert first["FASTCOLL_COORDINATOR"] != second["FASTCOLL_COORDINATOR"]
+    assert took < 15
+    assert survivors(launches.marker) == []
+
+
+def test_max_restarts_exhausted_gives_the_last_attempts_code(launches):
+    code, out, err, _ = launches.run(
+        ["-n", "2", "--max-restarts", "1", *launches.rank_args("exit-if", "0", "4")])
+    assert code == 4, err.decode()
+    assert err.count(b"rank 0 (host localhost) exited with code 4") == 2, err.decode()
+    assert b"attempt 2 of 2 failed too (exit code 4); no restarts left" in err, err.decode()
+    assert survivors(launches.marker) == []
+
+
+def test_without_max_restarts_a_failure_is_final(launches):
+    code, out, err, _ = launches.run(["-n", "2", *launches.rank_args("fail-first", "0", "5")])
+    assert code == 5 and b"restarting" not in err, err.decode()
+    assert sorted(_restart_runs(out)) == ["0"]  # FASTCOLL_RESTART_COUNT=0 even without restarts

@@ -304,3 +304,24 @@ def test_remote_ranks_stop_when_the_launcher_is_killed(sshd, launches):
     proc.wait(timeout=10)
     assert survivors(launches.marker, wait=5.0) == []
     assert _agents_left() == []
+
+
+def test_max_restarts_over_ssh(sshd, launches):
+    """The ssh path: rank 1 (on fc-b) fails on the first attempt; every rank is started again
+    over ssh with a fresh token and FASTCOLL_RESTART_COUNT=1, and the job succeeds."""
+    code, out, err, _ = launches.run(
+        [*sshd.ssh_option, "--hosts", "fc-a,fc-b", "--coordinator", "127.0.0.1",
+         "--max-restarts", "1", *launches.rank_args("fail-first", "1", "3")], timeout=90)
+    assert code == 0, err.decode()
+    assert b"rank 1 (host fc-b) exited with code 3" in err, err.decode()
+    runs: dict[str, list[dict]] = {}
+    for line in out.decode().splitlines():
+        m = re.fullmatch(r"\[(\d)\] (\{.*\})", line)
+        if m:
+            info = json.loads(m.group(2))
+            runs.setdefault(info["FASTCOLL_RESTART_COUNT"], []).append(info)
+    assert sorted(runs) == ["0", "1"], out.decode()
+    assert sorted(r["FASTCOLL_RANK"] for r in runs["1"]) == ["0", "1"]
+    assert runs["0"][0]["FASTCOLL_TOKEN"] != runs["1"][0]["FASTCOLL_TOKEN"]
+    assert survivors(launches.marker) == []
+    assert _agents_left() == []

@@ -31,6 +31,7 @@ from fastcoll.launch.supervise import Supervisor
 log = logging.getLogger("fastcoll.launch")
 
 USAGE_ERROR = 2
+RESTART_VARIABLE = "FASTCOLL_RESTART_COUNT"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds between SIGTERM and SIGKILL when stopping ranks (default: 5)")
     ctl.add_argument("--timeout", type=float, metavar="SECONDS",
                      help="stop the job after this many seconds (exit code 124)")
+    ctl.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                     help="when a rank fails (or --timeout ends an attempt), stop the job, then "
+                     "start every rank again with a fresh token and port, up to N times; each "
+                     "rank sees FASTCOLL_RESTART_COUNT (0, 1, ...); the exit code is the last "
+                     "attempt's. A signal to the launcher never restarts (default: 0)")
     p.add_argument("--check", action="store_true",
                    help="check the hosts (ssh, Python and fastcoll versions, reachability) "
                    "and exit; runs no program")
@@ -112,6 +118,8 @@ def _main(argv: Sequence[str] | None) -> int:
     )
     if args.grace < 0 or (args.timeout is not None and args.timeout <= 0):
         parser.error("--grace must be >= 0 and --timeout > 0")
+    if args.max_restarts < 0:
+        parser.error("--max-restarts must be >= 0")
     if args.hosts and args.hostfile:
         parser.error("give --hosts or --hostfile, not both")
     ssh = shlex.split(args.ssh)
@@ -137,23 +145,36 @@ def _main(argv: Sequence[str] | None) -> int:
                                      nprocs=args.nprocs, interface=args.interface,
                                      resolve=lambda name: ssh_address(ssh, name)):
             sys.stderr.write(f"fastcoll-launch: warning: {warning}\n")
-    try:
-        plan = plan_job(
-            hosts,
-            program,
-            nprocs=args.nprocs,
-            env_items=args.env,
-            interface=args.interface,
-            coordinator=args.coordinator,
-            cwd=cwd,
-            python=python,
-            remote_port=lambda h: remote_free_port(ssh, h.name, python),
-        )
-    except (PlanError, RemoteError, ValueError) as e:
-        parser.exit(USAGE_ERROR if isinstance(e, PlanError) else 255, f"fastcoll-launch: {e}\n")
-    log.debug("job of %d rank(s), coordinator %s", plan.size, plan.coordinator)
-    return run_job(plan, ssh=ssh, tag=args.tag_output, log_dir=args.log_dir,
-                   grace=args.grace, timeout=args.timeout)
+    attempt = 0
+    while True:
+        # Every attempt is a new job: a fresh token and coordinator port (plan_job makes both).
+        try:
+            plan = plan_job(
+                hosts,
+                program,
+                nprocs=args.nprocs,
+                env_items=[*args.env, f"{RESTART_VARIABLE}={attempt}"],
+                interface=args.interface,
+                coordinator=args.coordinator,
+                cwd=cwd,
+                python=python,
+                remote_port=lambda h: remote_free_port(ssh, h.name, python),
+            )
+        except (PlanError, RemoteError, ValueError) as e:
+            parser.exit(USAGE_ERROR if isinstance(e, PlanError) else 255, f"fastcoll-launch: {e}\n")
+        log.debug("job of %d rank(s), coordinator %s, attempt %d", plan.size, plan.coordinator, attempt)
+        outcome: dict = {}
+        code = run_job(plan, ssh=ssh, tag=args.tag_output, log_dir=args.log_dir,
+                       grace=args.grace, timeout=args.timeout, outcome=outcome)
+        if code == 0 or outcome.get("interrupted") or attempt >= args.max_restarts:
+            if code != 0 and attempt and not outcome.get("interrupted"):
+                sys.stderr.write(f"fastcoll-launch: attempt {attempt + 1} of {args.max_restarts + 1} "
+                                 f"failed too (exit code {code}); no restarts left\n")
+            return code
+        attempt += 1
+        sys.stderr.write(f"fastcoll-launch: the job failed (exit code {code}); restarting every rank "
+                         f"(restart {attempt} of {args.max_restarts}, FASTCOLL_RESTART_COUNT={attempt})\n")
+        sys.stderr.flush()
 
 
 def run_job(
@@ -164,8 +185,10 @@ def run_job(
     log_dir: str | None = None,
     grace: float = 5.0,
     timeout: float | None = None,
+    outcome: dict | None = None,
 ) -> int:
-    """Start every rank of `plan`, supervise the job, and return its exit code."""
+    """Start every rank of `plan`, supervise the job, and return its exit code. `outcome`, if
+    given, gets "interrupted": whether a signal to the launcher stopped the job."""
     mux = OutputMux(sys.stdout.buffer, sys.stderr.buffer, tag=tag, log_dir=log_dir)
     job_id = secrets.token_hex(4)
     environ = dict(os.environ)
@@ -181,6 +204,8 @@ def run_job(
         with supervisor.forwarding_signals():
             return supervisor.run([starter(r) for r in plan.ranks])
     finally:
+        if outcome is not None:
+            outcome["interrupted"] = supervisor.interrupted
         mux.close()
 
 

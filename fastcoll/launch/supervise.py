@@ -49,10 +49,12 @@ class Supervisor:
         self._timeout = timeout
         self._poll = poll_interval
         self._signals: list[int] = []
+        self.interrupted = False  # a signal to the launcher stopped (or cut short) the job
 
     def on_signal(self, signum: int, frame: object = None) -> None:
         """Signal handler: only records the signal; the polling loop acts on it."""
         self._signals.append(signum)
+        self.interrupted = True
 
     @contextmanager
     def forwarding_signals(self) -> Iterator[None]:

@@ -11,6 +11,8 @@ Actions:
   spam LINES           write LINES long lines to stdout and stderr, each in two pieces
   junk                 write binary junk, then a last line with no newline
   tokencheck           print whether the token appears on any process's command line
+  fail-first RANK CODE print the FASTCOLL_* variables as JSON; then, on the first attempt
+                       (FASTCOLL_RESTART_COUNT=0), rank RANK exits with CODE and the others `sleep`
 """
 
 from __future__ import annotations
@@ -93,6 +95,13 @@ def main() -> None:
         out.write(b"junk:\xff\xfe\x00\x80 end\n")
         out.write(b"tail-without-newline-%d" % rank)
         out.flush()
+    elif action == "fail-first":
+        print(json.dumps({k: v for k, v in os.environ.items() if k.startswith("FASTCOLL_")}), flush=True)
+        if os.environ.get("FASTCOLL_RESTART_COUNT") == "0":
+            if rank == int(args[0]):
+                time.sleep(0.3)
+                sys.exit(int(args[1]))
+            _sleep(marker)
     elif action == "tokencheck":
         token = os.environ["FASTCOLL_TOKEN"].encode()
         print("token-on-command-line:", _token_on_command_lines(token), flush=True)
