@@ -1,0 +1,147 @@
+"""Real clients of mx.distributed, unchanged, on fastcoll, each against its single-process result:
+
+- mlx-lm's own HTTP server (`python -m fastcoll.mlx_compat -m mlx_lm.server`, started by
+  fastcoll-launch on two ranks), tensor-parallel and with --pipeline, answering several
+  concurrent requests, on a qwen2 made here (tests/progs/lm_model.py: random weights, a tokenizer
+  trained with the tokenizers package, no download);
+- mlx.nn.fully_shard training and a quantized model sharded with shard_linear
+  (tests/progs/nn_clients.py).
+
+Bounded: a 4-layer model of 64 hidden units, three requests of 8 tokens, a timeout on every wait;
+each server runs in a session of its own that is killed whatever happens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from contextlib import contextmanager
+
+import pytest
+
+from conftest import PROGS, ROOT, assert_ok, free_port, run_session
+
+pytest.importorskip("mlx_lm")
+pytest.importorskip("tokenizers")
+
+PROMPTS = ["the red cat is", "one two three four", "the old house by the river"]
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FASTCOLL_", "MLX_", "OMPI_", "PMI_", "SLURM_"))}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env["FASTCOLL_TIMEOUT"] = "60"
+    return env
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lm")
+    made = {}
+    for name, extra in (("plain", []), ("quantized", ["--quantize"])):
+        code, out, err = run_session([sys.executable, os.path.join(PROGS, "lm_model.py"), str(root / name), *extra],
+                                     _env(), timeout=120)
+        assert code == 0, err
+        made[name] = str(root / name)
+    return made
+
+
+@contextmanager
+def server(argv: list[str], port: int, log_path):
+    """Run a server in its own session until /health answers; kill the session afterwards."""
+    log = open(log_path, "w+")
+    p = subprocess.Popen(argv, env=_env(), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                         stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if p.poll() is not None:
+                log.seek(0)
+                pytest.fail(f"the server exited with {p.returncode}:\n{log.read()[-4000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                log.seek(0)
+                pytest.fail(f"the server did not answer /health in 90 s:\n{log.read()[-4000:]}")
+            time.sleep(0.2)
+        yield p
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    pass
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # whatever the launcher left in its session
+        except (ProcessLookupError, PermissionError):
+            pass
+        log.close()
+
+
+def ask_concurrently(port: int) -> list[str]:
+    """The PROMPTS as concurrent greedy completions; the texts in PROMPTS' order."""
+    texts: list = [None] * len(PROMPTS)
+    errors: list = []
+
+    def one(i: int) -> None:
+        body = json.dumps({"prompt": PROMPTS[i], "max_tokens": 8, "temperature": 0.0}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                texts[i] = json.loads(r.read())["choices"][0]["text"]
+        except Exception as e:  # reported below
+            errors.append((i, e))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    assert not errors, errors
+    assert all(isinstance(t, str) for t in texts), texts
+    return texts
+
+
+@pytest.fixture(scope="module")
+def single_process_answers(models, tmp_path_factory):
+    port = free_port()
+    argv = [sys.executable, "-m", "mlx_lm.server", "--model", models["plain"], "--port", str(port)]
+    with server(argv, port, tmp_path_factory.mktemp("single") / "server.log"):
+        return ask_concurrently(port)
+
+
+@pytest.mark.parametrize("mode", ["tensor", "pipeline"])
+def test_mlx_lm_server_on_two_ranks(models, single_process_answers, mode, tmp_path):
+    port = free_port()
+    argv = [sys.executable, "-m", "fastcoll.launch", "-n", "2", "python", "-m", "fastcoll.mlx_compat",
+            "-m", "mlx_lm.server", "--model", models["plain"], "--port", str(port)]
+    if mode == "pipeline":
+        argv.append("--pipeline")
+    with server(argv, port, tmp_path / "server.log"):
+        answers = ask_concurrently(port)
+        again = ask_concurrently(port)  # the server keeps serving
+    assert answers == single_process_answers, (answers, single_process_answers)
+    assert again == single_process_answers
+
+
+def test_fully_shard_training_and_a_quantized_sharded_model(launch, models):
+    results = launch(2, "nn_clients.py", models["quantized"]).wait(timeout=120)
+    assert_ok(results)
+    assert all("checks passed" in r.out for r in results)
