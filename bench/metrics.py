@@ -1,8 +1,9 @@
 """Statistics and bandwidths as nccl-tests defines them (docs/performance.md, "How the benchmark
 measures").
 
-algbw = S / t.  busbw = algbw x 2(n-1)/n for all-reduce, x (n-1)/n for all-gather and
-reduce-scatter (S the total gathered size), x 1 for broadcast.  Bandwidths are in bytes per
+algbw = S / t.  busbw = algbw x 2(n-1)/n for all-reduce, x (n-1)/n for all-gather,
+reduce-scatter, all-to-all, gather and scatter (S the total gathered size; for all-to-all each
+rank's buffer), x 1 for broadcast and reduce (as nccl-tests).  Bandwidths are in bytes per
 second here; the report prints GB/s (1e9 bytes per second, as nccl-tests does).
 """
 
@@ -22,9 +23,9 @@ def bus_factor(op: str, world: int) -> float:
     n = float(world)
     if op == "all_reduce":
         return 2.0 * (n - 1.0) / n
-    if op in ("all_gather", "reduce_scatter"):
+    if op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
         return (n - 1.0) / n
-    if op == "broadcast":
+    if op in ("broadcast", "reduce"):
         return 1.0
     raise ValueError(f"unknown op {op!r}")
 

@@ -21,7 +21,7 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable
 
 from bench import harness, metrics, report  # noqa: E402
 from bench.systems import DEFAULT_SYSTEMS, REPO_ROOT, parse_system  # noqa: E402
-from bench.workers.timing import OPS  # noqa: E402
+from bench.workers.timing import ALL_OPS, OPS  # noqa: E402
 
 QUICK_SIZES = [4, 4096]
 
@@ -34,7 +34,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description="Run fastcoll and its peers side by side on localhost.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--ops", default=",".join(OPS), help="collectives to measure")
+    p.add_argument("--ops", default=",".join(OPS),
+                   help=f"collectives to measure, of {','.join(ALL_OPS)}")
     p.add_argument("--world", default=None, help="world sizes (default 2,4; --quick: 2)")
     p.add_argument("--min-bytes", default="4", help="smallest size (powers of 4 from here)")
     p.add_argument("--max-bytes", default="64MiB", help="largest size")
@@ -66,8 +67,8 @@ def build_config(args: argparse.Namespace) -> harness.Config:
     systems = [parse_system(s) for s in _csv(args.systems)]
     ops = _csv(args.ops)
     for op in ops:
-        if op not in OPS:
-            raise SystemExit(f"unknown op {op!r}; known: {', '.join(OPS)}")
+        if op not in ALL_OPS:
+            raise SystemExit(f"unknown op {op!r}; known: {', '.join(ALL_OPS)}")
     if args.sizes:
         sizes = sorted({metrics.parse_size(s) for s in _csv(args.sizes)})
     elif args.quick:

@@ -57,6 +57,14 @@ def make_backend(group: Any, array: str = "numpy") -> Backend:
             return lambda: finish(fastcoll.reduce_scatter(x, group=group))
         if op == "broadcast":
             return lambda: finish(fastcoll.broadcast(x, root=ROOT, group=group))
+        if op == "all_to_all":
+            return lambda: finish(fastcoll.all_to_all(x, group=group))
+        if op == "gather":  # None off the root
+            return lambda: fastcoll.gather(x, root=ROOT, group=group)
+        if op == "scatter":
+            return lambda: finish(fastcoll.scatter(x, root=ROOT, group=group))
+        if op == "reduce":  # None off the root
+            return lambda: fastcoll.reduce(x, root=ROOT, group=group)
         raise ValueError(op)
 
     def gather_floats(v: np.ndarray) -> np.ndarray:

@@ -43,6 +43,17 @@ def make_backend() -> Backend:
             return lambda: (reduce_scatter_single(out, x), out)[1]
         if op == "broadcast":
             return lambda: (dist.broadcast(x, src=ROOT), x)[1]
+        root = dist.get_rank() == ROOT
+        if op == "all_to_all":
+            return lambda: (dist.all_to_all_single(out, x), out)[1]
+        if op == "gather":  # the root's list is views of one buffer
+            parts = list(out.chunk(world)) if root else None
+            return lambda: (dist.gather(x, gather_list=parts, dst=ROOT), out)[1]
+        if op == "scatter":
+            pieces = list(x.chunk(world)) if root else None
+            return lambda: (dist.scatter(out, scatter_list=pieces, src=ROOT), out)[1]
+        if op == "reduce":  # in place, as all_reduce above
+            return lambda: (dist.reduce(x, dst=ROOT), x)[1]
         raise ValueError(op)
 
     def gather_floats(v: np.ndarray) -> np.ndarray:

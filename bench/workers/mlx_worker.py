@@ -53,6 +53,8 @@ def make_backend(group: mx.distributed.Group) -> Backend:
         if op == "reduce_scatter":
             probe_sum_scatter()
             return _evaluated(lambda: dist.sum_scatter(x, group=group, stream=STREAM))
+        if op in ("all_to_all", "gather", "scatter", "reduce"):
+            raise NotSupported(f"mx.distributed has no {op}")
         if op == "broadcast":  # the non-root inputs are zeros (timing.check_input)
             return _evaluated(lambda: dist.all_sum(x, group=group, stream=STREAM))
         raise ValueError(op)

@@ -2,7 +2,8 @@
 
 Started by that wheel's launcher, e.g.
     mpiexec -n 2 python bench/workers/mpi_worker.py --sizes 4,4096
-Uses Allreduce / Allgather / Reduce_scatter_block / Bcast on numpy float32 buffers, with the
+Uses Allreduce / Allgather / Reduce_scatter_block / Bcast (and Alltoall / Gather / Scatter /
+Reduce) on numpy float32 buffers, with the
 receive buffers allocated once per point (outside the timed region), as MPI programs do.
 """
 
@@ -31,6 +32,15 @@ def make_backend(comm: MPI.Comm) -> Backend:
         if op == "broadcast":  # in place, as MPI_Bcast is; the buffer keeps the root's data
             buf = x.copy()
             return lambda: (comm.Bcast(buf, root=ROOT), buf)[1]
+        root = comm.Get_rank() == ROOT
+        if op == "all_to_all":
+            return lambda: (comm.Alltoall(x, out), out)[1]
+        if op == "gather":
+            return lambda: (comm.Gather(x, out if root else None, root=ROOT), out)[1]
+        if op == "scatter":
+            return lambda: (comm.Scatter(x if root else None, out, root=ROOT), out)[1]
+        if op == "reduce":
+            return lambda: (comm.Reduce(x, out if root else None, root=ROOT), out)[1]
         raise ValueError(op)
 
     def gather_floats(v: np.ndarray) -> np.ndarray:

@@ -25,7 +25,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")  # the default sweep
+# Also measured on request (--ops): MLX has none of them. For all_to_all S is each rank's buffer
+# (S/n to every rank); for gather and scatter the total gathered (scattered) buffer at the root;
+# for reduce the buffer.
+MORE_OPS = ("all_to_all", "gather", "scatter", "reduce")
+ALL_OPS = OPS + MORE_OPS
 DTYPE = np.float32
 ITEMSIZE = 4
 ROOT = 0
@@ -68,14 +73,16 @@ class Layout:
 def layout(op: str, nominal_bytes: int, world: int) -> Layout:
     """The buffers of `op` at a nominal size; tiny sizes round up to one element per rank."""
     elems = max(1, nominal_bytes // ITEMSIZE)
-    if op in ("all_reduce", "broadcast"):
+    if op in ("all_reduce", "broadcast", "reduce"):
         return Layout(elems, elems, elems * ITEMSIZE)
     per_rank = max(1, elems // world)
     total = per_rank * world
-    if op == "all_gather":
+    if op in ("all_gather", "gather"):
         return Layout(per_rank, total, total * ITEMSIZE)
-    if op == "reduce_scatter":
+    if op in ("reduce_scatter", "scatter"):
         return Layout(total, per_rank, total * ITEMSIZE)
+    if op == "all_to_all":
+        return Layout(total, total, total * ITEMSIZE)
     raise ValueError(f"unknown op {op!r}")
 
 
@@ -87,10 +94,12 @@ def _pattern(n: int) -> np.ndarray:
 def check_input(op: str, lay: Layout, rank: int) -> np.ndarray:
     """The input of `rank` for the correctness check (and the timed iterations)."""
     p = _pattern(lay.in_elems)
-    if op == "all_reduce":
+    if op in ("all_reduce", "reduce"):
         return p * DTYPE(rank + 1)
-    if op == "all_gather":
+    if op in ("all_gather", "gather", "all_to_all"):
         return p + DTYPE(100 * rank)
+    if op == "scatter":
+        return p if rank == ROOT else np.zeros(lay.in_elems, DTYPE)
     if op == "reduce_scatter":
         return p + DTYPE(rank)
     if op == "broadcast":
@@ -98,8 +107,19 @@ def check_input(op: str, lay: Layout, rank: int) -> np.ndarray:
     raise ValueError(f"unknown op {op!r}")
 
 
-def expected(op: str, lay: Layout, rank: int, world: int) -> np.ndarray:
-    """The result `rank` must get from `check_input` on every rank."""
+def expected(op: str, lay: Layout, rank: int, world: int) -> np.ndarray | None:
+    """The result `rank` must get from `check_input` on every rank (None: nothing, off the root)."""
+    if op in ("gather", "reduce") and rank != ROOT:
+        return None
+    if op == "reduce":
+        return _pattern(lay.in_elems) * DTYPE(world * (world + 1) // 2)
+    if op == "gather":
+        return np.concatenate([check_input(op, lay, r) for r in range(world)])
+    if op == "scatter":
+        return _pattern(lay.in_elems)[rank * lay.out_elems:(rank + 1) * lay.out_elems]
+    if op == "all_to_all":
+        k = lay.in_elems // world
+        return np.concatenate([check_input(op, lay, r)[rank * k:(rank + 1) * k] for r in range(world)])
     if op == "all_reduce":
         return _pattern(lay.in_elems) * DTYPE(world * (world + 1) // 2)
     if op == "all_gather":
@@ -114,8 +134,10 @@ def expected(op: str, lay: Layout, rank: int, world: int) -> np.ndarray:
 
 def verify(op: str, lay: Layout, rank: int, world: int, result: Any) -> str | None:
     """None when `result` is right, else a short description of what is wrong."""
-    got = np.asarray(result).reshape(-1)
     want = expected(op, lay, rank, world)
+    if want is None:
+        return None  # a rooted collective's other ranks: their buffers hold nothing defined
+    got = np.asarray(result).reshape(-1)
     if got.shape != want.shape:
         return f"shape {got.shape} != {want.shape}"
     if got.dtype != want.dtype:
@@ -188,7 +210,7 @@ def measure_point(backend: Backend, op: str, nominal: int, settings: Settings) -
 def worker_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line every worker understands (the harness builds it)."""
     p = argparse.ArgumentParser(description="one rank of a fastcoll benchmark worker")
-    p.add_argument("--ops", default=",".join(OPS))
+    p.add_argument("--ops", default=",".join(OPS))  # any of ALL_OPS
     p.add_argument("--sizes", default="4,4096", help="comma-separated nominal sizes in bytes")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
