@@ -315,7 +315,7 @@ def _failure(net, hosts, fault, links: int = 1, floats: int = 4096) -> None:
 
 def test_vanished_host_with_two_ranks_is_named_once_with_both(net):
     job = Job(net, (1, 2), "loop", slots=2, env={"FASTCOLL_TIMEOUT": "10"},
-              launcher_args=("--grace", "1", "--timeout", "60"))
+              launcher_args=("--grace", "1", "--timeout", "60", "--lost-after", "4"))
     assert job.run.wait_for("ready", 4, timeout=30), job.describe()
     time.sleep(0.3)
     t_fault = time.time()
@@ -328,7 +328,9 @@ def test_vanished_host_with_two_ranks_is_named_once_with_both(net):
     assert code == 255, job.describe()
     assert len(lost) == 1 and "lost contact with host host2 (ranks 2, 3): its ssh session went " \
         "silent" in lost[0][1] and "stopping the other 2 rank(s)" in lost[0][1], job.describe()
-    assert lost[0][0] < 5 and took < 6, lost
+    silent = float(re.search(r"nothing for (\d+\.\d) s", lost[0][1]).group(1))
+    assert 4.0 <= silent < 4.5, lost  # --lost-after 4
+    assert lost[0][0] < 5.5 and took < 6.5, lost
     assert job.leftovers(wait=3 * TIMEOUT) == []
 
 

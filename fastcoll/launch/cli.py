@@ -23,7 +23,7 @@ from fastcoll.launch.check import run_check
 from fastcoll.launch.hostfile import HostfileError, HostList, parse_hosts_arg, read_hostfile
 from fastcoll.launch.job import JobPlan, PlanError, RankPlan, parse_env_items, plan_job
 from fastcoll.launch.output import OutputMux
-from fastcoll.launch.procs import LocalRank, RankProcess, RemoteRank
+from fastcoll.launch.procs import HEARTBEAT, LOST_AFTER, LocalRank, RankProcess, RemoteRank
 from fastcoll.launch.remote import RemoteError, remote_free_port
 from fastcoll.launch.routes import data_warnings, ssh_address
 from fastcoll.launch.supervise import Supervisor
@@ -83,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds between SIGTERM and SIGKILL when stopping ranks (default: 5)")
     ctl.add_argument("--timeout", type=float, metavar="SECONDS",
                      help="stop the job after this many seconds (exit code 124)")
+    ctl.add_argument("--lost-after", type=float, default=LOST_AFTER, metavar="SECONDS",
+                     help="take a remote host as lost when its ssh session has sent nothing "
+                     "(its agent beats every second) for this long, and stop the job "
+                     f"(default: {LOST_AFTER:g}); raise it where the ssh network has longer "
+                     "outages that the job should ride out")
     ctl.add_argument("--max-restarts", type=int, default=0, metavar="N",
                      help="when a rank fails (or --timeout ends an attempt), stop the job, then "
                      "start every rank again with a fresh token and port, up to N times; each "
@@ -118,6 +123,8 @@ def _main(argv: Sequence[str] | None) -> int:
     )
     if args.grace < 0 or (args.timeout is not None and args.timeout <= 0):
         parser.error("--grace must be >= 0 and --timeout > 0")
+    if args.lost_after < 2 * HEARTBEAT:
+        parser.error(f"--lost-after must be at least {2 * HEARTBEAT:g} s (two beats)")
     if args.max_restarts < 0:
         parser.error("--max-restarts must be >= 0")
     if args.hosts and args.hostfile:
@@ -165,7 +172,8 @@ def _main(argv: Sequence[str] | None) -> int:
         log.debug("job of %d rank(s), coordinator %s, attempt %d", plan.size, plan.coordinator, attempt)
         outcome: dict = {}
         code = run_job(plan, ssh=ssh, tag=args.tag_output, log_dir=args.log_dir,
-                       grace=args.grace, timeout=args.timeout, outcome=outcome)
+                       grace=args.grace, timeout=args.timeout, outcome=outcome,
+                       lost_after=args.lost_after)
         if code == 0 or outcome.get("interrupted") or attempt >= args.max_restarts:
             if code != 0 and attempt and not outcome.get("interrupted"):
                 sys.stderr.write(f"fastcoll-launch: attempt {attempt + 1} of {args.max_restarts + 1} "
@@ -186,6 +194,7 @@ def run_job(
     grace: float = 5.0,
     timeout: float | None = None,
     outcome: dict | None = None,
+    lost_after: float = LOST_AFTER,
 ) -> int:
     """Start every rank of `plan`, supervise the job, and return its exit code. `outcome`, if
     given, gets "interrupted": whether a signal to the launcher stopped the job."""
@@ -197,7 +206,7 @@ def run_job(
         if r.local:
             return lambda: LocalRank(r, plan.cwd, mux, environ)
         return lambda: RemoteRank(r, plan.cwd, mux, ssh=ssh, python=plan.python,
-                                  grace=grace, job_id=job_id)
+                                  grace=grace, job_id=job_id, lost_after=lost_after)
 
     supervisor = Supervisor(mux, grace=grace, timeout=timeout)
     try:

@@ -24,7 +24,7 @@ log = logging.getLogger("fastcoll.launch")
 
 SSH_FAILED = 255  # what ssh itself exits with; a rank that could not start over ssh, too
 HEARTBEAT = 1.0  # seconds between the remote agent's beats
-MISSED_BEATS = 3  # a started session that sends nothing for this many beats has lost its host
+LOST_AFTER = 3.0  # seconds a started session may send nothing before its host counts as lost
 
 
 class StartError(RuntimeError):
@@ -163,7 +163,7 @@ class RemoteRank:
     The agent's status lines arrive on ssh's stderr after a random marker: `started PID`, then
     `beat` every `heartbeat` seconds, then `exit N` or `signal N`. Without `started`, ssh itself
     failed, and its stderr says why. A started session that ends without a status, or sends
-    nothing for `missed` beats, has lost its host: poll() ends the rank with 255 and lost()
+    nothing for `lost_after` seconds, has lost its host: poll() ends the rank with 255 and lost()
     says which of the two.
     """
 
@@ -178,7 +178,7 @@ class RemoteRank:
         grace: float,
         job_id: str,
         heartbeat: float = HEARTBEAT,
-        missed: int = MISSED_BEATS,
+        lost_after: float = LOST_AFTER,
     ) -> None:
         self.rank = plan.rank
         self.host = plan.host.name
@@ -192,7 +192,7 @@ class RemoteRank:
         self._lost: str | None = None
         self._forced = False
         self._heartbeat = heartbeat
-        self._silent_after = heartbeat * missed
+        self._silent_after = lost_after
         self._heard = time.monotonic()  # the last line of any kind from the agent
         self._stderr_done = threading.Event()
         self._inbox: queue.Queue[bytes | None] = queue.Queue()
