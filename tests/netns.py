@@ -18,10 +18,11 @@ Faults: `cut(host, link)` sets the host's switch port down (a pulled cable: pack
 without an error), `drop_one_way(src, dst)` drops the IP packets src sends to dst on every data
 link (an htb qdisc on src's data device whose u32 filter sends them to a `pfifo limit 0`:
 this kernel has no netem, no gact action and no iptables/nft tools, but htb, u32 and pfifo),
-`vanish(host)` pulls every cable of the host (management too), `shape(rate)` rate-limits every
-data link (a tbf qdisc on each host's data devices), `set_hostname(host, name)` renames a host
-(two hosts of one name look like one machine to fastcoll: they share /dev/shm, the mount
-namespace being the machine's), `heal()` undoes all of it.
+`vanish(host)` pulls every cable of the host (management too), `blackhole(host)` drops what
+the switch forwards to it (links up: senders back off as over a failing switch), `shape(rate)`
+rate-limits every data link (a tbf qdisc on each host's data devices), `set_hostname(host,
+name)` renames a host (two hosts of one name look like one machine to fastcoll: they share
+/dev/shm, the mount namespace being the machine's), `heal()` undoes all of it.
 
 The prefix is `fcmh-<pid>-<start time>` of the process that builds the bed, so two runs never
 share names and a later run can tell a crashed run's leftovers (its owner is dead) from a live
@@ -274,6 +275,7 @@ class TestBed:
         self._made: list[str] = []  # namespaces created, in order
         self._runs: list[Run] = []
         self._renamed: set[int] = set()
+        self._holes: set[tuple[int, int]] = set()
         self._closed = False
 
     # ---- building
@@ -517,6 +519,15 @@ ClientAliveCountMax 3
                      "prio", "1", "u32", "match", "ip", "dst",
                      f"{self.host(dst).data[k]}/32", "flowid", "1:9")
 
+    def blackhole(self, i: int, link: int = 0) -> None:
+        """Drop every packet the switch forwards to host `i` on data link `link` (a `pfifo
+        limit 0` on its switch port): the cable stays in and the host sees a carrier, but
+        nothing arrives, so senders lose packets silently and back off as over a failing
+        switch. Blackhole both ends of a pair to drop both ways; heal() undoes it."""
+        self._tc(self.switch, "qdisc", "replace", "dev", f"h{i}d{link}", "root", "pfifo",
+                 "limit", "0")
+        self._holes.add((i, link))
+
     def shape(self, rate: str = "1gbit", burst: str = "256kb", latency: str = "20ms") -> None:
         """Limit every host's data links to `rate` on the way out (a tbf qdisc on each data
         device; a pair's traffic is then limited both ways). heal() takes it off."""
@@ -562,6 +573,11 @@ ClientAliveCountMax 3
                  input="".join(f"link set dev d{k} up\n" for k in range(self.links)))
             _run(["ip", "netns", "exec", h.ns, "tc", "-force", "-batch", "-"], check=False,
                  input="".join(f"qdisc del dev d{k} root\n" for k in range(self.links)))
+        if self._holes:
+            _run(["ip", "netns", "exec", self.switch, "tc", "-force", "-batch", "-"],
+                 check=False, input="".join(f"qdisc del dev h{i}d{k} root\n"
+                                            for i, k in sorted(self._holes)))
+            self._holes.clear()
         for i in sorted(self._renamed):
             h = self.host(i)
             if h.sshd is not None and h.sshd.poll() is None:
