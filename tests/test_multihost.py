@@ -18,6 +18,7 @@ import itertools
 import json
 import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -354,6 +355,22 @@ def test_ssh_session_that_ends_names_the_host(net):
                "code 255)" in t for t in lost), job.describe()
     assert took < 3, job.describe()
     assert job.leftovers(wait=3 * TIMEOUT) == []
+
+
+def test_a_launcher_stopped_for_a_while_loses_no_host(net):
+    # SIGSTOP the launcher past --lost-after: the agents' beats wait in the pipes meanwhile, so
+    # on SIGCONT no host is taken for lost, and the job ends well.
+    job = Job(net, (1, 2), "loop", env={"FASTCOLL_TIMEOUT": "20"},
+              launcher_args=("--env", "MULTIHOST_LOOP_SECONDS=7"))
+    assert job.run.wait_for("ready", 2, timeout=30), job.describe()
+    os.kill(job.run.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(4.5)
+    finally:
+        os.kill(job.run.proc.pid, signal.SIGCONT)
+    code = job.wait(40)
+    assert "lost contact" not in job.run.err, job.describe()
+    assert code == 0, job.describe()
 
 
 # ----------------------------------------------------------------------------- shared memory

@@ -194,6 +194,7 @@ class RemoteRank:
         self._heartbeat = heartbeat
         self._silent_after = lost_after
         self._heard = time.monotonic()  # the last line of any kind from the agent
+        self._polled = self._heard  # the supervisor's last poll()
         self._stderr_done = threading.Event()
         self._inbox: queue.Queue[bytes | None] = queue.Queue()
         mux.open_log(plan.rank)
@@ -278,6 +279,12 @@ class RemoteRank:
             return SSH_FAILED
         code = self._proc.poll()
         if code is None:
+            now = time.monotonic()
+            if now - self._polled > self._heartbeat:
+                # The launcher itself was not running (stopped, suspended, starved): what the
+                # agent sent meanwhile may still be in the pipe. A fresh window, not a verdict.
+                self._heard = max(self._heard, now)
+            self._polled = now
             silent = self.silence()
             if self._status is None and silent > self._silent_after:
                 self.cut_off(f"its ssh session went silent (nothing for {silent:.1f} s; "
