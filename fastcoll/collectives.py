@@ -15,6 +15,7 @@ import numpy as np
 
 from fastcoll import arrays, dtypes, lifecycle
 from fastcoll.algorithms import Call, blocks, direct, select
+from fastcoll.config import check_timeout
 from fastcoll.group import Group, done
 
 
@@ -46,6 +47,7 @@ def all_reduce(x: Any, op: str = "sum", group: Group | None = None, async_op: bo
     """
     g = lifecycle.resolve(group)
     g.check()
+    _check_timeout(timeout)
     if arrays.is_mlx(x):
         gate = g._gate_for(x, op)
         if gate is not None:
@@ -101,6 +103,7 @@ def all_gather(x: Any, group: Group | None = None, async_op: bool = False, timeo
     """
     g = lifecycle.resolve(group)
     g.check()
+    _check_timeout(timeout)
     g._drain_gate()
     h = arrays.to_host(x)
     if g.size() == 1:
@@ -128,6 +131,7 @@ def reduce_scatter(x: Any, op: str = "sum", group: Group | None = None, async_op
     """
     g = lifecycle.resolve(group)
     g.check()
+    _check_timeout(timeout)
     g._drain_gate()
     h = arrays.to_host(x)
     dtypes.check_reduction(h.name, op)
@@ -155,6 +159,7 @@ def broadcast(x: Any, root: int = 0, group: Group | None = None, async_op: bool 
     """Every rank gets root's `x` (x's shape and dtype must agree on every rank)."""
     g = lifecycle.resolve(group)
     g.check()
+    _check_timeout(timeout)
     _check_rank(root, g, "root")
     g._drain_gate()
     h = arrays.to_host(x)
@@ -177,6 +182,7 @@ def barrier(group: Group | None = None, timeout: float | None = None) -> None:
     """Return once every rank of the group has called barrier()."""
     g = lifecycle.resolve(group)
     g.check()
+    _check_timeout(timeout)
     g._drain_gate()
     if g.size() > 1:
         g._run("barrier()", direct.barrier, timeout)
@@ -190,6 +196,7 @@ def send(x: Any, dst: int, group: Group | None = None, timeout: float | None = N
     at a time in its call order, and a send completes once its bytes have left this rank."""
     g = lifecycle.resolve(group)
     g.check()
+    _check_timeout(timeout)
     _check_rank(dst, g, "dst", self_ok=False)
     g._drain_gate()
     h = arrays.to_host(x)
@@ -212,6 +219,7 @@ def recv(shape: Any, dtype: Any, src: int, group: Group | None = None, timeout: 
     """
     g = lifecycle.resolve(group)
     g.check()
+    _check_timeout(timeout)
     _check_rank(src, g, "src", self_ok=False)
     g._drain_gate()
     shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
@@ -251,6 +259,13 @@ def _dtype_name(dtype: Any) -> tuple[str, bool]:
         return dtypes.name_of_numpy(np.dtype(dtype)), False
     except TypeError as e:
         raise TypeError(f"recv dtype {dtype!r}: {e}") from None
+
+
+def _check_timeout(timeout: Any) -> None:
+    """A timeout= is checked where it is given, before anything else (a world of one too):
+    a finite number of seconds above 0, else ValueError; the group is left untouched."""
+    if timeout is not None:
+        check_timeout(timeout, "timeout")
 
 
 def _check_rank(r: Any, g: Group, what: str, self_ok: bool = True) -> None:

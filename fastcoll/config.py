@@ -8,6 +8,7 @@ other launchers set are understood too, so that jobs started by mpirun, srun or 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -19,6 +20,10 @@ from fastcoll import transport
 
 DEFAULT_PORT = 29517
 DEFAULT_TIMEOUT = 60.0
+# The longest timeout accepted (FASTCOLL_TIMEOUT, timeout=): every wait fastcoll makes, and
+# every setting derived from it (ZeroMQ's heartbeat, in int32 milliseconds, is clamped), holds
+# it; far beyond it, time_t and the thread waits overflow.
+MAX_TIMEOUT = 1e9
 DEFAULT_FENCE_MAX_ITERS = 50_000_000
 # 16 KiB: a 64 KiB gate's copy-out alone took ~190 us on an H200 (docs/gate.md).
 DEFAULT_GATE_MAX_BYTES = 16 * 1024
@@ -75,6 +80,9 @@ class Config:
     gate_profile: bool = False
     trace: str | None = None
     launcher: str = "none"
+    # The job this rank belongs to, as its launcher names it ("Slurm job 12 step 0"; "" where
+    # the launcher names none): the rendezvous refuses ranks of another job (job_identity).
+    job: str = ""
     log: str | None = None  # FASTCOLL_LOG: the `fastcoll` logger's level, if set
     # Tuning (FASTCOLL_TUNING="name=value,..."): the algorithm choice and the transports' waits.
     direct_max_bytes: int = DEFAULT_DIRECT_MAX_BYTES
@@ -132,6 +140,7 @@ class Config:
             gate_profile=_flag(env, "FASTCOLL_GATE_PROFILE"),
             trace=env.get("FASTCOLL_TRACE") or None,
             launcher=launcher,
+            job=job_identity(env, launcher),
             log=log,
             **_tuning(env.get("FASTCOLL_TUNING", "")),
         )
@@ -160,14 +169,17 @@ def _tuning(text: str) -> dict:
 
 
 def check_timeout(value: object, what: str) -> float:
-    """`value` as seconds to wait: a finite, positive number; a ValueError that names `what`
-    and the value otherwise (inf would overflow the sockets' timeouts, NaN would expire at once)."""
+    """`value` as seconds to wait: a finite, positive number of at most MAX_TIMEOUT; a
+    ValueError that names `what` and the value otherwise (inf would overflow the sockets'
+    timeouts, NaN would expire at once, 1e300 overflows the platform's time_t)."""
     try:
         seconds = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ValueError(f"{what} must be a number of seconds, not {value!r}") from None
     if isinstance(value, bool) or not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(f"{what} must be a finite number of seconds above 0, not {value!r}")
+    if seconds > MAX_TIMEOUT:
+        raise ValueError(f"{what} must be at most {MAX_TIMEOUT:g} seconds (about 31 years), not {value!r}")
     return seconds
 
 
@@ -219,6 +231,37 @@ def _ranks(env: Mapping[str, str]) -> tuple[int, int, int, str]:
             local = _number(env, local_var, 0, int, minimum=0) if local_var else 0
             return rank, size, local, launcher
     return 0, 1, 0, "none"
+
+
+def job_identity(env: Mapping[str, str], launcher: str) -> str:
+    """The job as the launcher that gave this rank its number names it, the same on every rank
+    of one job and different for two jobs: Slurm's job and step ids, Open MPI's (or PMIx's)
+    job id, MPICH's PMI job name, mlx.launch's hostfile; "" where there is none (MPICH's hydra
+    sets no job id; fastcoll-launch gives each job a token of its own instead).
+
+    Only the launcher's own variables count: a variable inherited from elsewhere (a Slurm
+    allocation around mpirun, say) need not reach every rank alike."""
+    def first(*names: str) -> str:
+        return next((env[n].strip() for n in names if env.get(n, "").strip()), "")
+
+    if launcher == "Slurm":
+        job = first("SLURM_JOB_ID", "SLURM_JOBID")
+        return f"Slurm job {job} step {first('SLURM_STEP_ID', 'SLURM_STEPID') or '?'}" if job else ""
+    if launcher == "Open MPI":
+        job = first("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid")
+        return f"Open MPI job {job}" if job else ""
+    if launcher == "MPICH/PMI":
+        job = first("PMIX_NAMESPACE", "PMI_KVSNAME")
+        return f"MPI job {job}" if job else ""
+    if launcher == "mlx.launch":
+        hosts = _mlx_hosts(env)
+        if hosts is not None:
+            digest = hashlib.sha256(json.dumps(hosts, sort_keys=True).encode()).hexdigest()[:12]
+            return f"mlx.launch job of hostfile {digest}"
+        where = first("MLX_JACCL_COORDINATOR") or (
+            f"{env['NCCL_HOST_IP']}:{env.get('NCCL_PORT', '')}" if env.get("NCCL_HOST_IP") else "")
+        return f"mlx.launch job at {where}" if where else ""
+    return ""
 
 
 def _coordinator(env: Mapping[str, str], launcher: str) -> tuple[str, int]:

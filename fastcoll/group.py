@@ -46,6 +46,8 @@ from fastcoll.service import Service, Work
 
 log = logging.getLogger("fastcoll")
 
+_MAIN = threading.main_thread()
+
 
 class _Job:
     """What every group made from one `init()` shares."""
@@ -120,6 +122,7 @@ class Group:
         self._p2p_seq: dict[tuple[str, int], int] = {}  # ("send", dst) / ("recv", src) -> count
         self._splits = 0
         self._closed = False
+        self._threads: dict[str, threading.Thread] = {}  # name -> the thread that calls under it
 
     def rank(self) -> int:
         """This process's rank, 0 <= rank < size."""
@@ -212,7 +215,9 @@ class Group:
     def check(self) -> None:
         """Raise the error that broke this group (or a gate's pending error), if any."""
         if self._closed or self._job.closed:
-            raise FastcollError("this group was finalized")
+            raise FastcollError(
+                "this group was finalized (fastcoll.finalize() or Group.finalize() ended it): no "
+                "collective runs on it any more; only an explicit fastcoll.init() starts a new job")
         err = self._job.error
         if err is not None:
             raise type(err)(str(err))
@@ -259,7 +264,10 @@ class Group:
         self.check()
         limit = self.config.timeout if timeout is None else check_timeout(timeout, "timeout")
         job = self._job
+        thread = threading.current_thread()
         with job.lock:
+            if thread is not _MAIN:
+                sig += self._thread_tag(thread)
             if p2p is None:
                 seq = self._seq
                 self._seq += 1
@@ -277,7 +285,30 @@ class Group:
                 return self._execute(seq, self._prefix + sig, body, limit, timeout is None, queued)
             finally:
                 job.service.release()
-        return work if async_op else work.wait()
+        if async_op:
+            return work
+        try:
+            return work.wait()
+        except BaseException:
+            if not work.is_completed():  # Ctrl-C while the service thread runs it: end it there
+                job.transport.interrupt(f"rank {self.rank()} was interrupted during {self._prefix + sig}")
+            raise
+
+    def _thread_tag(self, thread: threading.Thread) -> str:
+        """' in thread NAME': what a call from a thread other than the main one adds to its
+        signature, so that calls of two threads never pair up across ranks (the other rank's
+        thread of another name makes it a MismatchError, not mixed data). Two live threads of
+        one name cannot be told apart: the second raises at once."""
+        name = thread.name
+        seen = self._threads.get(name)
+        if seen is not thread:
+            if seen is not None and seen.is_alive():
+                raise FastcollError(
+                    f"two threads named {name!r} call collectives on one group, which cannot tell "
+                    "their calls apart; name them apart (threading.Thread(name=...)), or give each "
+                    "thread its own group (docs/failures.md, Threads)")
+            self._threads[name] = thread
+        return f" in thread {name[:64]!r}"
 
     def _execute(self, seq: int, sig: str, body: Callable[[Call], Any], limit: float,
                  from_env: bool, queued: int = 0) -> Any:

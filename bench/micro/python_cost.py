@@ -34,17 +34,17 @@ class Echo(Transport):
         super().__init__(0, 2)
         self.queue: list = []
 
-    def send(self, peer, header, payload):
+    def send(self, peer, header, payload, deadline=None):
         self.queue.append((header, None if payload is None else bytes(payload)))
 
-    def flush(self):
+    def flush(self, deadline=None):
         pass
 
     def _next_header(self, peer, chunk, deadline, nbytes=0):
         self.current = self.queue.pop(0)
         return self.current[0]
 
-    def _read_payload(self, peer, chunk, out):
+    def _read_payload(self, peer, chunk, out, deadline=None):
         out[:] = self.current[1]
 
     def _send_abort(self, header):

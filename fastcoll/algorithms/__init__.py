@@ -48,10 +48,10 @@ class Call:
         mv = None if payload is None else memoryview(payload).cast("B")
         header = data_header(self.seq, self.sig, chunk, 0 if mv is None else mv.nbytes)
         if self.tracer is None:
-            self.t.send(self.ranks[peer], header, mv)
+            self.t.send(self.ranks[peer], header, mv, self.deadline)
         else:
             with self.tracer.phase("send", peer=peer, bytes=header.nbytes):
-                self.t.send(self.ranks[peer], header, mv)
+                self.t.send(self.ranks[peer], header, mv, self.deadline)
 
     def recv(self, peer: int, chunk: int, out: np.ndarray | None) -> None:
         """Receive message `chunk` of this collective from `peer` into `out`."""
@@ -61,10 +61,10 @@ class Call:
     def flush(self) -> None:
         """Wait until this rank's sends have left its buffers."""
         if self.tracer is None:
-            self.t.flush()
+            self.t.flush(self.deadline)
         else:
             with self.tracer.phase("flush"):
-                self.t.flush()
+                self.t.flush(self.deadline)
 
     def piece_items(self, itemsize: int) -> int:
         """How many items of `itemsize` bytes the ring moves per message."""

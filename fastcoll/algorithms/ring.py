@@ -38,18 +38,21 @@ class _Ring:
         for s in range(a, b, self.piece):
             yield s, min(s + self.piece, b)
 
-    def send(self, a: int, b: int, own: bool = False) -> None:
-        data = self.src if own else self.buf
-        self.call.send(self.right, self.call.sent, data[a:b])
+    def send(self, a: int, b: int, own: bool = False, data: np.ndarray | None = None) -> None:
+        if data is None:
+            data = (self.src if own else self.buf)[a:b]
+        self.call.send(self.right, self.call.sent, data)
         self.call.sent += 1
 
     def recv(self, out: np.ndarray) -> None:
         self.call.recv(self.left, self.call.received, out)
         self.call.received += 1
 
-    def reduce_scatter(self, reduce: Combine, forward_last: bool) -> None:
-        """Afterwards block r of buf holds the full reduction of block r."""
-        tmp = np.empty(self.piece, dtype=self.buf.dtype)
+    def reduce_scatter(self, reduce: Combine, forward_last: bool, place=None) -> None:
+        """Afterwards block r of buf holds the full reduction of block r. With `place`, each
+        piece reduced at step s goes to place(s, a, b) instead of buf[a:b] (reduce_scatter's
+        1/n result and a few pieces of scratch, not a whole buffer)."""
+        tmp = np.empty(self.piece, dtype=self.src.dtype)
         for a, b in self.pieces(self.r - 1):
             self.send(a, b, own=True)
         for s in range(self.n - 1):
@@ -57,10 +60,11 @@ class _Ring:
             for a, b in self.pieces(self.r - s - 2):
                 t = tmp[: b - a]
                 self.recv(t)
+                dst = self.buf[a:b] if place is None else place(s, a, b)
                 # Each block meets this rank's contribution exactly once, on its way round.
-                reduce(t, self.src[a:b], self.buf[a:b])
+                reduce(t, self.src[a:b], dst)
                 if not last or forward_last:
-                    self.send(a, b)
+                    self.send(a, b, data=dst)
 
     def all_gather(self, send_own: bool) -> None:
         """Block r of buf is this rank's; afterwards every block is everyone's."""
@@ -82,14 +86,36 @@ def all_reduce(call: Call, src: np.ndarray, buf: np.ndarray, reduce: Combine) ->
     call.flush()
 
 
+# Pieces of scratch for the blocks reduce_scatter passes on (they must stay unchanged until
+# flushed): reused in turn, with a flush before the first piece comes round again.
+SCRATCH_PIECES = 8
+
+
 def reduce_scatter(call: Call, src: np.ndarray, bounds: list[tuple[int, int]], reduce: Combine) -> np.ndarray:
-    """Return this rank's block of the reduction of every rank's src (flat, left unchanged)."""
-    buf = np.empty_like(src)
-    ring = _Ring(call, buf, bounds, src)
-    ring.reduce_scatter(reduce, forward_last=False)
+    """Return this rank's block of the reduction of every rank's src (flat, left unchanged).
+
+    It allocates the result (1/n of src), a piece to receive into and at most SCRATCH_PIECES
+    pieces for the partial sums it forwards, never a buffer of src's size."""
+    r, n = call.rank, call.size
+    lo, hi = bounds[r]
+    out = np.empty(hi - lo, dtype=src.dtype)
+    ring = _Ring(call, src, bounds, src)
+    slots = max(1, min(SCRATCH_PIECES, sum(1 for _ in ring.pieces(r - 1)) * max(0, n - 2)))
+    scratch = np.empty((slots, ring.piece) if n > 2 else (0, 0), dtype=src.dtype)
+    used = [0]  # pieces placed in scratch so far
+
+    def place(s: int, a: int, b: int) -> np.ndarray:
+        if s == n - 2:  # this rank's own block: the result
+            return out[a - lo : b - lo]
+        i = used[0] % slots
+        if i == 0 and used[0]:
+            call.flush()  # the pieces sent from the scratch have left: it may be written again
+        used[0] += 1
+        return scratch[i, : b - a]
+
+    ring.reduce_scatter(reduce, forward_last=False, place=place)
     call.flush()
-    a, b = bounds[call.rank]
-    return buf[a:b]
+    return out
 
 
 def all_gather(call: Call, out: np.ndarray, bounds: list[tuple[int, int]]) -> None:

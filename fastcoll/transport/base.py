@@ -19,6 +19,11 @@ from fastcoll.wire import ABORT, DATA, Header
 
 log = logging.getLogger("fastcoll.transport")
 
+# After an error, how long finalize() waits for the abort notice to leave for each peer (a
+# peer may be reading the rest of a large message first), and for a peer that is not reading
+# at all (stopped) before it closes anyway. ZeroMQ lingers as long.
+LAST_WORD_SECONDS = 1.0
+
 _ERRORS = {
     cls.__name__: cls
     for cls in (
@@ -43,14 +48,22 @@ class Transport(abc.ABC):
         self.rank = rank
         self.size = size
         self.aborted = False  # abort() was called: the connections carry nothing more
+        self.interrupted: str | None = None  # interrupt(): why the call under way must end
+
+    def interrupt(self, why: str) -> None:
+        """From another thread: make the call under way raise FastcollError(why) at its next
+        wait (within 0.2 s), so that the thread running it breaks the job and tells the peers."""
+        self.interrupted = why
 
     @abc.abstractmethod
-    def send(self, peer: int, header: Header, payload: memoryview | None) -> None:
-        """Queue a message to `peer`; the payload must not change until `flush()` returns."""
+    def send(self, peer: int, header: Header, payload: memoryview | None, deadline: float | None = None) -> None:
+        """Queue a message to `peer`; the payload must not change until `flush()` returns. What
+        is sent before returning waits on the peer until `deadline` at most."""
 
     @abc.abstractmethod
-    def flush(self) -> None:
-        """Wait until every queued send has left this rank's buffers."""
+    def flush(self, deadline: float | None = None) -> None:
+        """Wait until every queued send has left this rank's buffers; CollectiveTimeoutError
+        past `deadline` (None: FASTCOLL_TIMEOUT from now, or no bound of its own)."""
 
     @abc.abstractmethod
     def _next_header(self, peer: int, chunk: int, deadline: float, nbytes: int = 0) -> Header:
@@ -58,8 +71,9 @@ class Transport(abc.ABC):
         watching every peer meanwhile."""
 
     @abc.abstractmethod
-    def _read_payload(self, peer: int, chunk: int, out: memoryview) -> None:
-        """The payload that follows the header just taken from `peer`, into `out`."""
+    def _read_payload(self, peer: int, chunk: int, out: memoryview, deadline: float) -> None:
+        """The payload that follows the header just taken from `peer`, into `out`, until
+        `deadline` (the call's: CollectiveTimeoutError past it, naming the direction)."""
 
     @abc.abstractmethod
     def _send_abort(self, header: Header) -> None:
@@ -88,6 +102,7 @@ class Transport(abc.ABC):
         if h.seq != seq or h.sig != sig:
             raise MismatchError(
                 f"rank {self.rank} called {describe(seq, sig)} but rank {peer} called {describe(h.seq, h.sig)}"
+                + _threads_hint(sig, h.sig)
             )
         if h.chunk != chunk or h.nbytes != nbytes:
             raise MismatchError(
@@ -96,7 +111,7 @@ class Transport(abc.ABC):
             )
         if nbytes:
             t0 = tracer.now() if tracer is not None else 0
-            self._read_payload(peer, chunk, out)
+            self._read_payload(peer, chunk, out, deadline)
             if tracer is not None:
                 tracer.span("receive", t0, peer=peer, bytes=nbytes)
 
@@ -122,6 +137,16 @@ class Transport(abc.ABC):
                 raise  # a peer's abort notice, not this short wait running out
         raise err
 
+
+
+def _threads_hint(mine: str, theirs: str) -> str:
+    """What to do when the calls that met came from different threads (Group._thread_tag)."""
+    tag = " in thread "
+    if tag not in mine and tag not in theirs or mine.partition(tag)[2] == theirs.partition(tag)[2]:
+        return ""
+    return (": calls of different threads met. A group runs the collectives of one thread at a "
+            "time, in the same order on every rank; give each thread its own group (docs/failures.md, "
+            "Threads), or name the threads alike on every rank when one hands the group to the next")
 
 
 def abort_error(header: Header) -> FastcollError:

@@ -23,10 +23,10 @@ class InProcTransport(Transport):
         self._boxes = boxes  # (from, to) -> the messages in flight
         self._current: dict[int, bytes | None] = {}
 
-    def send(self, peer: int, header: Header, payload: memoryview | None) -> None:
+    def send(self, peer: int, header: Header, payload: memoryview | None, deadline: float | None = None) -> None:
         self._boxes[(self.rank, peer)].put((header, None if payload is None else bytes(payload)))
 
-    def flush(self) -> None:
+    def flush(self, deadline: float | None = None) -> None:
         pass  # send() copied the payload
 
     def _next_header(self, peer: int, chunk: int, deadline: float, nbytes: int = 0) -> Header:
@@ -39,7 +39,7 @@ class InProcTransport(Transport):
         self._current[peer] = payload
         return h
 
-    def _read_payload(self, peer: int, chunk: int, out: memoryview) -> None:
+    def _read_payload(self, peer: int, chunk: int, out: memoryview, deadline: float = 0.0) -> None:
         out.cast("B")[:] = self._current.pop(peer)
 
     def _send_abort(self, header: Header) -> None:

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any
 
-from fastcoll.errors import AuthenticationError, CollectiveTimeoutError
+from fastcoll.errors import AuthenticationError, CollectiveTimeoutError, FastcollError
 from fastcoll.transport.auth import server_handshake
 from fastcoll.transport.stream import remaining
 
@@ -64,9 +64,13 @@ class AuthListener:
     """Accepts and authenticates connections in the background until closed.
 
     It listens on each of `hosts` (one address per network link, say one per Thunderbolt cable),
-    each on its own port unless `port` is given."""
+    each on its own port unless `port` is given. `vet(rank, conn, deadline)`, if given, runs on
+    the connection's own thread once it has authenticated: what it returns is kept in
+    `notes[rank]` when `accept` takes the connection; a FastcollError refuses it (vet tells the
+    connector why) before it can take a rank's place."""
 
-    def __init__(self, hosts: str | list[str], port: int, token: bytes, handshake_seconds: float = HANDSHAKE_SECONDS):
+    def __init__(self, hosts: str | list[str], port: int, token: bytes, handshake_seconds: float = HANDSHAKE_SECONDS,
+                 vet=None):
         socks: list[socket.socket] = []
         try:
             for host in [hosts] if isinstance(hosts, str) else hosts:
@@ -78,7 +82,9 @@ class AuthListener:
         self._socks = socks
         self._token = token
         self._handshake_seconds = handshake_seconds
-        self._ready: queue.Queue[tuple[int, socket.socket]] = queue.Queue()
+        self._vet = vet
+        self.notes: dict[int, Any] = {}
+        self._ready: queue.Queue[tuple[int, socket.socket, Any]] = queue.Queue()
         self._closed = threading.Event()
         self._threads = [
             threading.Thread(target=self._accept_loop, args=(sock,), name="fastcoll-accept", daemon=True)
@@ -111,14 +117,26 @@ class AuthListener:
             ).start()
 
     def _handshake(self, conn: socket.socket, addr) -> None:
+        deadline = time.monotonic() + self._handshake_seconds
         try:
-            rank = server_handshake(conn, self._token, time.monotonic() + self._handshake_seconds)
+            rank = server_handshake(conn, self._token, deadline)
         except (AuthenticationError, OSError, ValueError) as e:
             log.warning("AuthenticationError: refused connection from %s: %s", addr, e)
             conn.close()
             return
+        note = None
+        if self._vet is not None:
+            try:
+                note = self._vet(rank, conn, deadline)
+            except (FastcollError, OSError, ValueError) as e:
+                log.warning("%s: refused a connection from %s claiming rank %d: %s", type(e).__name__, addr, rank, e)
+                conn.close()
+                return
         conn.settimeout(None)
-        self._ready.put((rank, conn))
+        if self._closed.is_set():
+            conn.close()  # too late: nobody will take it
+            return
+        self._ready.put((rank, conn, note))
 
     def accept(self, ranks: set[int], deadline: float, notify=None) -> dict[int, socket.socket]:
         """Authenticated sockets from exactly `ranks`, each once, before `deadline`.
@@ -127,7 +145,7 @@ class AuthListener:
         got: dict[int, socket.socket] = {}
         while len(got) < len(ranks):
             try:
-                rank, conn = self._ready.get(timeout=max(0.001, remaining(deadline)))
+                rank, conn, note = self._ready.get(timeout=max(0.001, remaining(deadline)))
             except queue.Empty:
                 missing = sorted(ranks - set(got))
                 error = CollectiveTimeoutError(
@@ -143,12 +161,19 @@ class AuthListener:
                 conn.close()
                 continue
             got[rank] = conn
+            self.notes[rank] = note
         return got
 
     def close(self) -> None:
-        """Stop accepting; connections already handed out stay open."""
+        """Stop accepting; connections already handed out stay open, the others are closed."""
         self._closed.set()
         for sock in self._socks:
             sock.close()
         for t in self._threads:
             t.join(timeout=1)
+        while True:
+            try:
+                _, conn, _ = self._ready.get_nowait()
+            except queue.Empty:
+                break
+            conn.close()

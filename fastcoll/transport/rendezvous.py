@@ -8,8 +8,9 @@ import socket
 import time
 from dataclasses import dataclass
 
+from fastcoll import testhooks
 from fastcoll.config import Config, parse_address
-from fastcoll.errors import CollectiveTimeoutError, FastcollError, MismatchError
+from fastcoll.errors import AuthenticationError, CollectiveTimeoutError, FastcollError, MismatchError, PeerLostError
 from fastcoll.transport.auth import client_handshake
 from fastcoll.transport.listen import AuthListener
 from fastcoll.transport.stream import recv_message, remaining, send_message
@@ -87,10 +88,27 @@ def _tell(sock: socket.socket, error: FastcollError) -> None:
         pass
 
 
+_REPLY_ERRORS = {cls.__name__: cls for cls in (CollectiveTimeoutError, MismatchError, AuthenticationError, PeerLostError)}
+
+
+def _job(job: object) -> str:
+    return repr(job) if job else "none (its launcher names no job and FASTCOLL_TOKEN is how to tell jobs apart)"
+
+
 def rendezvous(config: Config, address: str, caps: dict, deadline: float) -> Table:
-    """Exchange data addresses and capabilities with every rank through the coordinator."""
+    """Exchange data addresses and capabilities with every rank through the coordinator.
+
+    Every rank sends its job identity (Config.job, from its launcher); the coordinator refuses
+    a rank of another job, before it can take a rank's place, with a MismatchError that names
+    both jobs, so two jobs on one coordinator port never merge."""
     host, port = config.coordinator
-    me = {"rank": config.rank, "size": config.world_size, "address": address, "caps": caps}
+    if not config.token and not config.job:
+        log.warning(
+            "rank %d: no FASTCOLL_TOKEN, and the launcher (%s) names no job: another job that uses "
+            "the coordinator %s:%d could not be told from this one; set FASTCOLL_TOKEN (a secret "
+            "shared by this job's ranks) or give each job its own FASTCOLL_COORDINATOR port",
+            config.rank, config.launcher, host, port)
+    me = {"rank": config.rank, "size": config.world_size, "address": address, "caps": caps, "job": config.job}
     if config.rank != 0:
         sock = connect(host, port, config.token, config.rank, deadline, "the coordinator (rank 0)")
         try:
@@ -99,23 +117,35 @@ def rendezvous(config: Config, address: str, caps: dict, deadline: float) -> Tab
         finally:
             sock.close()
         if not isinstance(reply, dict) or "error" in reply:
-            timed_out = isinstance(reply, dict) and reply.get("kind") == "CollectiveTimeoutError"
-            cls = CollectiveTimeoutError if timed_out else MismatchError
+            kind = reply.get("kind") if isinstance(reply, dict) else None
+            cls = _REPLY_ERRORS.get(kind, MismatchError) if isinstance(kind, str) else MismatchError
             raise cls(f"rendezvous refused: {reply.get('error') if isinstance(reply, dict) else reply}")
-        return Table(reply["addresses"], reply["caps"])
+        table = Table(reply["addresses"], reply["caps"])
+        testhooks.point("rendezvous-done")
+        return table
 
-    listener = AuthListener(host, port, config.token)
+    def vet(rank: int, sock: socket.socket, handshake_deadline: float) -> dict:
+        """A connection's rendezvous message, read on its own thread: refused (and told so)
+        unless it comes from this job."""
+        info = recv_message(sock, MESSAGE_LIMIT, min(deadline, handshake_deadline), f"rank {rank}")
+        if not isinstance(info, dict) or info.get("rank") != rank:
+            raise FastcollError(f"rank {rank} sent a malformed rendezvous message")
+        if info.get("job", "") != config.job:
+            error = MismatchError(
+                f"a rank {rank} of another job reached this job's coordinator {host}:{port}: its job is "
+                f"{_job(info.get('job'))}, this job's is {_job(config.job)}; give each job its own "
+                "coordinator port (FASTCOLL_COORDINATOR) or its own FASTCOLL_TOKEN")
+            _tell(sock, error)
+            raise error
+        return info
+
+    listener = AuthListener(host, port, config.token, vet=vet)
     try:
         socks = listener.accept(set(range(1, config.world_size)), deadline, notify=_tell)
     finally:
         listener.close()
-    entries = {0: me}
+    entries = {0: me, **{rank: listener.notes[rank] for rank in socks}}
     try:
-        for rank, sock in socks.items():
-            info = recv_message(sock, MESSAGE_LIMIT, deadline, f"rank {rank}")
-            if not isinstance(info, dict) or info.get("rank") != rank:
-                raise FastcollError(f"rank {rank} sent a malformed rendezvous message")
-            entries[rank] = info
         sizes = {r: e.get("size") for r, e in entries.items()}
         bad = {r: s for r, s in sizes.items() if s != config.world_size}
         if bad:
@@ -132,4 +162,6 @@ def rendezvous(config: Config, address: str, caps: dict, deadline: float) -> Tab
             sock.close()
     if "error" in reply:
         raise MismatchError(reply["error"])
-    return Table(reply["addresses"], reply["caps"])
+    table = Table(reply["addresses"], reply["caps"])
+    testhooks.point("rendezvous-done")
+    return table

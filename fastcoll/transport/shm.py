@@ -250,24 +250,48 @@ class ShmLink:
             done += k
 
     def sendmsg(self, buffers) -> int:
+        """As a socket's: all of `buffers` if they fit (the common case: one publish), else as
+        many bytes as there is room for, waiting up to the send timeout for the first
+        (BlockingIOError then). Returns how many bytes went."""
         views = [_bytes(b) for b in buffers]
         total = sum(map(len, views))
         self._check_send()
-        if total <= self.tx.free():  # the common case: the whole message, one publish
+        room = self.tx.free()
+        if total <= room:
             self._write(views)
-        else:
-            for v in views:
-                self.sendall(v)
-        return total
+            return total
+        room = self._room(0)
+        out, sent = [], 0
+        for v in views:
+            if sent + len(v) > room:
+                out.append(v[: room - sent])
+                sent = room
+                break
+            out.append(v)
+            sent += len(v)
+        self._write(out)
+        return sent
 
     def send(self, data, flags: int = 0) -> int:
-        """Only what send(frame, MSG_DONTWAIT) needs: all of it if it fits, else nothing."""
+        """As a socket's: as many bytes of `data` as there is room for now, waiting up to the
+        send timeout for room (none with MSG_DONTWAIT): BlockingIOError when there is none."""
         self._check_send()
         src = _bytes(data)
-        if len(src) > self.tx.free():
+        room = self._room(flags)
+        k = min(room, len(src))
+        self._write((src[:k],))
+        return k
+
+    def _room(self, flags: int) -> int:
+        """Free bytes in the ring, once there are any (waiting up to the send timeout, or not
+        at all with MSG_DONTWAIT); BlockingIOError if none came."""
+        room = self.tx.free()
+        if room:
+            return room
+        if flags & DONTWAIT:
             raise BlockingIOError("ring full")
-        self._write((src,))
-        return len(src)
+        self._wait_space(None if self._send_timeout is None else time.monotonic() + self._send_timeout)
+        return self.tx.free()
 
     # ---- receiving
     def drain(self) -> None:

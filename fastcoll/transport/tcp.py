@@ -14,16 +14,21 @@ of `FASTCOLL_CONNECTIONS` connections per peer, then the upgrade to shared memor
 
 from __future__ import annotations
 
+import array
 import collections
+import fcntl
+import math
 import select
 import socket
+import termios
 import threading
-from typing import Any
+import time
+from typing import Any, Callable
 
-from fastcoll import wire
+from fastcoll import testhooks, wire
 from fastcoll.errors import CollectiveTimeoutError, FastcollError, PeerLostError
 from fastcoll.transport import rendezvous, shm
-from fastcoll.transport.base import Transport, abort_error, log
+from fastcoll.transport.base import LAST_WORD_SECONDS, Transport, abort_error, log
 from fastcoll.transport.link import SocketLink
 from fastcoll.transport.listen import AuthListener, bind_hosts
 from fastcoll.transport.stream import DONTWAIT, remaining, yield_cpu
@@ -33,20 +38,49 @@ INLINE_BYTES = 64 * 1024
 READ_BUFFER = 256 * 1024
 # A connection's claimed id in the handshake: rank + channel * _CHANNEL_STRIDE.
 _CHANNEL_STRIDE = 1 << 16
+# A blocking send or receive on a link gives up after this long (the links' kernel timeouts,
+# SO_SNDTIMEO/SO_RCVTIMEO, and shared memory's twin) and looks at the call's deadline again, so
+# a peer that stalls in the middle of a message ends the call at its deadline, not at some
+# FASTCOLL_TIMEOUT later. Costs nothing while data flows.
+SLICE_SECONDS = 0.05
+# Linux: the bytes a TCP socket holds that its peer has not acknowledged yet.
+_OUTQ = getattr(termios, "TIOCOUTQ", None)
 
 
 def _lost(peer: int, e: BaseException) -> FastcollError:
     if isinstance(e, (socket.timeout, BlockingIOError)):
-        return CollectiveTimeoutError(f"rank {peer} stopped taking data (send timed out)")
+        return CollectiveTimeoutError(f"rank {peer} did not answer in time")
     return PeerLostError(f"connection to rank {peer} failed: {e}")
+
+
+def _send_timeout(me: int, peer: int | None) -> CollectiveTimeoutError:
+    who = "a peer" if peer is None else f"rank {peer}"
+    return CollectiveTimeoutError(f"rank {me} timed out sending to {who}, which stopped taking data")
+
+
+def _write(link: Any, data: Any, deadline: Callable[[], float], me: int, peer: int) -> None:
+    """All of `data` on `link`, however slowly the peer reads, until deadline() passes (read
+    again after each slice that saw no room); then CollectiveTimeoutError, with the stream cut
+    in the middle of the message."""
+    view = data if isinstance(data, memoryview) else memoryview(data)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    done, n = 0, view.nbytes
+    while done < n:
+        try:
+            done += link.send(view[done:])
+        except (BlockingIOError, socket.timeout):  # a slice went by without room
+            if time.monotonic() >= deadline():
+                raise _send_timeout(me, peer) from None
 
 
 class _Reader:
     """Per-peer receive buffer: headers and small payloads arrive in as few recv calls as possible."""
 
-    def __init__(self, sock: Any, peer: int):
+    def __init__(self, sock: Any, peer: int, me: int = 0):
         self.sock = sock  # a link
         self.peer = peer
+        self.me = me
         self.buf = bytearray(READ_BUFFER)
         self.view = memoryview(self.buf)
         self.start = 0
@@ -106,8 +140,9 @@ class _Reader:
         self.start += wire.PREFIX.size + n
         return h
 
-    def read_into(self, out: memoryview) -> None:
-        """Exactly len(out) payload bytes: first what is buffered, then straight from the socket."""
+    def read_into(self, out: memoryview, deadline: float = math.inf) -> None:
+        """Exactly len(out) payload bytes: first what is buffered, then straight from the socket,
+        until `deadline` (CollectiveTimeoutError then: the peer stopped in mid-message)."""
         out = out.cast("B") if out.format != "B" or out.ndim != 1 else out
         n = out.nbytes
         k = min(self.end - self.start, n)
@@ -118,6 +153,12 @@ class _Reader:
         while k < n:
             try:
                 got = self.sock.recv_into(out[k:])
+            except (BlockingIOError, socket.timeout):  # a slice went by without data
+                if time.monotonic() >= deadline:
+                    raise CollectiveTimeoutError(
+                        f"rank {self.me} timed out receiving from rank {self.peer}, which stopped "
+                        f"sending in the middle of a message ({k} of {n} bytes arrived)") from None
+                continue
             except OSError as e:
                 raise _lost(self.peer, e) from None
             if got == 0:
@@ -126,17 +167,26 @@ class _Reader:
 
 
 class _Sender:
-    """A thread that sends large messages in order, so that receiving goes on meanwhile."""
+    """A thread that sends large messages in order, so that receiving goes on meanwhile.
 
-    def __init__(self):
+    It waits on a slow peer for as long as it takes: the caller bounds the call (flush() takes
+    the call's deadline). Only once the job aborts (`abort`) or closes does the message going
+    out get a bound of its own, after which the thread says the last words (the ABORT) on the
+    links of its channel."""
+
+    def __init__(self, me: int = 0, cut: set | None = None):
+        self._me = me
         self._items: collections.deque = collections.deque()
         self._cond = threading.Condition()
         self._outstanding = 0
         self._error: FastcollError | None = None
         self.broken: dict[int, FastcollError] = {}  # peers whose connection broke: sends dropped
+        self._cut = set() if cut is None else cut  # links cut in the middle of a message
         self._closed = False
         self._current: Any = None  # the link a message is going out on now
-        self._last_word: tuple[Any, bytes] | None = None  # see abort()
+        self._current_peer: int | None = None
+        self._stop_at = math.inf  # when the message going out now is given up (abort, close)
+        self._last: tuple[bytes, list[tuple[int, Any]]] | None = None  # see abort()
         self._aborted = False
         self._thread = threading.Thread(target=self._loop, name="fastcoll-sender", daemon=True)
         self._thread.start()
@@ -144,18 +194,17 @@ class _Sender:
     def idle(self) -> bool:
         return self._outstanding == 0
 
-    def abort(self, frame: bytes) -> Any:
-        """Drop what is queued. If a message is going out now, return its socket: `frame` (the
-        ABORT) follows on it once that message is out, then the socket is shut for writing.
-        Written into the middle of a message it would corrupt the stream."""
+    def abort(self, frame: bytes, links: list[tuple[int, Any]], until: float) -> None:
+        """Drop what is queued; finish the message going out now (until `until` at most: written
+        into the middle of a message the ABORT would corrupt the stream), then write `frame`
+        (the ABORT) on each of `links` ((peer, link) pairs) and shut them for writing."""
         with self._cond:
             self._aborted = True
             self._outstanding -= len(self._items)
             self._items.clear()
-            if self._current is not None:
-                self._last_word = (self._current, frame)
+            self._stop_at = until
+            self._last = (frame, links)
             self._cond.notify_all()
-            return self._current
 
     def put(self, peer: int, sock: Any, frame: bytes, payload: memoryview | None) -> None:
         with self._cond:
@@ -167,12 +216,15 @@ class _Sender:
             self._outstanding += 1
             self._cond.notify_all()
 
-    def flush(self) -> None:
+    def flush(self, deadline: float = math.inf) -> None:
         if not self._outstanding and self._error is None:
             return  # nothing queued (only the caller's thread queues): no lock to take
         with self._cond:
             while self._outstanding and self._error is None:
-                self._cond.wait()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise _send_timeout(self._me, self._current_peer)
+                self._cond.wait(left)
             if self._error is not None:
                 raise self._error
 
@@ -180,52 +232,61 @@ class _Sender:
     def error(self) -> FastcollError | None:
         return self._error
 
+    def _bound(self) -> float:
+        return self._stop_at
+
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._items and not self._closed:
+                while not self._items and not self._closed and self._last is None:
                     self._cond.wait()
-                if self._closed:
-                    return
-                peer, sock, frame, payload = self._items.popleft()
-                self._current = sock
+                if not self._items:
+                    last, self._last = self._last, None
+                    if last is None:
+                        return  # closed
+                    item = None
+                else:
+                    item = self._items.popleft()
+                    self._current, self._current_peer = item[1], item[0]
+            if item is None:
+                self._say_last_words(*last)
+                continue
+            peer, sock, frame, payload = item
             try:
-                if self._error is None and peer not in self.broken:
-                    sock.sendall(frame)
+                if peer not in self.broken:
+                    _write(sock, frame, self._bound, self._me, peer)
                     if payload is not None:
-                        sock.sendall(payload)
-            except OSError as e:
-                err = _lost(peer, e)
-                if isinstance(err, CollectiveTimeoutError):
-                    self._error = err
-                else:  # reported by TcpTransport.flush, after what the peer sent is read
-                    self.broken.setdefault(peer, err)
+                        _write(sock, payload, self._bound, self._me, peer)
+            except CollectiveTimeoutError:  # given up after an abort: the stream is cut here
+                self._cut.add(sock)
+            except OSError as e:  # reported by TcpTransport.flush, after what the peer sent is read
+                self.broken.setdefault(peer, _lost(peer, e))
             with self._cond:
-                self._current = None
+                self._current = self._current_peer = None
                 self._outstanding -= 1
-                last, self._last_word = self._last_word, None
                 self._cond.notify_all()
-            if last is not None:
-                _say_last_word(*last)
 
-    def close(self) -> None:
+    def _say_last_words(self, frame: bytes, links: list[tuple[int, Any]]) -> None:
+        """`frame` (the ABORT) on every link whose stream is whole, however slowly the peer
+        reads, until the bound; then shut each for writing (which also wakes a peer's reads)."""
+        for peer, link in links:
+            if link not in self._cut and peer not in self.broken:
+                try:
+                    _write(link, frame, self._bound, self._me, peer)
+                except (OSError, FastcollError):
+                    pass  # the peer is gone, or stopped: the shutdown still tells it
+            try:
+                link.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+    def close(self, until: float = 0.0) -> None:
+        """Stop once the last words (if any) are said, waiting for them until `until` at most."""
         with self._cond:
             self._closed = True
+            self._stop_at = min(self._stop_at, until)
             self._cond.notify_all()
-        self._thread.join(timeout=1)
-
-
-def _say_last_word(sock: Any, frame: bytes) -> None:
-    """Best effort: `frame` (an ABORT) on `sock`, then shut it for writing, which also wakes a
-    thread blocked sending on it."""
-    try:
-        sock.send(frame, socket.MSG_DONTWAIT)
-    except OSError:
-        pass  # a full buffer (a stopped peer): the shutdown still tells it
-    try:
-        sock.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
+        self._thread.join(timeout=max(0.0, until - time.monotonic()) + 2 * SLICE_SECONDS)
 
 
 Link = tuple[int, int]  # (peer, channel): one connection
@@ -248,20 +309,23 @@ class TcpTransport(Transport):
         self._timeout = timeout
         self._spin_reads = spin_reads
         self._yield_reads = yield_reads
-        self._readers = {key: _Reader(link, key[0]) for key, link in self._links.items()}
+        self._readers = {key: _Reader(link, key[0], rank) for key, link in self._links.items()}
         self._pending: dict[Link, Header | FastcollError] = {}
         self._fd_link = {link.fileno(): key for key, link in self._links.items()}
         self._poll = select.poll()
         self._watched: set[int] = set()  # the fds registered with _poll
         for link in self._links.values():
-            link.set_timeouts(timeout)
+            link.set_timeouts(SLICE_SECONDS)  # each blocking wait looks at the call's deadline this often
             self._watch(link.fileno())
         # Links that hold data poll() cannot see (shared-memory rings): looked at before a sleep.
         self._buffered = {link.fileno(): link for link in self._links.values() if link.recheck_s is not None}
         self._recheck_s = min((link.recheck_s for link in self._buffered.values()), default=None)
-        self._senders = [_Sender() for _ in range(self._channels)]
+        self._cut: set = set()  # links whose stream a timeout cut in the middle of a message
+        self._senders = [_Sender(rank, self._cut) for _ in range(self._channels)]
         self._closed_peers: set[int] = set()
         self._broken: dict[int, FastcollError] = {}  # peers a send to failed (sends dropped)
+        self._last_word_until = 0.0  # abort(): until when the notice may take to leave
+        self._gave_up: set[int] = set()  # peers that aborted or are gone: none of them reads on
 
     def describe(self) -> str:
         shared = sum(link.kind == "shm" for link in self._links.values())
@@ -269,7 +333,7 @@ class TcpTransport(Transport):
             return "tcp"
         return f"tcp, shared memory on {shared} of {len(self._links)} connections"
 
-    def send(self, peer: int, header: Header, payload: memoryview | None) -> None:
+    def send(self, peer: int, header: Header, payload: memoryview | None, deadline: float | None = None) -> None:
         frame = wire.pack(header)
         ch = header.chunk % self._channels
         sock = self._links[(peer, ch)]
@@ -283,26 +347,34 @@ class TcpTransport(Transport):
         # it now, sparing the hand-off to the sender thread (which needs the GIL to copy).
         if sender.idle() and (small or sock.fits(len(frame) + payload.nbytes)):
             try:
-                if payload is None:
-                    sock.sendall(frame)
-                else:
-                    sent = sock.sendmsg([frame, payload])
-                    if sent < len(frame) + payload.nbytes:
-                        rest = (frame + payload.cast("B").tobytes())[sent:]
-                        sock.sendall(rest)
+                try:
+                    sent = sock.send(frame) if payload is None else sock.sendmsg([frame, payload])
+                except BlockingIOError:  # a slice went by without room: the peer is slow
+                    sent = 0
+                total = len(frame) + (0 if payload is None else payload.nbytes)
+                if sent < total:  # the rest, until the call's deadline
+                    limit = time.monotonic() + self._timeout if deadline is None else deadline
+                    until = lambda: limit  # noqa: E731
+                    if sent < len(frame):
+                        _write(sock, memoryview(frame)[sent:], until, self.rank, peer)
+                        sent = len(frame)
+                    if payload is not None:
+                        _write(sock, payload[sent - len(frame):], until, self.rank, peer)
             except OSError as e:
-                err = _lost(peer, e)
-                if isinstance(err, CollectiveTimeoutError):
-                    raise err from None
                 # A peer that gave up sent its ABORT (or a header that shows a mismatch) before
                 # it closed: report the break in flush(), once that has been read.
-                self._broken.setdefault(peer, err)
+                self._broken.setdefault(peer, _lost(peer, e))
+            except BaseException:
+                # Stopped part-way (the deadline, a Ctrl-C): no ABORT may follow on this link,
+                # where it would land in the middle of the message.
+                self._cut.add(sock)
+                raise
         else:
             sender.put(peer, sock, frame, payload)
 
-    def flush(self) -> None:
+    def flush(self, deadline: float | None = None) -> None:
         for sender in self._senders:
-            sender.flush()
+            sender.flush(math.inf if deadline is None else deadline)
             for peer, err in sender.broken.items():
                 self._broken.setdefault(peer, err)
         if self._broken:
@@ -337,6 +409,7 @@ class TcpTransport(Transport):
 
     def _take(self, link: Link, h: Header) -> Header:
         if h.kind == ABORT:
+            self._gave_up.add(link[0])
             raise abort_error(h)
         if h.kind == CLOSE:
             self._closed_peers.add(link[0])
@@ -378,7 +451,9 @@ class TcpTransport(Transport):
                 raise CollectiveTimeoutError(
                     f"rank {self.rank} timed out waiting for rank {peer}, which did not answer"
                 )
-            events = self._wait(min(left, 1.0))
+            events = self._wait(min(left, 0.2))
+            if self.interrupted:
+                raise FastcollError(self.interrupted)
             for sender in self._senders:
                 if sender.error is not None:
                     raise sender.error
@@ -390,6 +465,7 @@ class TcpTransport(Transport):
                     # data was already read, and poll() must go on watching the others.
                     r.fill(DONTWAIT)
                 except FastcollError as e:
+                    self._gave_up.add(other[0])
                     if other == link:
                         raise
                     # Lost while this rank waits on another peer: what that peer owed this
@@ -417,28 +493,59 @@ class TcpTransport(Transport):
                 self._pending[other] = h
                 self._unwatch(fd)
 
-    def _read_payload(self, peer: int, chunk: int, out: memoryview) -> None:
-        self._readers[(peer, chunk % self._channels)].read_into(out)
+    def _read_payload(self, peer: int, chunk: int, out: memoryview, deadline: float = math.inf) -> None:
+        self._readers[(peer, chunk % self._channels)].read_into(out, deadline)
 
     def _send_abort(self, header: Header) -> None:
         frame = wire.pack(header)
-        # A sender thread in the middle of a message on a socket says the last word there itself.
-        busy = {sender.abort(frame) for sender in self._senders}
-        for sock in self._links.values():
-            if sock not in busy:
-                _say_last_word(sock, frame)
+        # Each channel's sender thread says the last word on that channel's links, in the
+        # background (a full buffer must not hold up the caller's error), once the message it
+        # may be sending is out: written into the middle of a message it would corrupt the stream.
+        self._last_word_until = time.monotonic() + LAST_WORD_SECONDS
+        for ch, sender in enumerate(self._senders):
+            links = [(p, link) for (p, c), link in self._links.items() if c == ch]
+            sender.abort(frame, links, self._last_word_until)
+
+    def _linger(self, until: float) -> None:
+        """Until `until` at most: wait for the peers to take what the TCP sockets still hold
+        (the abort notice last). A peer that reads it only after this rank has exited would
+        otherwise lose it: its own next send reaches a closed socket, whose reset discards
+        what had not reached it yet. (Shared memory needs no wait: the rings outlive this rank.)"""
+        if _OUTQ is None:
+            return
+        socks = [link.sock for (peer, _), link in self._links.items()
+                 if link.kind == "tcp" and peer not in self._gave_up and peer not in self._closed_peers]
+        buf = array.array("i", [0])
+        while socks and time.monotonic() < until:
+            still = []
+            for sock in socks:
+                try:
+                    fcntl.ioctl(sock.fileno(), _OUTQ, buf, True)
+                except OSError:
+                    continue
+                if buf[0] > 0:
+                    still.append(sock)
+            socks = still
+            if socks:
+                time.sleep(0.002)
 
     def close(self) -> None:
-        if not self.aborted:  # after an abort nothing more is owed, and a peer may never read
+        if not self.aborted:
+            until = time.monotonic() + LAST_WORD_SECONDS
             try:
-                self.flush()
+                self.flush(time.monotonic() + self._timeout)
                 frame = wire.pack(Header(CLOSE, -1, "", 0, 0))
-                for sock in self._links.values():
-                    sock.sendall(frame)
+                for (peer, _), sock in self._links.items():
+                    if peer not in self._broken and sock not in self._cut:
+                        _write(sock, frame, lambda: until, self.rank, peer)
             except (OSError, FastcollError):
                 pass
+        else:  # the abort notice goes out before any socket closes
+            until = self._last_word_until
         for sender in self._senders:
-            sender.close()
+            sender.close(until)
+        if self.aborted:
+            self._linger(until)
         for sock in self._links.values():
             try:
                 sock.close()
@@ -459,9 +566,17 @@ def connect(config: Any, caps: dict[str, Any], deadline: float) -> tuple[TcpTran
     finally:
         listener.close()
     links = {p: [SocketLink(s) for s in ss] for p, ss in socks.items()}
-    links = shm.upgrade(config.rank, links, config.shm, deadline, table.same_host(config.rank))
-    transport = TcpTransport(config.rank, config.world_size, links, config.timeout,
-                             spin_reads=config.spin_reads, yield_reads=config.yield_reads)
+    try:
+        testhooks.point("tcp-mesh-done")
+        links = shm.upgrade(config.rank, links, config.shm, deadline, table.same_host(config.rank))
+        testhooks.point("setup-done")
+        transport = TcpTransport(config.rank, config.world_size, links, config.timeout,
+                                 spin_reads=config.spin_reads, yield_reads=config.yield_reads)
+    except BaseException:  # nothing is kept open when the job cannot start
+        for ls in links.values():
+            for link in ls:
+                link.close()
+        raise
     return transport, table
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
+import sys
 import time
 from typing import Any
 
@@ -21,7 +23,7 @@ import zmq
 import zmq.auth.thread
 import zmq.utils.monitor
 
-from fastcoll import wire
+from fastcoll import testhooks, wire
 from fastcoll.errors import AuthenticationError, CollectiveTimeoutError, FastcollError, PeerLostError
 from fastcoll.transport import auth, rendezvous
 from fastcoll.transport.base import Transport, abort_error, log
@@ -30,6 +32,39 @@ from fastcoll.transport.stream import remaining
 from fastcoll.wire import ABORT, CLOSE, MAX_PIECE_BYTES, Header
 
 COPY_BYTES = 64 * 1024
+_INT32_MAX = (1 << 31) - 1  # ZeroMQ's millisecond options are C ints
+
+_swallowed = False  # a KeyboardInterrupt that a deallocator swallowed (see _catch_interrupts)
+_previous_hook: Any = None
+
+
+def _catch_interrupts() -> None:
+    """Keep the Ctrl-C that pyzmq would lose. Its Frame.__dealloc__ checks for signals (through
+    _check_rc), so a SIGINT that arrives then raises KeyboardInterrupt inside a deallocator,
+    where it cannot propagate: Python hands it to sys.unraisablehook ("Exception ignored in:
+    'zmq.backend.cython._zmq.Frame.__dealloc__'") and the rank would run on. This hook notes it
+    instead (every other unraisable goes to the hook it replaces), and the transport raises it
+    again at its next step (`_reraise_interrupt`)."""
+    global _previous_hook
+    if _previous_hook is not None:
+        return
+    _previous_hook = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        global _swallowed
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            _swallowed = True
+            return
+        _previous_hook(unraisable)
+
+    sys.unraisablehook = hook
+
+
+def _reraise_interrupt() -> None:
+    global _swallowed
+    if _swallowed:
+        _swallowed = False
+        raise KeyboardInterrupt
 
 
 class _ZapLog(logging.LoggerAdapter):
@@ -53,19 +88,24 @@ class ZmqListener:
         self.ctx = zmq.Context()
         self.token = token
         self.auth = zmq.auth.thread.ThreadAuthenticator(self.ctx, log=_ZapLog(log, {}))
-        self.auth.start()
-        self.router = self.ctx.socket(zmq.ROUTER)
-        self.router.zap_domain = b"fastcoll"
-        self.router.setsockopt(zmq.MAXMSGSIZE, max_message)
-        # Per connection: a peer that fills it is only slowed (libzmq stops reading its socket
-        # until this rank catches up); a stranger that connected during the set-up window can
-        # park at most this many messages here while the rank is idle, not libzmq's 1000.
-        self.router.setsockopt(zmq.RCVHWM, 64)
-        self.router.setsockopt(zmq.LINGER, 0)
-        if ":" in host:  # an IPv6 address: ZeroMQ wants it bracketed, and IPv6 turned on
-            self.router.setsockopt(zmq.IPV6, 1)
-            host = f"[{host}]"
-        port = self.router.bind_to_random_port(f"tcp://{host}")
+        try:
+            self.auth.start()
+            self.router = self.ctx.socket(zmq.ROUTER)
+            self.router.zap_domain = b"fastcoll"
+            self.router.setsockopt(zmq.MAXMSGSIZE, max_message)
+            # Per connection: a peer that fills it is only slowed (libzmq stops reading its
+            # socket until this rank catches up); a stranger that connected during the set-up
+            # window can park at most this many messages here while the rank is idle, not 1000.
+            self.router.setsockopt(zmq.RCVHWM, 64)
+            self.router.setsockopt(zmq.LINGER, 0)
+            if ":" in host:  # an IPv6 address: ZeroMQ wants it bracketed, and IPv6 turned on
+                self.router.setsockopt(zmq.IPV6, 1)
+                host = f"[{host}]"
+            port = self.router.bind_to_random_port(f"tcp://{host}")
+        except BaseException:
+            self.auth.stop()
+            self.ctx.destroy(linger=0)
+            raise
         self.address = f"tcp://{host}:{port}"
 
     def close_door(self) -> None:
@@ -73,9 +113,12 @@ class ZmqListener:
         self.auth.allow("fastcoll: no new connections once the job is set up")
 
     def close(self) -> None:
+        """Close the ROUTER, the authenticator and the context. Every socket still open on the
+        context (a set-up that failed half-way) is closed too, with no linger: ctx.term()
+        alone would wait for them for ever."""
         self.router.close(linger=0)
         self.auth.stop()
-        self.ctx.term()
+        self.ctx.destroy(linger=0)
 
 
 class ZmqTransport(Transport):
@@ -93,7 +136,7 @@ class ZmqTransport(Transport):
         self._monitors: dict[zmq.Socket, int] = {}
         self._queues: dict[int, collections.deque] = {p: collections.deque() for p in range(size) if p != rank}
         self._current: dict[int, memoryview] = {}
-        self._trackers: list[zmq.MessageTracker] = []
+        self._trackers: list[tuple[int, zmq.MessageTracker]] = []
         self._gone: dict[int, tuple[str, float]] = {}
         self._finalized: set[int] = set()
         self._broken: dict[int, FastcollError] = {}  # peers a send to failed (sends dropped)
@@ -103,23 +146,30 @@ class ZmqTransport(Transport):
         self._setting_up = True
         self._poller = zmq.Poller()
         self._poller.register(self._router, zmq.POLLIN)
-        for peer in self._queues:
-            d = listener.ctx.socket(zmq.DEALER)
-            d.setsockopt(zmq.SNDHWM, 0)
-            # The linger set here, not the one close() passes, is what ctx.term() waited on for
-            # a lost peer (FASTCOLL_TIMEOUT seconds after an error; measured): keep it short.
-            d.setsockopt(zmq.LINGER, 1000)
-            d.setsockopt(zmq.RECONNECT_IVL, -1)
-            d.setsockopt(zmq.HEARTBEAT_IVL, 1000)
-            d.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(max(timeout, 1) * 1000))
-            mon = d.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
-            if "[" in addresses[peer]:
-                d.setsockopt(zmq.IPV6, 1)
-            d.connect(addresses[peer])
-            self._dealers[peer] = d
-            self._monitors[mon] = peer
-            self._poller.register(mon, zmq.POLLIN)
-        self._handshake(deadline)
+        _catch_interrupts()
+        try:
+            for peer in self._queues:
+                d = listener.ctx.socket(zmq.DEALER)
+                self._dealers[peer] = d
+                d.setsockopt(zmq.SNDHWM, 0)
+                # The linger set here, not the one close() passes, is what ctx.term() waited on
+                # for a lost peer (FASTCOLL_TIMEOUT seconds after an error; measured): keep it short.
+                d.setsockopt(zmq.LINGER, 1000)
+                d.setsockopt(zmq.RECONNECT_IVL, -1)
+                d.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+                # In milliseconds, a C int: a FASTCOLL_TIMEOUT past 24.8 days is clamped there.
+                d.setsockopt(zmq.HEARTBEAT_TIMEOUT, min(_INT32_MAX, int(max(timeout, 1) * 1000)))
+                mon = d.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
+                self._monitors[mon] = peer
+                if "[" in addresses[peer]:
+                    d.setsockopt(zmq.IPV6, 1)
+                d.connect(addresses[peer])
+                self._poller.register(mon, zmq.POLLIN)
+            testhooks.point("zmq-handshake")
+            self._handshake(deadline)
+        except BaseException:  # close what was opened: the context could not end otherwise
+            self._close_sockets(linger=0)
+            raise
 
     def _handshake(self, deadline: float) -> None:
         """Authenticate every DEALER (as connector) and every peer's connection (as listener)."""
@@ -170,7 +220,7 @@ class ZmqTransport(Transport):
             self._strangers.add(ident)
             log.warning("AuthenticationError: refused a ZeroMQ connection: %s", e)
 
-    def send(self, peer: int, header: Header, payload: memoryview | None) -> None:
+    def send(self, peer: int, header: Header, payload: memoryview | None, deadline: float | None = None) -> None:
         # NOBLOCK: a DEALER whose only connection is gone would block for ever (it never
         # reconnects); with an unbounded send queue, Again can only mean that.
         d = self._dealers[peer]
@@ -185,21 +235,26 @@ class ZmqTransport(Transport):
                 d.send(frame + payload, flags=zmq.NOBLOCK)
             else:
                 d.send(frame, flags=zmq.NOBLOCK | zmq.SNDMORE)
-                self._trackers.append(d.send(payload, flags=zmq.NOBLOCK, copy=False, track=True))
+                self._trackers.append((peer, d.send(payload, flags=zmq.NOBLOCK, copy=False, track=True)))
         except zmq.ZMQError as e:
             # What the peer sent before it went (its ABORT, or a header that shows a mismatch)
             # explains this better: flush() reports the break once that has been read.
             err = PeerLostError(f"sending to rank {peer} failed: its connection is gone ({e})")
             self._broken.setdefault(peer, err)
 
-    def flush(self) -> None:
+    def flush(self, deadline: float | None = None) -> None:
         if self._broken:
             self.explain_broken(self._broken)
-        deadline = time.monotonic() + self._timeout
-        for t in self._trackers:
+        if deadline is None:
+            deadline = time.monotonic() + self._timeout
+        for peer, t in self._trackers:
             while not t.done:
                 if remaining(deadline) <= 0:
-                    raise CollectiveTimeoutError("a peer did not take the data sent to it in time")
+                    raise CollectiveTimeoutError(
+                        f"rank {self.rank} timed out sending to rank {peer}, which stopped taking data")
+                if self.interrupted:
+                    raise FastcollError(self.interrupted)
+                _reraise_interrupt()
                 self._raise_if_gone(None)
                 try:
                     t.wait(0.01)
@@ -289,6 +344,7 @@ class ZmqTransport(Transport):
     def _next_header(self, peer: int, chunk: int, deadline: float, nbytes: int = 0) -> Header:
         q = self._queues[peer]
         while True:
+            _reraise_interrupt()  # a Ctrl-C that a frame's deallocator swallowed, if any
             if q:
                 h, payload = q.popleft()
                 if h.kind == ABORT:
@@ -303,6 +359,8 @@ class ZmqTransport(Transport):
             # TCP: the collective under way may still complete); _raise_if_gone passes over
             # lost peers whose queue still holds something, such as that notice.
             self._raise_if_gone(peer)
+            if self.interrupted:
+                raise FastcollError(self.interrupted)
             if self._spin():
                 continue
             left = remaining(deadline)
@@ -310,10 +368,14 @@ class ZmqTransport(Transport):
                 raise CollectiveTimeoutError(
                     f"rank {self.rank} timed out waiting for rank {peer}, which did not answer"
                 )
-            self._drain(min(left, 0.05 if self._gone else 1.0) * 1000)
+            self._drain(min(left, 0.05 if self._gone else 0.2) * 1000)
 
-    def _read_payload(self, peer: int, chunk: int, out: memoryview) -> None:
-        out.cast("B")[:] = self._current.pop(peer)
+    def _read_payload(self, peer: int, chunk: int, out: memoryview, deadline: float = math.inf) -> None:
+        payload = self._current.pop(peer)
+        out.cast("B")[:] = payload
+        testhooks.point("zmq-frame")
+        del payload  # the frame goes here, and a Ctrl-C in its deallocator with it
+        _reraise_interrupt()
 
     def _send_abort(self, header: Header) -> None:
         self._trackers.clear()  # a broken group's close() must not wait for a lost peer
@@ -331,14 +393,23 @@ class ZmqTransport(Transport):
                 d.send(wire.pack(Header(CLOSE, -1, "", 0, 0)), flags=zmq.NOBLOCK)
         except (zmq.ZMQError, FastcollError):
             pass
+        self._close_sockets()
+        self._listener.close()
+
+    def _close_sockets(self, linger: int | None = None) -> None:
+        """The monitors and DEALERs; each DEALER lingers 1 s (LAST_WORD_SECONDS) to deliver
+        what it holds (a CLOSE or an ABORT), unless `linger` says otherwise."""
         for d in self._dealers.values():
-            d.disable_monitor()
+            try:
+                d.disable_monitor()
+            except zmq.ZMQError:
+                pass
         for mon in self._monitors:
             mon.close(linger=0)
         for peer, d in self._dealers.items():
             # Lingering on a peer that is gone only holds ctx.term() up (seconds, measured).
-            d.close(linger=0 if peer in self._gone or peer in self._broken else 1000)
-        self._listener.close()
+            gone = peer in self._gone or peer in self._broken
+            d.close(linger=linger if linger is not None else 0 if gone else 1000)
 
 
 def connect(config: Any, caps: dict[str, Any], deadline: float) -> tuple[ZmqTransport, rendezvous.Table]:
@@ -352,6 +423,7 @@ def connect(config: Any, caps: dict[str, Any], deadline: float) -> tuple[ZmqTran
         rendezvous.agree(table.caps, {"transport": "FASTCOLL_TRANSPORT"})
         transport = ZmqTransport(config.rank, config.world_size, listener, table.addresses, config.timeout,
                                  deadline, spin_reads=4 * config.spin_reads)
+        testhooks.point("setup-done")
     except BaseException:
         listener.close()
         raise
