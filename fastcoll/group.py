@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from fastcoll import diagnosis
 from fastcoll.algorithms import Call, blocks, select
 from fastcoll.config import Config, check_timeout
 from fastcoll.errors import CollectiveTimeoutError, FastcollError, MismatchError
@@ -52,10 +53,11 @@ _MAIN = threading.main_thread()
 class _Job:
     """What every group made from one `init()` shares."""
 
-    def __init__(self, config: Config, transport: Any, gate: Any):
+    def __init__(self, config: Config, transport: Any, gate: Any, hosts: list[str] | None = None):
         self.config = config
         self.transport = transport
         self.gate = gate
+        self.hosts = hosts or []  # each rank's host name, for error messages
         self.service = Service() if transport is not None else None
         self.lock = threading.Lock()  # orders the calls of every group of this rank
         self.error: FastcollError | None = None
@@ -67,14 +69,36 @@ class _Job:
             self.tracer = Tracer(config.trace, config.rank)
             atexit.register(self.write_trace)
 
-    def fail(self, error: FastcollError) -> None:
-        """Record the job's first error, release every gated GPU wait, and tell the peers."""
-        if self.error is None:
-            self.error = error
-            log.error("rank %d: %s: %s", self.config.rank, type(error).__name__, error)
-            if self.gate is not None:
-                self.gate.abort(error)  # release every issued gate, so no GPU spins on
-            self.transport.abort(error)
+    def fail(self, error: FastcollError, limit: float | None = None, waited: float | None = None) -> FastcollError:
+        """Record the job's first error, release every gated GPU wait, and tell the peers; the
+        error to raise. A timeout is first explained: the ranks that can still talk compare whom
+        they wait for, and the error names who stopped answering (fastcoll/diagnosis.py)."""
+        if self.error is not None:
+            return self.error
+        self.error = error
+        if self.gate is not None:
+            self.gate.abort(error)  # release every issued gate, so no GPU spins on
+        self.transport.abort(error)
+        if isinstance(error, CollectiveTimeoutError) and self.config.world_size > 1:
+            self.error = self._explained(error, self.config.timeout if limit is None else limit, waited)
+        log.error("rank %d: %s: %s", self.config.rank, type(self.error).__name__, self.error)
+        return self.error
+
+    def _explained(self, error: CollectiveTimeoutError, limit: float, waited: float | None) -> CollectiveTimeoutError:
+        me = self.config.rank
+        # Told of a peer's timeout within half its limit of entering the call: this rank did not
+        # wait long for anyone, so a chain of waits that ends at it says it came too late.
+        late = getattr(error, "from_peer", False) and waited is not None and waited < limit / 2
+        reports: dict[int, int | None] = {me: getattr(error, "waiting_for", None)}
+        sender = getattr(error, "sender", None)
+        if getattr(error, "from_peer", False) and sender is not None:
+            reports[sender] = getattr(error, "sender_waits", None)
+        lost: set[int] = set()
+        self.transport.notices(time.monotonic() + diagnosis.window(limit), reports, lost)
+        _, why = diagnosis.explain(me, self.config.world_size, reports, lost, self.hosts, late)
+        explained = CollectiveTimeoutError(f"{error}; whom the ranks that can still talk wait for: {why}")
+        explained.from_peer = getattr(error, "from_peer", False)
+        return explained
 
     def close(self) -> None:
         """Finish queued work, tell the peers, and release sockets and threads."""
@@ -110,8 +134,8 @@ class Group:
     `fastcoll.init()` makes the job's group; use `split` for sub-groups.
     """
 
-    def __init__(self, config: Config, transport: Any = None, gate: Any = None):
-        self._job = _Job(config, transport, gate)
+    def __init__(self, config: Config, transport: Any = None, gate: Any = None, hosts: list[str] | None = None):
+        self._job = _Job(config, transport, gate, hosts)
         self._view(config, tuple(range(config.world_size)), "")
 
     def _view(self, config: Config, ranks: tuple[int, ...], prefix: str) -> None:
@@ -327,12 +351,11 @@ class Group:
         except FastcollError as e:
             if isinstance(e, CollectiveTimeoutError) and not getattr(e, "from_peer", False):
                 setting = f"FASTCOLL_TIMEOUT={limit:g}" if from_env else f"timeout={limit:g}"
+                waits = getattr(e, "waiting_for", None)
                 e = CollectiveTimeoutError(
                     f"{e} (it waited {limit:g} s, the call's limit: {setting}; raise it to wait longer)")
-                job.fail(e)
-                raise e from None
-            job.fail(e)
-            raise
+                e.waiting_for = waits
+            raise job.fail(e, limit, waited=time.monotonic() - (call.deadline - limit)) from None
         except Exception as e:
             # Arguments were checked before the call was queued, so this is a bug; the peers may
             # be mid-message, so it must still break the group on every rank, not hang it.

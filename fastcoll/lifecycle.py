@@ -70,7 +70,8 @@ def _connect(config: Config, gate: Any) -> Group:
         log.info("the fence gate is off: not every rank can run it")
         gate.close()
         gate = None
-    group = Group(config, t, gate)
+    hosts = [str(c.get("host", "")).partition("/")[0] for c in table.caps]  # host ids: name/boot id
+    group = Group(config, t, gate, hosts)
     if gate is not None:
         try:
             gate.connect(lambda what, values: group._gather_ints(what, values, None), config.rank,

@@ -4,12 +4,12 @@ into a switch namespace; the launcher runs in a namespace of its own and reaches
 ssh, as it would reach Macs. Skipped, saying why, where namespaces cannot be made (not root, no
 iproute2, no sshd).
 
-The failure tests assert what holds today (every rank ends with CollectiveTimeoutError or
-PeerLostError, or is stopped by the launcher, within a bound; the launcher exits non-zero
-within a bound; nothing of the job is left running; a host the launcher lost contact with is
-named with its ranks within a few seconds, and no other fault is taken for a lost host) and
-print what each rank and the launcher said (`-s` shows it), for the diagnosis to be tightened
-later.
+The failure tests assert that every rank ends with CollectiveTimeoutError or PeerLostError, or
+is stopped by the launcher, within a bound; that every timeout names the rank and host that
+stopped answering (not the rank's own neighbour); that the launcher exits non-zero within a
+bound; that nothing of the job is left running; and that a host the launcher lost contact with
+is named with its ranks within a few seconds, and no other fault is taken for a lost host. They
+print what each rank and the launcher said (`-s` shows it).
 """
 
 from __future__ import annotations
@@ -277,7 +277,7 @@ def _failure(net, hosts, fault, links: int = 1, floats: int = 4096) -> None:
         r = reports[rank]
         at = r.get("t_end", float("nan")) - t_fault
         lines.append(f"  rank {rank} ({r['hostname']}): {r.get('outcome')} at +{at:.1f} s: "
-                     f"{r.get('error', '')}: {(r.get('message') or '')[:300]}")
+                     f"{r.get('error', '')}: {r.get('message') or ''}")
     lines += [f"  launcher at +{at - t_fault:.1f} s: {t}" for at, s, t in job.run.lines
               if at > t_fault and (s == "err" or not t.startswith("["))]
     lines += [f"  still running in {name}: {c[:80]}" for name, procs in net.processes().items()
@@ -298,6 +298,19 @@ def _failure(net, hosts, fault, links: int = 1, floats: int = 4096) -> None:
             assert r["error"] in ERRORS, (rank, r)
         assert r["t_end"] - t_fault < 4 * TIMEOUT, (rank, r)
     assert errors >= 1, "\n".join(lines)
+    # Every rank's timeout names the host that failed, not its own neighbour: the ranks that
+    # can still talk compared whom they wait for (fastcoll/diagnosis.py). With two hosts a rank
+    # cannot tell its own link from its peer's, so it names the peer; a one-way drop leaves both
+    # ends talking one way, and either may be named.
+    named = {f"host host{victim}"} | ({f"host host{other}"} if fault == "one_way_drop" else set())
+    for rank, r in reports.items():
+        if r.get("error") != "CollectiveTimeoutError":
+            continue
+        assert "whom the ranks that can still talk wait for" in r["message"], (rank, r)
+        if hosts[rank] != victim or len(hosts) > 2:
+            assert any(n in r["message"] for n in named), (rank, named, "\n".join(lines))
+        if hosts[rank] != victim and fault != "one_way_drop":
+            assert f"rank {hosts.index(victim)} (host host{victim})" in r["message"], (rank, r)
     assert left == [], left
     assert dropped is None or dropped > 0, "the one-way drop dropped nothing"
     lost = [t for _, s, t in job.run.lines if s == "err" and "lost contact with host" in t]
@@ -396,6 +409,10 @@ def test_hosts_of_one_hostname_share_memory_unless_shm_is_off(net, shm):
     # The decision is logged at info on each rank (FASTCOLL_LOG=info shows it).
     logged = [t for _, _, t in job.run.lines if "connections through shared memory" in t]
     assert len(logged) == (2 if shm == "1" else 0), logged
+    off = [t for _, _, t in job.run.lines if "shared memory is off" in t]
+    assert len(off) == (0 if shm == "1" else 2), off
+    if shm == "1":
+        assert all("FASTCOLL_SHM=0 keeps them on TCP" in t for t in logged), logged
 
 
 # ----------------------------------------------------------------------------- data routes

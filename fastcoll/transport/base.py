@@ -116,13 +116,44 @@ class Transport(abc.ABC):
                 tracer.span("receive", t0, peer=peer, bytes=nbytes)
 
     def abort(self, error: FastcollError) -> None:
-        """Tell every peer why this rank stopped, so that they raise the same kind of error."""
+        """Tell every peer why this rank stopped, so that they raise the same kind of error. A
+        timeout's notice also carries whom this rank was waiting for (in the header's chunk, as
+        that rank + 1), which the peers use to find who stopped answering (fastcoll/diagnosis.py)."""
         self.aborted = True
         try:
             note = f"rank {self.rank}: {type(error).__name__}: {error}"
-            self._send_abort(Header(ABORT, -1, note[:2000], 0, 0))
+            waits = getattr(error, "waiting_for", None)
+            self._send_abort(Header(ABORT, -1, note[:2000], 0 if waits is None else waits + 1, 0))
         except Exception as e:  # the peers may be gone already; nothing more to do
             log.debug("abort notice not delivered: %s", e)
+
+    def notices(self, deadline: float, reports: dict, lost: set) -> None:
+        """After a timeout (this rank's abort notice sent): until `deadline`, collect every peer's
+        abort notice into `reports` (peer -> whom it waited for, None if not a wait), and the
+        peers whose connection ended into `lost`. A peer that sends data instead is alive: it
+        goes into `reports` as None, its data left unread."""
+        while True:
+            waiting = [p for p in range(self.size) if p != self.rank and p not in reports and p not in lost]
+            if not waiting or time.monotonic() >= deadline:
+                return
+            peer = waiting[0]
+            try:
+                self._keep_unread(peer, 0, self._next_header(peer, 0, deadline))
+                reports[peer] = None  # it sent data: it answers
+            except errors.FastcollError as e:
+                sender = getattr(e, "sender", None)
+                if getattr(e, "from_peer", False):
+                    # (while this rank waited for `peer`, another peer's notice may have come)
+                    reports[peer if sender is None else sender] = getattr(e, "sender_waits", None)
+                elif isinstance(e, errors.PeerLostError):
+                    lost.add(peer)
+                elif not isinstance(e, errors.CollectiveTimeoutError):
+                    reports[peer] = None  # a peer that broke some other way has still answered
+
+    def _keep_unread(self, peer: int, chunk: int, header: Header) -> None:
+        """Hold a header that `_next_header` returned but whose payload will not be read, so that
+        the payload is never taken for the next header. Transports that keep each message whole
+        (ZeroMQ, in-process) need nothing: the group is broken and reads no more."""
 
     def explain_broken(self, broken: dict[int, FastcollError]) -> None:
         """Raise why sending to a peer failed. A peer that gave up sent its ABORT (or CLOSE)
@@ -149,15 +180,25 @@ def _threads_hint(mine: str, theirs: str) -> str:
             "Threads), or name the threads alike on every rank when one hands the group to the next")
 
 
-def abort_error(header: Header) -> FastcollError:
-    """The error an ABORT header reports: 'rank 1: <Class>: text' keeps its class."""
+def abort_error(header: Header, sender: int | None = None, waiting_for: int | None = None) -> FastcollError:
+    """The error an ABORT header reports: 'rank 1: <Class>: text' keeps its class. `sender` is the
+    rank it came from, `waiting_for` whom this rank was waiting for when it came."""
     message = header.sig
     _, _, rest = message.partition(": ")
     name, sep, _ = rest.partition(": ")
     cls = _ERRORS.get(name, errors.FastcollError) if sep else errors.FastcollError
     err = cls(message)
     err.from_peer = True  # a peer's error, told to this rank: not this rank's own wait running out
+    err.sender = sender
+    err.sender_waits = header.chunk - 1 if header.chunk > 0 else None  # whom the sender waited for
+    err.waiting_for = waiting_for
     return err
+
+
+def timeout_notice(header: Header) -> bool:
+    """Whether an ABORT says its sender's wait ran out (it carries whom it waited for): every
+    rank that hears it stops waiting at once, so that the ranks compare their waits together."""
+    return header.kind == ABORT and header.chunk > 0
 
 
 def data_header(seq: int, sig: str, chunk: int, nbytes: int) -> Header:

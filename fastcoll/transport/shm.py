@@ -525,6 +525,14 @@ def upgrade(
                 for link in ls:
                     link.close()
     shared = sum(link.kind == "shm" for ls in out.values() for link in ls)
+    peers = sorted(p for p, ls in out.items() if any(link.kind == "shm" for link in ls))
     if shared:
-        log.info("rank %d: %d of %d connections through shared memory", rank, shared, sum(map(len, out.values())))
+        # Said at info because it bypasses the network: namespaces or containers that keep the
+        # machine's hostname and /dev/shm look like one host (docs/multihost.md).
+        log.info("rank %d: %d of %d connections through shared memory, to rank(s) %s (same hostname "
+                 "and boot id, and their shared-memory segment opened here); FASTCOLL_SHM=0 keeps "
+                 "them on TCP", rank, shared, sum(map(len, out.values())), peers)
+    elif not enabled and here and here - {rank}:
+        log.info("rank %d: shared memory is off (FASTCOLL_SHM=0, or no POSIX shared memory here): "
+                 "rank(s) %s of this host stay on TCP", rank, sorted(here - {rank}))
     return out

@@ -25,10 +25,10 @@ import threading
 import time
 from typing import Any, Callable
 
-from fastcoll import testhooks, wire
+from fastcoll import diagnosis, testhooks, wire
 from fastcoll.errors import CollectiveTimeoutError, FastcollError, PeerLostError
 from fastcoll.transport import rendezvous, shm
-from fastcoll.transport.base import LAST_WORD_SECONDS, Transport, abort_error, log
+from fastcoll.transport.base import LAST_WORD_SECONDS, Transport, abort_error, log, timeout_notice
 from fastcoll.transport.link import SocketLink
 from fastcoll.transport.listen import AuthListener, bind_hosts
 from fastcoll.transport.stream import DONTWAIT, remaining, yield_cpu
@@ -55,7 +55,7 @@ def _lost(peer: int, e: BaseException) -> FastcollError:
 
 def _send_timeout(me: int, peer: int | None) -> CollectiveTimeoutError:
     who = "a peer" if peer is None else f"rank {peer}"
-    return CollectiveTimeoutError(f"rank {me} timed out sending to {who}, which stopped taking data")
+    return diagnosis.timed_out(f"rank {me} timed out sending to {who}, which stopped taking data", peer)
 
 
 def _write(link: Any, data: Any, deadline: Callable[[], float], me: int, peer: int) -> None:
@@ -410,7 +410,7 @@ class TcpTransport(Transport):
     def _take(self, link: Link, h: Header) -> Header:
         if h.kind == ABORT:
             self._gave_up.add(link[0])
-            raise abort_error(h)
+            raise abort_error(h, link[0], link[0])
         if h.kind == CLOSE:
             self._closed_peers.add(link[0])
             self._unwatch(self._links[link].fileno())
@@ -448,9 +448,8 @@ class TcpTransport(Transport):
         while True:
             left = remaining(deadline)
             if left <= 0:
-                raise CollectiveTimeoutError(
-                    f"rank {self.rank} timed out waiting for rank {peer}, which did not answer"
-                )
+                raise diagnosis.timed_out(
+                    f"rank {self.rank} timed out waiting for rank {peer}, which did not answer", peer)
             events = self._wait(min(left, 0.2))
             if self.interrupted:
                 raise FastcollError(self.interrupted)
@@ -484,6 +483,9 @@ class TcpTransport(Transport):
                     continue
                 if other == link:
                     return self._take(other, h)
+                if timeout_notice(h):  # a peer's wait ran out: stop waiting, compare waits
+                    self._gave_up.add(other[0])
+                    raise abort_error(h, other[0], peer)
                 # A message on another socket that runs ahead: keep its header, read its
                 # payload when that message's turn comes, and stop watching it till then.
                 # That holds for an ABORT too: that peer finished what this rank awaits from
@@ -492,6 +494,13 @@ class TcpTransport(Transport):
                 # it as well, so whoever this rank waits for answers or aborts in turn.)
                 self._pending[other] = h
                 self._unwatch(fd)
+
+    def _keep_unread(self, peer: int, chunk: int, header: Header) -> None:
+        # As for a message that runs ahead: keep its header and stop watching the socket, whose
+        # next bytes are that message's payload.
+        link = (peer, chunk % self._channels)
+        self._pending[link] = header
+        self._unwatch(self._links[link].fileno())
 
     def _read_payload(self, peer: int, chunk: int, out: memoryview, deadline: float = math.inf) -> None:
         self._readers[(peer, chunk % self._channels)].read_into(out, deadline)

@@ -23,10 +23,10 @@ import zmq
 import zmq.auth.thread
 import zmq.utils.monitor
 
-from fastcoll import testhooks, wire
+from fastcoll import diagnosis, testhooks, wire
 from fastcoll.errors import AuthenticationError, CollectiveTimeoutError, FastcollError, PeerLostError
 from fastcoll.transport import auth, rendezvous
-from fastcoll.transport.base import Transport, abort_error, log
+from fastcoll.transport.base import Transport, abort_error, log, timeout_notice
 from fastcoll.transport.listen import bind_hosts
 from fastcoll.transport.stream import remaining
 from fastcoll.wire import ABORT, CLOSE, MAX_PIECE_BYTES, Header
@@ -136,6 +136,7 @@ class ZmqTransport(Transport):
         self._monitors: dict[zmq.Socket, int] = {}
         self._queues: dict[int, collections.deque] = {p: collections.deque() for p in range(size) if p != rank}
         self._current: dict[int, memoryview] = {}
+        self._notice: tuple[int, Header] | None = None  # the last peer timeout notice not yet raised
         self._trackers: list[tuple[int, zmq.MessageTracker]] = []
         self._gone: dict[int, tuple[str, float]] = {}
         self._finalized: set[int] = set()
@@ -339,6 +340,10 @@ class ZmqTransport(Transport):
             return
         if h.kind == CLOSE:
             self._finalized.add(peer)
+        if timeout_notice(h) and not self._queues[peer]:
+            # A peer's wait ran out: whoever waits on another stops too (unless that peer's
+            # earlier messages come first: they are what this rank meets when it next needs it).
+            self._notice = (peer, h)
         self._queues[peer].append((h, payload))
 
     def _next_header(self, peer: int, chunk: int, deadline: float, nbytes: int = 0) -> Header:
@@ -348,7 +353,7 @@ class ZmqTransport(Transport):
             if q:
                 h, payload = q.popleft()
                 if h.kind == ABORT:
-                    raise abort_error(h)
+                    raise abort_error(h, peer, peer)
                 if h.kind == CLOSE:
                     why = f"rank {peer} called finalize() while rank {self.rank} still needed it"
                     self._gone[peer] = (why, 0.0)
@@ -361,13 +366,15 @@ class ZmqTransport(Transport):
             self._raise_if_gone(peer)
             if self.interrupted:
                 raise FastcollError(self.interrupted)
+            if self._notice is not None and self._notice[0] != peer:
+                (other, notice), self._notice = self._notice, None  # it stays in its queue too
+                raise abort_error(notice, other, peer)
             if self._spin():
                 continue
             left = remaining(deadline)
             if left <= 0:
-                raise CollectiveTimeoutError(
-                    f"rank {self.rank} timed out waiting for rank {peer}, which did not answer"
-                )
+                raise diagnosis.timed_out(
+                    f"rank {self.rank} timed out waiting for rank {peer}, which did not answer", peer)
             self._drain(min(left, 0.05 if self._gone else 0.2) * 1000)
 
     def _read_payload(self, peer: int, chunk: int, out: memoryview, deadline: float = math.inf) -> None:
