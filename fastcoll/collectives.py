@@ -47,12 +47,13 @@ def all_reduce(x: Any, op: str = "sum", group: Group | None = None, async_op: bo
     """
     g = lifecycle.resolve(group)
     g.check()
-    _check_timeout(timeout)
-    if arrays.is_mlx(x):
-        gate = g._gate_for(x, op)
+    if timeout is not None:
+        check_timeout(timeout, "timeout")
+    if g._job.gate is not None:  # (tested first: the common case pays one attribute read)
+        gate = g._gate_for(x, op) if arrays.is_mlx(x) else None
         if gate is not None:
             return _gated_all_reduce(g, gate, x, op, async_op, timeout)
-    g._drain_gate()
+        g._drain_gate()
     h = arrays.to_host(x)
     dtypes.check_reduction(h.name, op)
     if g.size() == 1:
@@ -101,10 +102,7 @@ def all_gather(x: Any, group: Group | None = None, async_op: bool = False, timeo
 
     Returns an array of shape (size * x.shape[0], *x.shape[1:]), or (size,) for a scalar.
     """
-    g = lifecycle.resolve(group)
-    g.check()
-    _check_timeout(timeout)
-    g._drain_gate()
+    g = _begin(group, timeout)
     h = arrays.to_host(x)
     if g.size() == 1:
         return done(x.reshape(1) if len(h.shape) == 0 else x, async_op)
@@ -129,10 +127,7 @@ def reduce_scatter(x: Any, op: str = "sum", group: Group | None = None, async_op
     x.shape[0] must be divisible by the group size; the result has shape
     (x.shape[0] // size, *x.shape[1:]).
     """
-    g = lifecycle.resolve(group)
-    g.check()
-    _check_timeout(timeout)
-    g._drain_gate()
+    g = _begin(group, timeout)
     h = arrays.to_host(x)
     dtypes.check_reduction(h.name, op)
     n = g.size()
@@ -157,11 +152,8 @@ def reduce_scatter(x: Any, op: str = "sum", group: Group | None = None, async_op
 
 def broadcast(x: Any, root: int = 0, group: Group | None = None, async_op: bool = False, timeout: float | None = None) -> Any:
     """Every rank gets root's `x` (x's shape and dtype must agree on every rank)."""
-    g = lifecycle.resolve(group)
-    g.check()
-    _check_timeout(timeout)
+    g = _begin(group, timeout)
     _check_rank(root, g, "root")
-    g._drain_gate()
     h = arrays.to_host(x)
     if g.size() == 1:
         return done(x, async_op)
@@ -180,10 +172,7 @@ def broadcast(x: Any, root: int = 0, group: Group | None = None, async_op: bool 
 
 def barrier(group: Group | None = None, timeout: float | None = None) -> None:
     """Return once every rank of the group has called barrier()."""
-    g = lifecycle.resolve(group)
-    g.check()
-    _check_timeout(timeout)
-    g._drain_gate()
+    g = _begin(group, timeout)
     if g.size() > 1:
         g._run("barrier()", direct.barrier, timeout)
 
@@ -194,11 +183,8 @@ def send(x: Any, dst: int, group: Group | None = None, timeout: float | None = N
     With async_op (or isend) it returns a Work at once; keep `x` unchanged until its wait().
     Ordering (docs/design.md, Point to point): a rank's sends, receives and collectives run one
     at a time in its call order, and a send completes once its bytes have left this rank."""
-    g = lifecycle.resolve(group)
-    g.check()
-    _check_timeout(timeout)
+    g = _begin(group, timeout)
     _check_rank(dst, g, "dst", self_ok=False)
-    g._drain_gate()
     h = arrays.to_host(x)
     sig = _sig("send", g.rank(), dst, h.name, h.shape)
 
@@ -217,11 +203,8 @@ def recv(shape: Any, dtype: Any, src: int, group: Group | None = None, timeout: 
     An MLX dtype (mx.float32) gives an mx.array; a numpy dtype gives a numpy.ndarray. With
     async_op (or irecv), a Work whose wait() returns it.
     """
-    g = lifecycle.resolve(group)
-    g.check()
-    _check_timeout(timeout)
+    g = _begin(group, timeout)
     _check_rank(src, g, "src", self_ok=False)
-    g._drain_gate()
     shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
     if any(s < 0 for s in shape):
         raise ValueError(f"recv shape {shape} has a negative dimension")
@@ -261,11 +244,17 @@ def _dtype_name(dtype: Any) -> tuple[str, bool]:
         raise TypeError(f"recv dtype {dtype!r}: {e}") from None
 
 
-def _check_timeout(timeout: Any) -> None:
-    """A timeout= is checked where it is given, before anything else (a world of one too):
-    a finite number of seconds above 0, else ValueError; the group is left untouched."""
+def _begin(group: Any, timeout: Any) -> Group:
+    """The group a call runs on, ready: not broken or finalized, `timeout` valid, and no gated
+    result left to hold the service queue ahead of this call. One call, not four: every small
+    collective passes here."""
+    g = lifecycle.resolve(group)
+    g.check()
     if timeout is not None:
         check_timeout(timeout, "timeout")
+    if g._job.gate is not None:
+        g._drain_gate()
+    return g
 
 
 def _check_rank(r: Any, g: Group, what: str, self_ok: bool = True) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 
 from fastcoll import arrays, dtypes, lifecycle
 from fastcoll.algorithms import Call, blocks, direct, select
-from fastcoll.collectives import _check_rank, _sig
+from fastcoll.collectives import _begin, _check_rank, _sig
 from fastcoll.errors import CollectiveTimeoutError, MismatchError
 from fastcoll.group import Group, done
 
@@ -78,13 +78,11 @@ def all_to_all(x: Any, group: Group | None = None, async_op: bool = False, timeo
     x.shape[0] must be divisible by the group size; the result has x's shape and dtype, the same
     on every rank. Every dtype moves (bool too).
     """
-    g = lifecycle.resolve(group)
-    g.check()
+    g = _begin(group, timeout)
     n = g.size()
     h = arrays.to_host(x)
     if len(h.shape) == 0 or h.shape[0] % n:
         raise ValueError(f"all_to_all needs x.shape[0] divisible by the group size {n}; x has shape {h.shape}")
-    g._drain_gate()
     if n == 1:
         return done(x, async_op)
     out, buf = arrays.output(h.name, h.shape, h.mlx)
@@ -119,8 +117,7 @@ def all_to_all_v(
         (y, recv_counts): y of shape (sum(recv_counts), *rest), the blocks from rank 0, 1, ...
         in rank order; recv_counts a list of ints. With async_op, a Work whose wait() returns it.
     """
-    g = lifecycle.resolve(group)
-    g.check()
+    g = _begin(group, timeout)
     n = g.size()
     h = arrays.to_host(x)
     if len(h.shape) == 0:
@@ -129,7 +126,6 @@ def all_to_all_v(
     if sum(send) != h.shape[0]:
         raise ValueError(f"counts {send} add up to {sum(send)} rows; x has {h.shape[0]}")
     known = None if recv_counts is None else _counts(recv_counts, n, "recv_counts")
-    g._drain_gate()
     row = _row_items(h.shape)
     rest = tuple(h.shape[1:])
     if n == 1:
@@ -180,8 +176,7 @@ def all_gather_v(
         (y, sizes): y of shape (sum(sizes), *rest), every rank's x in rank order, the same on
         every rank; sizes a list of ints. With async_op, a Work whose wait() returns it.
     """
-    g = lifecycle.resolve(group)
-    g.check()
+    g = _begin(group, timeout)
     n = g.size()
     h = arrays.to_host(x)
     if len(h.shape) == 0:
@@ -189,7 +184,6 @@ def all_gather_v(
     known = None if sizes is None else _counts(sizes, n, "sizes")
     if known is not None and known[g.rank()] != h.shape[0]:
         raise ValueError(f"sizes[{g.rank()}] = {known[g.rank()]} but x has {h.shape[0]} rows on this rank")
-    g._drain_gate()
     row = _row_items(h.shape)
     rest = tuple(h.shape[1:])
     if n == 1:
@@ -220,12 +214,10 @@ def gather(x: Any, root: int = 0, group: Group | None = None, async_op: bool = F
     Returns on root an array of shape (size * x.shape[0], *x.shape[1:]) ((size,) for a scalar),
     rank order; None on the other ranks.
     """
-    g = lifecycle.resolve(group)
-    g.check()
+    g = _begin(group, timeout)
     _check_rank(root, g, "root")
     n = g.size()
     h = arrays.to_host(x)
-    g._drain_gate()
     if n == 1:
         return done(x.reshape(1) if len(h.shape) == 0 else x, async_op)
     shape = (n,) if len(h.shape) == 0 else (n * h.shape[0],) + tuple(h.shape[1:])
@@ -247,14 +239,12 @@ def scatter(x: Any, root: int = 0, group: Group | None = None, async_op: bool = 
     and dtype, which must be root's (its values are not read), as for broadcast. Returns an array
     of shape (x.shape[0] // size, *x.shape[1:]) on every rank.
     """
-    g = lifecycle.resolve(group)
-    g.check()
+    g = _begin(group, timeout)
     _check_rank(root, g, "root")
     n = g.size()
     h = arrays.to_host(x) if g.rank() == root else _shape_only(x)
     if len(h.shape) == 0 or h.shape[0] % n:
         raise ValueError(f"scatter needs x.shape[0] divisible by the group size {n}; x has shape {h.shape}")
-    g._drain_gate()
     if n == 1:
         return done(x, async_op)
     shape = (h.shape[0] // n,) + tuple(h.shape[1:])
@@ -285,13 +275,11 @@ def reduce(x: Any, root: int = 0, op: str = "sum", group: Group | None = None, a
 
     Returns on root an array of x's shape and dtype; None on the other ranks.
     """
-    g = lifecycle.resolve(group)
-    g.check()
+    g = _begin(group, timeout)
     _check_rank(root, g, "root")
     h = arrays.to_host(x)
     dtypes.check_reduction(h.name, op)
     n = g.size()
-    g._drain_gate()
     if n == 1:
         return done(x, async_op)
     out, buf = arrays.output(h.name, h.shape, h.mlx) if g.rank() == root else (None, None)
@@ -320,9 +308,7 @@ def monitored_barrier(group: Group | None = None, timeout: float | None = None) 
     raises within about the same time, naming the same ranks. As after any timeout, the group
     is then broken.
     """
-    g = lifecycle.resolve(group)
-    g.check()
-    g._drain_gate()
+    g = _begin(group, timeout)
     if g.size() == 1:
         return
     members = g.members()

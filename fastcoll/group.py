@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fastcoll import diagnosis
+from fastcoll import diagnosis, testhooks
 from fastcoll.algorithms import Call, blocks, select
 from fastcoll.config import Config, check_timeout
 from fastcoll.errors import CollectiveTimeoutError, FastcollError, MismatchError
@@ -47,7 +47,7 @@ from fastcoll.service import Service, Work
 
 log = logging.getLogger("fastcoll")
 
-_MAIN = threading.main_thread()
+_MAIN_IDENT = threading.main_thread().ident  # calls from other threads tag their signature
 
 
 class _Job:
@@ -78,6 +78,7 @@ class _Job:
         self.error = error
         if self.gate is not None:
             self.gate.abort(error)  # release every issued gate, so no GPU spins on
+        testhooks.point("abort")
         self.transport.abort(error)
         if isinstance(error, CollectiveTimeoutError) and self.config.world_size > 1:
             self.error = self._explained(error, self.config.timeout if limit is None else limit, waited)
@@ -238,6 +239,9 @@ class Group:
 
     def check(self) -> None:
         """Raise the error that broke this group (or a gate's pending error), if any."""
+        job = self._job
+        if job.error is None and job.gate is None and not (self._closed or job.closed):
+            return  # the common case, first: every call passes here twice
         if self._closed or self._job.closed:
             raise FastcollError(
                 "this group was finalized (fastcoll.finalize() or Group.finalize() ended it): no "
@@ -288,10 +292,12 @@ class Group:
         self.check()
         limit = self.config.timeout if timeout is None else check_timeout(timeout, "timeout")
         job = self._job
-        thread = threading.current_thread()
+        service = job.service
+        if self._prefix:
+            sig = self._prefix + sig
         with job.lock:
-            if thread is not _MAIN:
-                sig += self._thread_tag(thread)
+            if threading.get_ident() != _MAIN_IDENT:  # (cheaper than current_thread() per call)
+                sig += self._thread_tag(threading.current_thread())
             if p2p is None:
                 seq = self._seq
                 self._seq += 1
@@ -300,22 +306,22 @@ class Group:
                 self._p2p_seq[p2p] = seq + 1
             queued = job.tracer.now() if job.tracer is not None else 0
             # Claiming the run lock while still holding the order lock keeps call order.
-            inline = not async_op and job.service.claim_if_idle()
+            inline = not async_op and service.claim_if_idle()
             if not inline:
-                work = job.service.submit(functools.partial(
-                    self._execute, seq, self._prefix + sig, body, limit, timeout is None, queued))
+                work = service.submit(functools.partial(
+                    self._execute, seq, sig, body, limit, timeout is None, queued))
         if inline:
             try:
-                return self._execute(seq, self._prefix + sig, body, limit, timeout is None, queued)
+                return self._execute(seq, sig, body, limit, timeout is None, queued)
             finally:
-                job.service.release()
+                service.release()
         if async_op:
             return work
         try:
             return work.wait()
         except BaseException:
             if not work.is_completed():  # Ctrl-C while the service thread runs it: end it there
-                job.transport.interrupt(f"rank {self.rank()} was interrupted during {self._prefix + sig}")
+                job.transport.interrupt(f"rank {self.rank()} was interrupted during {sig}")
             raise
 
     def _thread_tag(self, thread: threading.Thread) -> str:
@@ -340,8 +346,9 @@ class Group:
         if job.error is not None:
             raise type(job.error)(str(job.error))
         tracer = job.tracer
-        call = Call(job.transport, seq, sig, time.monotonic() + limit, self.rank(), self.size(),
-                    self._ranks, self.config.piece_bytes, tracer)
+        config = self.config
+        call = Call(job.transport, seq, sig, time.monotonic() + limit, config.rank, config.world_size,
+                    self._ranks, config.piece_bytes, tracer)
         try:
             if tracer is None:
                 return body(call)

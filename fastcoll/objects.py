@@ -20,9 +20,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from fastcoll import lifecycle
 from fastcoll.algorithms import Call, select
-from fastcoll.collectives import _check_rank
+from fastcoll.collectives import _begin, _check_rank
 from fastcoll.errors import MismatchError
 from fastcoll.group import Group
 
@@ -102,14 +101,12 @@ def broadcast_object(obj: Any, root: int = 0, group: Group | None = None, timeou
     """Every rank gets root's `obj` (a msgpack value, see the module), decoded from the same bytes
     on every rank, root included (so tuples are lists everywhere). `obj` is ignored on the other
     ranks (pass None)."""
-    g = lifecycle.resolve(group)
-    g.check()
+    g = _begin(group, timeout)
     _check_rank(root, g, "root")
     me = g.rank() == root
     data = pack(obj, "broadcast_object") if me else b""
     if g.size() == 1:
         return unpack(data, "broadcast_object")
-    g._drain_gate()
     size = np.array([len(data)], dtype=np.int64)
     config = g.config
 
@@ -130,8 +127,7 @@ def broadcast_object(obj: Any, root: int = 0, group: Group | None = None, timeou
 def all_gather_object(obj: Any, group: Group | None = None, timeout: float | None = None) -> list[Any]:
     """Every rank's `obj` (a msgpack value, see the module), as a list in rank order, the same on
     every rank."""
-    g = lifecycle.resolve(group)
-    g.check()
+    g = _begin(group, timeout)
     data = pack(obj, "all_gather_object")
     n = g.size()
     if n == 1:

@@ -9,6 +9,7 @@ the timing windows of a job's set-up and of a collective are reached every time,
     zmq-handshake       ZeroMQ: the DEALERs are connected, before their handshake
     setup-done          the transport is set up, just before init() returns it
     zmq-frame           ZeroMQ: a received payload is about to be released
+    abort               a call failed on this rank: its abort notice is about to go out
 """
 
 from __future__ import annotations

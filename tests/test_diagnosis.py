@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -113,15 +114,43 @@ def test_a_rank_told_at_once_that_the_others_waited_for_it_came_late():
 
 
 @pytest.mark.parametrize("transport", ["tcp", "shm", "zmq"])
-def test_real_ranks_name_the_silent_one(launch, transport):
+@pytest.mark.parametrize("order", ["", "two notices at once"])
+def test_real_ranks_name_the_silent_one(launch, transport, order):
     """Four rank processes, rank 2 silent: every other names rank 2 and its host. The ranks
     that have already sent their data to a rank when they compare notices must leave that data
-    unread (a TCP rank that re-read it as a header took rank 2 for gone: 'malformed frame')."""
+    unread (a TCP rank that re-read it as a header took rank 2 for gone: 'malformed frame').
+    With two notices at once, rank 1 (its notice held back) gets rank 3's and then rank 0's
+    before it reads either, the order of a loaded machine; with no spinning reads it takes both
+    in one go. A ZeroMQ rank that kept only the last notice it had not raised then never heard
+    rank 3's and named rank 3 as the silent one."""
     host = socket.gethostname()
-    results = launch(4, "diagnosis_worker.py", "2", transport=transport, timeout="1").wait(timeout=60)
+    args, env = (["1", "2", "1", "0"], {"FASTCOLL_TUNING": "spin_reads=0"}) if order else (["1", "2"], {})
+    results = launch(4, "diagnosis_worker.py", *args, transport=transport, **env).wait(timeout=60)
     for r in results:
         if r.rank == 2:
             continue
         line = r.out.strip().splitlines()[-1] if r.out.strip() else r.err[-2000:]
         assert line.startswith("CollectiveTimeoutError"), (r.rank, line)
         assert f"rank 2 (host {host}) stopped answering (it told no rank whom it waits for)" in line, (r.rank, line)
+
+
+def test_a_message_cut_off_midway_names_its_sender():
+    """A wait that runs out inside a payload says whom it waited for, as one for a header does:
+    it was reported as waiting for nobody, and the peer named this rank ('gave up for another
+    reason') when a striped message's link was cut (tests/test_multihost.py)."""
+    from fastcoll.transport.tcp import _Reader
+
+    a, b = socket.socketpair()
+    try:
+        a.settimeout(0.02)  # the transport's slices: a slice without data comes back to check the deadline
+        b.sendall(b"x" * 10)
+        reader = _Reader(a, peer=3, me=0)
+        with pytest.raises(CollectiveTimeoutError, match="10 of 100 bytes arrived") as e:
+            reader.read_into(memoryview(bytearray(100)), deadline=time.monotonic() + 0.1)
+        assert e.value.waiting_for == 3
+    finally:
+        a.close()
+        b.close()
+    # and the two ranks of such a job: a cycle between them, each named with its host
+    culprit, why = explain(1, 2, {1: 0, 0: 1}, set(), HOSTS)
+    assert culprit is None and "(1 -> 0 -> 1: rank 1 (host host2), rank 0 (host host1))" in why

@@ -26,6 +26,9 @@ from fastcoll.algorithms import chain, direct, doubling, pairwise, ring
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "gather", "scatter", "reduce")
 _LARGE = {"all_to_all": pairwise, "reduce": chain}
+_KNOWN = frozenset(COLLECTIVES)
+_DOUBLING = frozenset(c for c in COLLECTIVES if hasattr(doubling, c))
+_ROOT_DIRECT = frozenset(("gather", "scatter"))
 
 
 def small(nbytes: int, size: int, config: Any) -> bool:
@@ -38,12 +41,13 @@ def small(nbytes: int, size: int, config: Any) -> bool:
 def choose(collective: str, nbytes: int, size: int, config: Any) -> ModuleType:
     """The algorithm module whose `collective` function runs this call. `config`: a
     fastcoll.Config (its thresholds and switches)."""
-    if collective not in COLLECTIVES:
+    # Every small collective passes here: the checks are set lookups, the rule is small()'s.
+    if collective not in _KNOWN:
         raise ValueError(f"no algorithm serves {collective!r}")
-    if collective in ("gather", "scatter"):
+    if collective in _ROOT_DIRECT:
         return direct
-    if small(nbytes, size, config):
-        if config.doubling and doubling.applies(size) and hasattr(doubling, collective):
+    if nbytes <= (config.direct_max_bytes_two_ranks if size == 2 else config.direct_max_bytes):
+        if config.doubling and collective in _DOUBLING and doubling.applies(size):
             return doubling
         return direct
     return _LARGE.get(collective, ring)

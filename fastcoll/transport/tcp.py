@@ -49,7 +49,7 @@ _OUTQ = getattr(termios, "TIOCOUTQ", None)
 
 def _lost(peer: int, e: BaseException) -> FastcollError:
     if isinstance(e, (socket.timeout, BlockingIOError)):
-        return CollectiveTimeoutError(f"rank {peer} did not answer in time")
+        return diagnosis.timed_out(f"rank {peer} did not answer in time", peer)
     return PeerLostError(f"connection to rank {peer} failed: {e}")
 
 
@@ -155,9 +155,9 @@ class _Reader:
                 got = self.sock.recv_into(out[k:])
             except (BlockingIOError, socket.timeout):  # a slice went by without data
                 if time.monotonic() >= deadline:
-                    raise CollectiveTimeoutError(
+                    raise diagnosis.timed_out(
                         f"rank {self.me} timed out receiving from rank {self.peer}, which stopped "
-                        f"sending in the middle of a message ({k} of {n} bytes arrived)") from None
+                        f"sending in the middle of a message ({k} of {n} bytes arrived)", self.peer) from None
                 continue
             except OSError as e:
                 raise _lost(self.peer, e) from None

@@ -136,7 +136,9 @@ class ZmqTransport(Transport):
         self._monitors: dict[zmq.Socket, int] = {}
         self._queues: dict[int, collections.deque] = {p: collections.deque() for p in range(size) if p != rank}
         self._current: dict[int, memoryview] = {}
-        self._notice: tuple[int, Header] | None = None  # the last peer timeout notice not yet raised
+        # Peers' timeout notices not yet raised, by peer: every one, since two can come at once
+        # and the ranks compare notes by them (fastcoll/diagnosis.py).
+        self._notices: dict[int, Header] = {}
         self._trackers: list[tuple[int, zmq.MessageTracker]] = []
         self._gone: dict[int, tuple[str, float]] = {}
         self._finalized: set[int] = set()
@@ -174,27 +176,38 @@ class ZmqTransport(Transport):
 
     def _handshake(self, deadline: float) -> None:
         """Authenticate every DEALER (as connector) and every peer's connection (as listener)."""
-        nonces = {}
-        for peer, d in self._dealers.items():
-            first, nonces[peer] = auth.hello(self.rank)
-            d.send(first)
+        nonces, hellos = {}, {}
+        for peer in self._dealers:
+            hellos[peer], nonces[peer] = auth.hello(self.rank)
         waiting = set(self._dealers)
         poller = zmq.Poller()
         poller.register(self._router, zmq.POLLIN)
         for d in self._dealers.values():
             poller.register(d, zmq.POLLIN)
         while waiting or len(self._ranks) < len(self._queues):
+            # NOBLOCK: a DEALER blocks a send until its connection is up, and one whose peer
+            # died before it connected never gets one (it does not reconnect): a blocking send
+            # would outwait the deadline for ever.
+            for peer in list(hellos):
+                try:
+                    self._dealers[peer].send(hellos[peer], flags=zmq.NOBLOCK)
+                    del hellos[peer]
+                except zmq.Again:
+                    pass
             left = remaining(deadline)
             if left <= 0:
                 missing = sorted(set(self._queues) - set(self._ranks.values()) | waiting)
                 raise CollectiveTimeoutError(f"ZeroMQ handshake with ranks {missing} did not finish in time")
-            events = dict(poller.poll(min(left, 1.0) * 1000))
+            events = dict(poller.poll(min(left, 0.01 if hellos else 1.0) * 1000))
             if self._router in events:
                 self._drain(0)
             for peer in list(waiting):
                 d = self._dealers[peer]
                 if d in events:
-                    d.send(auth.prove(self._token, self.rank, nonces[peer], d.recv()))
+                    try:  # connected (it answered), so this goes at once unless the peer just died
+                        d.send(auth.prove(self._token, self.rank, nonces[peer], d.recv()), flags=zmq.NOBLOCK)
+                    except zmq.Again:
+                        continue  # its connection is gone: the deadline names it
                     waiting.discard(peer)
         self._setting_up = False
         self._handshakes.clear()
@@ -251,8 +264,8 @@ class ZmqTransport(Transport):
         for peer, t in self._trackers:
             while not t.done:
                 if remaining(deadline) <= 0:
-                    raise CollectiveTimeoutError(
-                        f"rank {self.rank} timed out sending to rank {peer}, which stopped taking data")
+                    raise diagnosis.timed_out(
+                        f"rank {self.rank} timed out sending to rank {peer}, which stopped taking data", peer)
                 if self.interrupted:
                     raise FastcollError(self.interrupted)
                 _reraise_interrupt()
@@ -343,7 +356,7 @@ class ZmqTransport(Transport):
         if timeout_notice(h) and not self._queues[peer]:
             # A peer's wait ran out: whoever waits on another stops too (unless that peer's
             # earlier messages come first: they are what this rank meets when it next needs it).
-            self._notice = (peer, h)
+            self._notices[peer] = h
         self._queues[peer].append((h, payload))
 
     def _next_header(self, peer: int, chunk: int, deadline: float, nbytes: int = 0) -> Header:
@@ -353,6 +366,7 @@ class ZmqTransport(Transport):
             if q:
                 h, payload = q.popleft()
                 if h.kind == ABORT:
+                    self._notices.pop(peer, None)  # raised here: not once more for another wait
                     raise abort_error(h, peer, peer)
                 if h.kind == CLOSE:
                     why = f"rank {peer} called finalize() while rank {self.rank} still needed it"
@@ -366,9 +380,10 @@ class ZmqTransport(Transport):
             self._raise_if_gone(peer)
             if self.interrupted:
                 raise FastcollError(self.interrupted)
-            if self._notice is not None and self._notice[0] != peer:
-                (other, notice), self._notice = self._notice, None  # it stays in its queue too
-                raise abort_error(notice, other, peer)
+            if self._notices:
+                other = next((p for p in self._notices if p != peer), None)
+                if other is not None:  # it stays in its queue too
+                    raise abort_error(self._notices.pop(other), other, peer)
             if self._spin():
                 continue
             left = remaining(deadline)

@@ -69,9 +69,13 @@ def main() -> int:
         return init_expecting_error()
 
     if SCENARIO == "setup-die":
-        # The victim dies at a point of the set-up: the others' init() must raise in time.
+        # The victim dies at a point of the set-up: the others' init() must raise in time. With
+        # "late", the others stay 0.5 s at that point, so that the victim is dead before they
+        # go on.
         if RANK == VICTIM:
             testhooks.set_hook(lambda p: os.kill(os.getpid(), signal.SIGKILL) if p == ARG else None)
+        elif sys.argv[3:] == ["late"]:
+            testhooks.set_hook(lambda p: time.sleep(0.5) if p == ARG else None)
         return init_expecting_error()
 
     if SCENARIO == "job":

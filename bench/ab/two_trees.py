@@ -1,0 +1,78 @@
+"""Two versions of fastcoll on the same benchmark, alternating: is a change slower?
+
+    python bench/ab/two_trees.py BEFORE AFTER [--rounds 5] [-- RUN.PY ARGS...]
+
+BEFORE and AFTER are git revisions (or "." for the working tree as it is). Each is checked out
+with `git archive` into a temporary folder, and each round runs that version's own
+`bench/run.py` with the given arguments (default: 2 ranks, 4 B and 4 KiB, all_reduce,
+all_gather, reduce_scatter, broadcast, fastcoll over shared memory, TCP and ZeroMQ), BEFORE and
+AFTER alternating so that a machine that drifts moves both. Prints one table: per system, op
+and size, the median over the rounds of each round's median latency, and AFTER/BEFORE.
+
+Backs `bench/NOTES.md` entry 25 (the restructure's cost on small messages).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT = ["--ops", "all_reduce,all_gather,reduce_scatter,broadcast", "--world", "2", "--sizes", "4,4KiB",
+           "--systems", "fastcoll-tcp,fastcoll-tcp/noshm,fastcoll-zmq", "--rounds", "1", "--no-plots"]
+
+
+def checkout(rev: str, into: str) -> str:
+    """A copy of revision `rev` ("." : the working tree) in a folder under `into`."""
+    if rev == ".":
+        return ROOT
+    path = os.path.join(into, rev.replace("/", "_"))
+    os.makedirs(path)
+    archive = subprocess.run(["git", "-C", ROOT, "archive", rev], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", path], input=archive, check=True)
+    return path
+
+
+def run(tree: str, args: list[str], out: str) -> dict[tuple, float]:
+    """One run of `tree`'s bench/run.py: (system, op, bytes) -> median seconds."""
+    env = dict(os.environ, PYTHONPATH=tree)
+    subprocess.run([sys.executable, os.path.join(tree, "bench", "run.py"), *args, "--out", out],
+                   cwd=tree, env=env, check=True, stdout=subprocess.DEVNULL)
+    with open(os.path.join(out, "results.json")) as f:
+        points = json.load(f)["points"]
+    return {(p["system"], p["op"], p["size"]): p["median_s"] for p in points if p["status"] == "ok"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("before")
+    ap.add_argument("after")
+    ap.add_argument("--rounds", type=int, default=5)
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    a = ap.parse_args(argv[:cut])
+    args = argv[cut + 1:] or DEFAULT
+    seen: dict[tuple, dict[str, list[float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = {"before": checkout(a.before, tmp), "after": checkout(a.after, tmp)}
+        for i in range(a.rounds):
+            for name, tree in trees.items():
+                for key, s in run(tree, args, os.path.join(tmp, f"{name}{i}")).items():
+                    seen.setdefault(key, {}).setdefault(name, []).append(s * 1e6)
+    print(f"before: {a.before}, after: {a.after}, {a.rounds} rounds alternating; bench/run.py {' '.join(args)}")
+    print("| system | op | bytes | before us | after us | after/before |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for key in sorted(seen):
+        v = seen[key]
+        if "before" in v and "after" in v:
+            b, f = statistics.median(v["before"]), statistics.median(v["after"])
+            print(f"| {key[0]} | {key[1]} | {key[2]} | {b:.1f} | {f:.1f} | {f / b:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
