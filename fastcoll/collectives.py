@@ -45,10 +45,7 @@ def all_reduce(x: Any, op: str = "sum", group: Group | None = None, async_op: bo
     Returns:
         An array of x's type, shape and dtype.
     """
-    g = lifecycle.resolve(group)
-    g.check()
-    if timeout is not None:
-        check_timeout(timeout, "timeout")
+    g = _begin(group, timeout, drain=False)  # a gated all_reduce must not drain first
     if g._job.gate is not None:  # (tested first: the common case pays one attribute read)
         gate = g._gate_for(x, op) if arrays.is_mlx(x) else None
         if gate is not None:
@@ -244,15 +241,15 @@ def _dtype_name(dtype: Any) -> tuple[str, bool]:
         raise TypeError(f"recv dtype {dtype!r}: {e}") from None
 
 
-def _begin(group: Any, timeout: Any) -> Group:
-    """The group a call runs on, ready: not broken or finalized, `timeout` valid, and no gated
-    result left to hold the service queue ahead of this call. One call, not four: every small
-    collective passes here."""
+def _begin(group: Any, timeout: Any, drain: bool = True) -> Group:
+    """The group a call runs on, ready: not broken or finalized, `timeout` valid, and (with
+    `drain`) no gated result left to hold the service queue ahead of this call. One call, not
+    four: every small collective passes here."""
     g = lifecycle.resolve(group)
     g.check()
     if timeout is not None:
         check_timeout(timeout, "timeout")
-    if g._job.gate is not None:
+    if drain and g._job.gate is not None:
         g._drain_gate()
     return g
 

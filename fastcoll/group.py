@@ -358,10 +358,9 @@ class Group:
         except FastcollError as e:
             if isinstance(e, CollectiveTimeoutError) and not getattr(e, "from_peer", False):
                 setting = f"FASTCOLL_TIMEOUT={limit:g}" if from_env else f"timeout={limit:g}"
-                waits = getattr(e, "waiting_for", None)
-                e = CollectiveTimeoutError(
-                    f"{e} (it waited {limit:g} s, the call's limit: {setting}; raise it to wait longer)")
-                e.waiting_for = waits
+                e = diagnosis.timed_out(
+                    f"{e} (it waited {limit:g} s, the call's limit: {setting}; raise it to wait longer)",
+                    getattr(e, "waiting_for", None))
             raise job.fail(e, limit, waited=time.monotonic() - (call.deadline - limit)) from None
         except Exception as e:
             # Arguments were checked before the call was queued, so this is a bug; the peers may

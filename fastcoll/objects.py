@@ -22,6 +22,7 @@ import numpy as np
 
 from fastcoll.algorithms import Call, select
 from fastcoll.collectives import _begin, _check_rank
+from fastcoll.exchange import _cut
 from fastcoll.errors import MismatchError
 from fastcoll.group import Group
 
@@ -136,8 +137,7 @@ def all_gather_object(obj: Any, group: Group | None = None, timeout: float | Non
     sizes = table[:, 0]
     _sizes_ok(sizes, "all_gather_object")
     buf = np.empty(int(sizes.sum()), dtype=np.uint8)
-    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
-    bounds = [(int(starts[i]), int(starts[i + 1])) for i in range(n)]
+    bounds = _cut([int(s) for s in sizes], 1)
     a, b = bounds[g.rank()]
     buf[a:b] = np.frombuffer(data, dtype=np.uint8)
     config = g.config

@@ -56,6 +56,27 @@ MGMT_NET = "10.201.0."
 DATA_NETS = ("10.202.0.", "10.203.0.")
 CTL_ADDR = MGMT_NET + "254"
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+
+
+def sshd_config(root: Path, listen: str, port: int, pid_file: str, extra: str = "") -> str:
+    """A test sshd's configuration: keys only (`root`/host_key, `root`/authorized_keys), no
+    PAM, many sessions at once (a launcher opens one per host and rank); `extra`: more lines.
+    Also used by tests/test_launch_ssh.py's loopback sshd."""
+    return f"""
+Port {port}
+ListenAddress {listen}
+HostKey {root}/host_key
+PidFile {root}/{pid_file}
+AuthorizedKeysFile {root}/authorized_keys
+StrictModes no
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+UsePAM no
+MaxStartups 100
+MaxSessions 100
+""" + extra
 # Runs "$@" with hostname "$0" in a new UTS namespace (`unshare --uts` without --fork execs,
 # so the pid stays the one Popen returned).
 _WITH_HOSTNAME = 'hostname "$0" && exec "$@"'
@@ -372,24 +393,8 @@ Host *
         cfg = self.root / f"sshd_config.{h.name}"
         # ClientAliveInterval: a session whose client vanished ends within ~6 s, which ends the
         # launcher's agent there (its input closes) and so its rank, as launch/README.md says.
-        cfg.write_text(f"""
-Port 22
-ListenAddress {h.mgmt}
-HostKey {self.root}/host_key
-PidFile {self.root}/sshd.{h.name}.pid
-AuthorizedKeysFile {self.root}/authorized_keys
-StrictModes no
-PubkeyAuthentication yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-PermitRootLogin prohibit-password
-UsePAM no
-UseDNS no
-MaxStartups 100
-MaxSessions 100
-ClientAliveInterval 2
-ClientAliveCountMax 3
-""")
+        cfg.write_text(sshd_config(self.root, h.mgmt, 22, f"sshd.{h.name}.pid",
+                                   "UseDNS no\nClientAliveInterval 2\nClientAliveCountMax 3\n"))
         log = open(self.root / f"sshd.{h.name}.log", "wb")
         h.sshd = subprocess.Popen(
             ["ip", "netns", "exec", h.ns, "unshare", "--uts", "sh", "-c", _WITH_HOSTNAME,

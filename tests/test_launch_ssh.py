@@ -27,8 +27,8 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "progs"))
 from launch_support import REPO, launches, survivors, wait_for_lines  # noqa: E402,F401
+from netns import SSHD, sshd_config  # noqa: E402
 
-SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 
 class SshServer:
@@ -120,21 +120,7 @@ def sshd(tmp_path_factory) -> Iterator[SshServer]:
     errors = []
     for _ in range(3):
         port = _free_port_near(2222)
-        (root / "sshd_config").write_text(f"""
-Port {port}
-ListenAddress 127.0.0.1
-HostKey {root}/host_key
-PidFile {root}/sshd.pid
-AuthorizedKeysFile {root}/authorized_keys
-StrictModes no
-PubkeyAuthentication yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-PermitRootLogin prohibit-password
-UsePAM no
-MaxStartups 100
-MaxSessions 100
-""")
+        (root / "sshd_config").write_text(sshd_config(root, "127.0.0.1", port, "sshd.pid"))
         log = open(root / "sshd.log", "wb")
         proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(root / "sshd_config")],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

@@ -92,3 +92,10 @@ def blocks(n_items: int, parts: int) -> list[tuple[int, int]]:
         out.append((start, end))
         start = end
     return out
+
+
+def pieces(a: int, b: int, step: int) -> list[tuple[int, int]]:
+    """Element range [a, b) cut into pieces of at most `step` items; an empty range is one empty
+    piece, so that both sides of a block count its messages alike (the ring, the direct and
+    pairwise exchanges and the chain all cut their blocks so)."""
+    return [(s, min(s + step, b)) for s in range(a, b, step)] or [(a, a)]

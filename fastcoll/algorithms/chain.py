@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fastcoll.algorithms import Call
-from fastcoll.algorithms.direct import pieces
+from fastcoll.algorithms import Call, pieces
 from fastcoll.dtypes import Combine
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fastcoll.algorithms import Call
+from fastcoll.algorithms import Call, pieces
 from fastcoll.dtypes import Combine
 
 
@@ -86,12 +86,6 @@ def barrier(call: Call) -> None:
 
 
 # ----- all_to_all and the rooted collectives (one hop; every block in pieces of piece_bytes) -----
-
-
-def pieces(a: int, b: int, step: int) -> list[tuple[int, int]]:
-    """Element range [a, b) cut into pieces of at most `step` items; an empty range is one empty
-    piece, so that both sides of a block count its messages alike."""
-    return [(s, min(s + step, b)) for s in range(a, b, step)] or [(a, a)]
 
 
 def all_to_all(call: Call, src: np.ndarray, out: np.ndarray, send_bounds: list[tuple[int, int]],

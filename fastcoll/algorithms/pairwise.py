@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fastcoll.algorithms import Call
-from fastcoll.algorithms.direct import pieces
+from fastcoll.algorithms import Call, pieces
 
 
 def all_to_all(call: Call, src: np.ndarray, out: np.ndarray, send_bounds: list[tuple[int, int]],

@@ -9,11 +9,9 @@ so every rank ends with the same bits.
 
 from __future__ import annotations
 
-from typing import Iterator
-
 import numpy as np
 
-from fastcoll.algorithms import Call, blocks
+from fastcoll.algorithms import Call, blocks, pieces
 from fastcoll.dtypes import Combine
 
 
@@ -31,12 +29,8 @@ class _Ring:
         self.n, self.r = call.size, call.rank
         self.right, self.left = (self.r + 1) % self.n, (self.r - 1) % self.n
 
-    def pieces(self, block: int) -> Iterator[tuple[int, int]]:
-        a, b = self.bounds[block % len(self.bounds)]
-        if a == b:
-            yield a, b  # an empty block still sends one message, so both sides count alike
-        for s in range(a, b, self.piece):
-            yield s, min(s + self.piece, b)
+    def pieces(self, block: int) -> list[tuple[int, int]]:
+        return pieces(*self.bounds[block % len(self.bounds)], self.piece)
 
     def send(self, a: int, b: int, own: bool = False, data: np.ndarray | None = None) -> None:
         if data is None:
@@ -100,7 +94,7 @@ def reduce_scatter(call: Call, src: np.ndarray, bounds: list[tuple[int, int]], r
     lo, hi = bounds[r]
     out = np.empty(hi - lo, dtype=src.dtype)
     ring = _Ring(call, src, bounds, src)
-    slots = max(1, min(SCRATCH_PIECES, sum(1 for _ in ring.pieces(r - 1)) * max(0, n - 2)))
+    slots = max(1, min(SCRATCH_PIECES, len(ring.pieces(r - 1)) * max(0, n - 2)))
     scratch = np.empty((slots, ring.piece) if n > 2 else (0, 0), dtype=src.dtype)
     used = [0]  # pieces placed in scratch so far
 

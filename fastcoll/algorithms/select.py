@@ -31,17 +31,12 @@ _DOUBLING = frozenset(c for c in COLLECTIVES if hasattr(doubling, c))
 _ROOT_DIRECT = frozenset(("gather", "scatter"))
 
 
-def small(nbytes: int, size: int, config: Any) -> bool:
-    """Whether a collective moving a buffer of `nbytes` (the whole buffer: the result of an
-    all_gather, the input of a reduce_scatter) counts as small for `size` ranks."""
-    limit = config.direct_max_bytes_two_ranks if size == 2 else config.direct_max_bytes
-    return nbytes <= limit
-
-
 def choose(collective: str, nbytes: int, size: int, config: Any) -> ModuleType:
     """The algorithm module whose `collective` function runs this call. `config`: a
     fastcoll.Config (its thresholds and switches)."""
-    # Every small collective passes here: the checks are set lookups, the rule is small()'s.
+    # Every small collective passes here: the checks are set lookups, and the rule is inline.
+    # Small: the whole buffer (an all_gather's result, a reduce_scatter's input) at most the
+    # threshold for this many ranks.
     if collective not in _KNOWN:
         raise ValueError(f"no algorithm serves {collective!r}")
     if collective in _ROOT_DIRECT:

@@ -30,6 +30,7 @@ import numpy as np
 from fastcoll.gate import kernels
 from fastcoll.gate import layout as L
 from fastcoll.gate.page import ControlPage
+from fastcoll.gate.select import dtype_name
 
 log = logging.getLogger("fastcoll.gate")
 
@@ -104,7 +105,7 @@ class MlxBackend:
         key = (x.dtype, x.shape, op, max_iters)
         args = self._calls.get(key)
         if args is None:
-            sig = L.signature(op, str(x.dtype).rsplit(".", 1)[-1], tuple(x.shape))
+            sig = L.signature(op, dtype_name(x.dtype), tuple(x.shape))
             args = self._calls[key] = self._arguments(x.dtype, flat.size, x.nbytes, op, max_iters, sig)
         arrival, first, second = args
         (arrived,) = arrival[0](inputs=[flat, self._ctrl, after], **arrival[1])

@@ -39,8 +39,7 @@ class HostCheck:
     hello: dict | None = None
     problems: list[str] = field(default_factory=list)
     routes: list[tuple[str, str, int, bool, str]] = field(default_factory=list)
-    targets: list[dict] = field(default_factory=list)
-    via: list[str] = field(default_factory=list)  # per route: "data 0", "data 1", "ssh name"
+    targets: list[dict] = field(default_factory=list)  # per route; its "via": "data 0", "ssh name"...
     measured: list[dict | None] = field(default_factory=list)  # per route: rtt_s, bytes, seconds
 
 
@@ -89,7 +88,6 @@ def run_check(
             if targets and c.session is not None:
                 c.session.send({"connect": targets, "timeout": CONNECT_TIMEOUT})
                 c.routes = [(t["host"], t["addr"], t["port"], False, "") for t in targets]
-                c.via = [t["via"] for t in targets]
                 c.targets = targets
         for c in alive:
             if c.routes and c.session is not None:
@@ -175,7 +173,7 @@ def _report(checks: Sequence[HostCheck], out: TextIO, warnings: Sequence[str] = 
         table = [("FROM -> TO ADDRESS:PORT", "VIA", "STATUS", "ROUND TRIP", "THROUGHPUT")]
         for c, i in routes:
             dst, addr, port, ok, err = c.routes[i]
-            via = c.via[i] if i < len(c.via) else "-"
+            via = c.targets[i]["via"] if i < len(c.targets) else "-"
             m = c.measured[i] if i < len(c.measured) else None
             rtt = thr = "-"
             if ok and m and m.get("ok"):

@@ -509,7 +509,7 @@ def upgrade(
         for (p, ch), (name, mem) in list(made.items()):
             sock = links[p][ch].sock
             taken = recv_message(sock, _OFFER_LIMIT, deadline, f"rank {p}")
-            _shm_api().shm_unlink(name)
+            unlink_segment(name)
             del made[(p, ch)]
             if taken is True:
                 out[p][ch] = ShmLink(sock, *_rings(mem, RING_BYTES, lower=True))
@@ -518,7 +518,7 @@ def upgrade(
         ok = True
     finally:
         for name, mem in made.values():
-            _shm_api().shm_unlink(name)
+            unlink_segment(name)
             mem.close()
         if not ok:  # a peer failed mid-way: the job cannot start, so nothing is kept open
             for ls in out.values():

@@ -179,12 +179,10 @@ class _Sender:
         self._items: collections.deque = collections.deque()
         self._cond = threading.Condition()
         self._outstanding = 0
-        self._error: FastcollError | None = None
         self.broken: dict[int, FastcollError] = {}  # peers whose connection broke: sends dropped
         self._cut = set() if cut is None else cut  # links cut in the middle of a message
         self._closed = False
-        self._current: Any = None  # the link a message is going out on now
-        self._current_peer: int | None = None
+        self._current_peer: int | None = None  # whom the message going out now is for
         self._stop_at = math.inf  # when the message going out now is given up (abort, close)
         self._last: tuple[bytes, list[tuple[int, Any]]] | None = None  # see abort()
         self._aborted = False
@@ -208,8 +206,6 @@ class _Sender:
 
     def put(self, peer: int, sock: Any, frame: bytes, payload: memoryview | None) -> None:
         with self._cond:
-            if self._error is not None:
-                raise self._error
             if self._aborted:
                 return  # the group has failed: nothing more goes out
             self._items.append((peer, sock, frame, payload))
@@ -217,20 +213,14 @@ class _Sender:
             self._cond.notify_all()
 
     def flush(self, deadline: float = math.inf) -> None:
-        if not self._outstanding and self._error is None:
+        if not self._outstanding:
             return  # nothing queued (only the caller's thread queues): no lock to take
         with self._cond:
-            while self._outstanding and self._error is None:
+            while self._outstanding:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise _send_timeout(self._me, self._current_peer)
                 self._cond.wait(left)
-            if self._error is not None:
-                raise self._error
-
-    @property
-    def error(self) -> FastcollError | None:
-        return self._error
 
     def _bound(self) -> float:
         return self._stop_at
@@ -247,7 +237,7 @@ class _Sender:
                     item = None
                 else:
                     item = self._items.popleft()
-                    self._current, self._current_peer = item[1], item[0]
+                    self._current_peer = item[0]
             if item is None:
                 self._say_last_words(*last)
                 continue
@@ -262,7 +252,7 @@ class _Sender:
             except OSError as e:  # reported by TcpTransport.flush, after what the peer sent is read
                 self.broken.setdefault(peer, _lost(peer, e))
             with self._cond:
-                self._current = self._current_peer = None
+                self._current_peer = None
                 self._outstanding -= 1
                 self._cond.notify_all()
 
@@ -453,9 +443,6 @@ class TcpTransport(Transport):
             events = self._wait(min(left, 0.2))
             if self.interrupted:
                 raise FastcollError(self.interrupted)
-            for sender in self._senders:
-                if sender.error is not None:
-                    raise sender.error
             for fd, _ in events:
                 other = self._fd_link[fd]
                 r = self._readers[other]
@@ -568,7 +555,7 @@ def connect(config: Any, caps: dict[str, Any], deadline: float) -> tuple[TcpTran
     shared memory, and return the transport with the rendezvous table."""
     listener = AuthListener(bind_hosts(config), 0, config.token)
     try:
-        caps = {**caps, "connections": config.connections, "host": shm.host_id()}
+        caps = {**caps, "connections": config.connections}  # (caps["host"]: lifecycle's host_id())
         table = rendezvous.rendezvous(config, rendezvous.join_addresses(listener.addresses), caps, deadline)
         rendezvous.agree(table.caps, {"transport": "FASTCOLL_TRANSPORT", "connections": "FASTCOLL_CONNECTIONS"})
         socks = _mesh(config, listener, table.addresses, deadline)
