@@ -28,6 +28,10 @@ import fastcoll
 from fastcoll import testhooks
 
 faulthandler.dump_traceback_later(60, exit=True)  # a hang shows its stack (the tests allow far less)
+# What Ctrl-C does is under test: a shell that starts the suite in the background leaves SIGINT
+# ignored for its children, and Python then installs no handler of its own (every Ctrl-C test
+# failed so). Install it whatever was inherited.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 SCENARIO = sys.argv[1]
 ARG = sys.argv[2] if len(sys.argv) > 2 else ""
