@@ -3,7 +3,9 @@
     multihost_worker.py OUTDIR collectives      every collective against numpy references
     multihost_worker.py OUTDIR big MB           one MB-sized all_reduce, checked
     multihost_worker.py OUTDIR loop [FLOATS]    prints "ready", then all-reduces FLOATS float32
-                                                (default 4096) every 10 ms until an error
+                                                (default 4096; one more says whether a rank's
+                                                MULTIHOST_LOOP_SECONDS are up, so that all stop
+                                                together) every 10 ms until then or an error
 
 Each rank writes OUTDIR/rank<N>.json (what it saw: hostname, transport_info(), checks passed,
 the error class and message, times) as soon as it knows, and prints it as one line. OUTDIR is
@@ -143,14 +145,20 @@ def big(g, mb: int) -> None:
 
 
 def loop(g, floats: int) -> None:
-    x = np.ones(floats, np.float32)
+    # The last element says whether this rank's time is up: every rank stops after the same
+    # call. (Each stopping at its own clock's deadline, one rank once finalized while the other,
+    # its deadline a moment later, had begun one more all_reduce: PeerLostError.)
+    x = np.ones(floats + 1, np.float32)
     fastcoll.barrier()
     report["t_ready"] = time.time()
     print("ready", flush=True)
     deadline = time.monotonic() + float(os.environ.get("MULTIHOST_LOOP_SECONDS", "60"))
-    while time.monotonic() < deadline:
+    while True:
+        x[-1] = 1.0 if time.monotonic() < deadline else 0.0
         y = fastcoll.all_reduce(x)
         check(y[0] == g.size(), "loop all_reduce")
+        if y[-1] < g.size():
+            return
         time.sleep(0.01)
         report["t_last_ok"] = time.time()
 
