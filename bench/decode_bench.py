@@ -58,12 +58,81 @@ def decode(model, n: int) -> dict:
 
     prompt = mx.array(np.random.default_rng(1).integers(0, model.args.vocab_size, PROMPT), dtype=mx.uint32)
     stamps, tokens = [], []
-    for token, _ in generate_step(prompt, model, max_tokens=n):
+    host = HostTimes(model) if os.environ.get("DECODE_HOST_TIMES") == "1" else None
+    for token, _ in generate_step(prompt, host or model, max_tokens=n):
         stamps.append(time.perf_counter())
         tokens.append(int(token))
     gaps = np.diff(stamps[WARMUP:]) * 1e3
-    return {"tokens": tokens, "ms_per_token": {"median": float(np.median(gaps)), "p10": float(np.percentile(gaps, 10)),
-                                               "p90": float(np.percentile(gaps, 90)), "n": int(gaps.size)}}
+    res = {"tokens": tokens, "ms_per_token": {"median": float(np.median(gaps)), "p10": float(np.percentile(gaps, 10)),
+                                              "p90": float(np.percentile(gaps, 90)), "n": int(gaps.size)}}
+    if host is not None:
+        res["host_ms"] = host.summary()
+    return res
+
+
+def host_costs(gated: bool, n: int = 64, reps: int = 12) -> dict:
+    """In this process, with the model loaded: the host's cost of one call (building the graph)
+    and of evaluating n dependent calls, for y + 1, fastcoll.all_reduce and mx.distributed.all_sum
+    of a (1, 1, 4096) bf16 row (a decode step's all-reduce). Every rank runs the same calls."""
+    import mlx.core as mx
+
+    x = mx.zeros((1, 1, 4096), dtype=mx.bfloat16)
+    mx.eval(x)
+
+    def per(fn) -> dict:
+        builds, evals = [], []
+        for r in range(reps + 2):
+            t0 = time.perf_counter()
+            y = x
+            for _ in range(n):
+                y = fn(y)
+            t1 = time.perf_counter()
+            mx.eval(y)
+            t2 = time.perf_counter()
+            if r >= 2:
+                builds.append((t1 - t0) / n * 1e6)
+                evals.append((t2 - t1) * 1e3)
+        return {"build_us_per_call": round(float(np.median(builds)), 2),
+                f"eval_ms_per_{n}": round(float(np.median(evals)), 3)}
+
+    out = {"plus_one": per(lambda y: y + 1)}
+    if gated:
+        import fastcoll
+
+        out["fastcoll_all_reduce"] = per(lambda y: fastcoll.all_reduce(y, op="sum"))
+        out["mx_distributed_all_sum"] = per(lambda y: mx.distributed.all_sum(y))
+    return out
+
+
+class HostTimes:
+    """The model, with the host's time per token measured: building its graph (the model call)
+    and handing it to the GPU (mx.async_eval). What is left of a token's time is the wait for it."""
+
+    def __init__(self, model):
+        import mlx.core as mx
+
+        self._model, self.build, self.submit = model, [], []
+        plain = mx.async_eval
+
+        def timed(*a, **k):
+            t = time.perf_counter()
+            plain(*a, **k)
+            self.submit.append((time.perf_counter() - t) * 1e3)
+
+        mx.async_eval = timed  # mlx_lm.generate calls mx.async_eval by name
+
+    def __call__(self, *a, **k):
+        t = time.perf_counter()
+        out = self._model(*a, **k)
+        self.build.append((time.perf_counter() - t) * 1e3)
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def summary(self) -> dict:
+        med = lambda v: float(np.median(v[WARMUP:])) if len(v) > WARMUP else None
+        return {"build_median": med(self.build), "async_eval_median": med(self.submit)}
 
 
 def rank_main(args) -> None:
@@ -74,6 +143,12 @@ def rank_main(args) -> None:
         sys.setswitchinterval(float(os.environ["DECODE_SWITCH_INTERVAL"]))
     model = make_model(args.shape)
     rank, info = 0, "single process"
+    trace = None
+    if os.environ.get("DECODE_GATE_STAMPS") == "1" and args.run.startswith("gate"):
+        from bench.gate_where import Trace, stamp_gate_kernels  # the GPU's clock at each gate kernel
+
+        trace = Trace()
+        stamp_gate_kernels(trace)
     if args.run != "single":
         from fastcoll import mlx_compat
 
@@ -84,7 +159,22 @@ def rank_main(args) -> None:
     t0 = time.perf_counter()
     mx.eval(model.parameters())
     load_s = time.perf_counter() - t0
+    if os.environ.get("DECODE_HOST_COSTS") == "1":
+        res_costs = host_costs(args.run != "single")
+        print(f"rank {rank} host costs: {res_costs}", flush=True)
+    if trace is not None:
+        trace.reset()
+    spy = os.environ.get("DECODE_PYSPY")  # a py-spy binary: sample this rank while it decodes
+    if spy and rank == 0:
+        subprocess.Popen([spy, "record", "--pid", str(os.getpid()), "--duration", "3", "--rate", "400",
+                          "--idle", "--threads", "--nonblocking", "--format", "raw",
+                          "-o", str(Path(args.result).with_suffix(".pyspy.txt"))])
+        time.sleep(1.0)  # py-spy attaches
     res = decode(model, args.tokens)
+    if trace is not None:
+        from bench.gate_where import gate_timeline
+
+        res["gate_timeline"] = gate_timeline(trace)
     res.update(run=args.run, shape=args.shape, rank=rank, transport=info, load_s=load_s,
                gated=os.environ.get("FASTCOLL_FAST_SYNC") == "1", mlx=mx.__version__,
                device=str(mx.default_device()), switch_interval_s=sys.getswitchinterval())
@@ -99,7 +189,13 @@ def rank_main(args) -> None:
         fastcoll.finalize()
     if rank == 0:
         Path(args.result).write_text(json.dumps(res))
-    print(f"rank {rank} {args.run}: {res['ms_per_token']['median']:.2f} ms per token", flush=True)
+    print(f"rank {rank} {args.run}: {res['ms_per_token']['median']:.2f} ms per token"
+          + (f"; host ms per token: {res['host_ms']}" if "host_ms" in res else ""), flush=True)
+    if trace is not None:
+        tl = res["gate_timeline"]
+        print(f"rank {rank} gate kernels (us, medians over {tl['gates']} gates): "
+              f"{ {k: round(v['median'], 1) for k, v in tl.items() if isinstance(v, dict) and 'median' in v} }",
+              flush=True)
 
 
 RUNS = {
@@ -107,6 +203,8 @@ RUNS = {
     "host": {"FASTCOLL_FAST_SYNC": "0"},
     "gate": {"FASTCOLL_FAST_SYNC": "1"},
     "gate_profile": {"FASTCOLL_FAST_SYNC": "1", "FASTCOLL_GATE_PROFILE": "1"},
+    # the direct mode's watcher looking every 1 ms, as before 2026-12-01's third session (5 ms now)
+    "gate_watch1": {"FASTCOLL_FAST_SYNC": "1", "FASTCOLL_TUNING": "gate_watch_ms=1"},
     # the host mode of the gate where the direct mode would apply (ranks of one host)
     "gate_host_mode": {"FASTCOLL_FAST_SYNC": "1", "FASTCOLL_TUNING": "gate_direct=0"},
 }

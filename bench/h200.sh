@@ -2,7 +2,7 @@
 # The fence gate's runs on one NVIDIA H200 (docs/gate.md): starts CUDA MPS so that two ranks can
 # share the GPU, then runs the parts named, each bounded, writing JSON into OUT.
 #
-#   bash bench/h200.sh OUT tests profile ranks decode
+#   bash bench/h200.sh OUT tests where profile ranks decode kill
 #
 # On the lent GPU machine, after `bash .device/b/install.sh` (see docs/gate.md) and with
 # PYTHONPATH=/tmp/site:$PWD. `before ROOT` runs the previous version's benchmark from ROOT.
@@ -10,6 +10,7 @@ set -u
 out=$1
 shift
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+export FASTCOLL_LOG=${FASTCOLL_LOG:-warning}  # a gate that falls back to the host path says why
 mkdir -p "$out" "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
 mps() {  # mps on|off: two ranks share the GPU through CUDA MPS; one process runs without it
   if [ "$1" = on ]; then pgrep -f nvidia-cuda-mps-control >/dev/null || nvidia-cuda-mps-control -d
@@ -30,8 +31,9 @@ while [ $# -gt 0 ]; do
     profile) mps off; run 300 python3 bench/gate_bench.py profile --out "$out" ;;
     kill) mps on; run 200 python3 bench/gate_bench.py kill --out "$out" ;;
     ranks) mps on; run 400 python3 bench/gate_bench.py ranks --world 2 --gpus 0,0 --tokens 20 --out "$out" ;;
-    decode) mps on; run 400 python3 bench/decode_bench.py --shape 8b --runs single,host,gate,gate_host_mode \
-      --tokens 48 --out "$out" ;;
+    where) mps off; run 200 python3 bench/gate_where.py gate --out "$out" ;;
+    decode) mps on; run 400 env DECODE_HOST_TIMES=1 DECODE_HOST_COSTS=1 python3 bench/decode_bench.py --shape 8b \
+      --runs single,host,gate,gate_watch1 --tokens 48 --out "$out" ;;
     before)
       shift
       mps on

@@ -90,6 +90,9 @@ class Config:
     piece_bytes: int = DEFAULT_PIECE_BYTES
     doubling: bool = True
     gate_direct: bool = True  # the gate's direct mode where every rank shares a host (docs/gate.md)
+    # How often the direct mode's watcher looks at its peers, in ms: each look takes the GIL from
+    # the thread that builds the next token, so not more often than a failure needs noticing.
+    gate_watch_ms: int = 5
     spin_reads: int = DEFAULT_SPIN_READS
     yield_reads: int = DEFAULT_YIELD_READS
 
@@ -147,7 +150,7 @@ class Config:
 
 
 TUNING = ("direct_max_bytes", "direct_max_bytes_two_ranks", "piece_bytes", "doubling", "gate_direct",
-          "spin_reads", "yield_reads")
+          "gate_watch_ms", "spin_reads", "yield_reads")
 
 
 def _tuning(text: str) -> dict:

@@ -5,6 +5,8 @@ failure paths; the simulated devices do what the kernels' FC_DIRECT paths do.
 
 from __future__ import annotations
 
+import dataclasses
+
 import glob
 import threading
 import time
@@ -45,12 +47,14 @@ class Table:
         return gather_ints
 
 
-def ranks(timeout: float = 30.0, max_iters: int = 10**9, share=None, alive=None):
+def ranks(timeout: float = 30.0, max_iters: int = 10**9, share=None, alive=None, tuning: str = ""):
     """Two gates of one job in the direct mode (or not, where `share` refuses)."""
     gates, devices = [], []
     for r in range(N):
-        config = Config(rank=r, world_size=N, fast_sync=True, gate_max_bytes=4096, timeout=timeout,
-                        fence_max_iters=max_iters)
+        env = {"FASTCOLL_RANK": str(r), "FASTCOLL_WORLD_SIZE": str(N), "FASTCOLL_TUNING": tuning,
+               "FASTCOLL_COORDINATOR": "127.0.0.1:1"}  # (never dialled: the gates alone)
+        config = dataclasses.replace(Config.from_env(env), fast_sync=True, gate_max_bytes=4096, timeout=timeout,
+                                     fence_max_iters=max_iters)
         device = SimDevice(ControlLayout(4096, N))
         devices.append(device)
         gates.append(Gate(device, config))
@@ -215,3 +219,15 @@ def test_a_killed_peer_is_dead_before_its_parent_reaps_it():
         p.kill()
         p.wait()
     assert not _process_alive(p.pid)
+
+
+def test_the_watcher_looks_as_often_as_fastcoll_tuning_says():
+    """Each look takes the GIL from the thread building the next token: 5 ms by default,
+    FASTCOLL_TUNING=gate_watch_ms=N otherwise."""
+    for tuning, nap in (("", 0.005), ("gate_watch_ms=20", 0.020)):
+        gates, devices = ranks(tuning=tuning)
+        try:
+            assert all(g.direct for g in gates)
+            assert [g._watcher._nap_s for g in gates] == [nap] * N
+        finally:
+            close(gates, devices)

@@ -58,10 +58,12 @@ def test_gated_results_are_exact(gate):
             return exchange
 
         xs = [mx.arange(n, dtype=dt) for n in (1, 7, 8, 100, 16384) for dt in (mx.float32, mx.float16)]
+        # Results keep x's shape: a decode step's (1, 1, hidden) row, and a 0-d array.
+        xs += [mx.arange(4096, dtype=mx.float32).reshape(1, 1, 4096), mx.array(5.0)]
         ys = [gate.all_reduce(x, "max", doubled(x.dtype), service.submit) for x in xs]
         mx.eval(ys)
         for x, y in zip(xs, ys):
-            assert np.array_equal(np.array(y), np.array(x) * 2)
+            assert y.shape == x.shape and np.array_equal(np.array(y), np.array(x) * 2)
         gate.check()
         assert not gate.pending()
     finally:

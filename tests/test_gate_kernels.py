@@ -98,6 +98,7 @@ class _Recorder:
     LANGUAGE = "recorder"
     THREAD_INDEX = cuda.THREAD_INDEX
     X_SPACES = ("",)
+    SPIN_COPY_MAX_BYTES = 256  # both reduction paths: the spinning thread's and fc_deliver's
 
     def __init__(self):
         self.launches: list[tuple[str, dict]] = []
@@ -143,23 +144,31 @@ def test_release_kernels_are_one_thread_in_one_threadgroup(nbytes):
 _CUDA_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 
 
-def _mlx_cuda_source(gather=None) -> str:
+def _mlx_cuda_source(gather=None, only: str | None = None) -> str:
     """Every gate kernel as mx.fast.cuda_kernel would build it (mlx/backend/cuda/custom_kernel.cpp:
     the header, then `__global__ void name(const T* input, ..., T* output, ...)` whose body starts
-    with the template constants), for each gated dtype and op; the direct mode's with `gather`."""
+    with the template constants), for each gated dtype and op; the direct mode's with `gather`.
+    With `only`, that kernel alone, under the header cut to what it reaches, as MLX gets it."""
     from fastcoll.gate import layout as L
 
+    header = kernels.header(cuda, "", LAYOUT, 1, gather, 0x7F0000001000 if gather else 0)
+    if only is not None:
+        header = kernels.compiled(header, kernels.source(cuda, only)[2])
     parts = ["#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cstdint>\n",
-             kernels.header(cuda, "", LAYOUT, 1, gather), "namespace mlx::core::cu {\n"]
+             header, "namespace mlx::core::cu {\n"]
     n = 0
     for name, ctype in _CUDA_TYPES.items():
         for op, code in L.OPS.items():
+            if only is not None and (name, op) != ("bfloat16", "mean"):  # the header is what differs
+                continue
             for which, consts in (
                 ("arrival", {"NBYTES": 8192, "SIG": 12345}),
                 ("release", {"COUNT": 16, "OP": code, "MAX_ITERS": 1000, "SIG": 12345}),
                 ("release_wait", {"MAX_ITERS": 1000, "SIG": 12345}),
                 ("deliver", {"COUNT": 4096, "OP": code}),
             ):
+                if only is not None and which != only:
+                    continue
                 inputs, outputs, body = kernels.source(cuda, which)
                 types = {"x": f"const {ctype}*", "out": f"{ctype}*"}
                 args = [f"{types.get(i, 'const uint32_t*')} {i}" for i in inputs]
@@ -187,3 +196,60 @@ def test_cuda_kernels_compile(tmp_path, mode):
     r = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", "-c", str(src), "-o", str(tmp_path / "gate.o")],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-4000:]
+
+
+@pytest.mark.parametrize("mode", ["host", "direct"])
+@pytest.mark.parametrize("which", ["arrival", "release", "release_wait", "deliver"])
+def test_cuda_kernels_compile_each_with_its_own_header(tmp_path, mode, which):
+    """Each kernel alone under its cut header (what MLX compiles), in both modes."""
+    import shutil
+    import subprocess
+
+    from fastcoll.gate.layout import GatherLayout
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not installed: the CUDA kernels are compiled on the GPU machine only")
+    src = tmp_path / "gate.cu"
+    src.write_text(_mlx_cuda_source(GatherLayout(16 * 1024, 2) if mode == "direct" else None, only=which))
+    r = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", "-c", str(src), "-o", str(tmp_path / "gate.o")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+
+
+@pytest.mark.parametrize("lang,direct", [(cuda, False), (cuda, True), (metal, False)])
+@pytest.mark.parametrize("name", BODIES)
+def test_each_kernel_gets_the_helpers_it_reaches(lang, name, direct):
+    """A kernel's header is cut to the functions its body reaches (MLX copies and hashes it at
+    every call): every function the body or a kept helper calls is still defined, in the order of
+    the full header, and the other functions are gone."""
+    from fastcoll.gate.layout import GatherLayout
+
+    gather = GatherLayout(16 * 1024, 2) if direct else None
+    header = kernels.header(lang, lang.X_SPACES[0], LAYOUT, 0, gather, 0x7F0000001000 if direct else 0)
+    body = kernels.source(lang, name)[2]
+    full = kernels.compiled(header).splitlines()
+    cut = kernels.compiled(header, body).splitlines()
+    assert len(cut) < len(full)
+    it = iter(full)
+    assert all(line in it for line in cut)  # a subsequence: nothing reordered or rewritten
+    text = _preprocessed("\n".join(cut) + body, direct)
+    defined = set(_functions(text))
+    called = set(re.findall(r"\b(fc_\w+)\s*[<(]", text)) - {"fc_bits"}  # Metal's trait type
+    assert called <= defined, sorted(called - defined)
+    assert set(_functions("\n".join(full))) - defined, "nothing was cut"
+
+
+def _preprocessed(text: str, direct: bool) -> str:
+    """text as the compiler sees it with FC_DIRECT = direct (the body's #if blocks do not nest)."""
+    out, keep = [], True
+    for line in text.splitlines():
+        if line.startswith("#if FC_DIRECT"):
+            keep = direct
+        elif line.startswith("#else") and line.strip() == "#else":
+            keep = not direct
+        elif line.startswith("#endif"):
+            keep = True
+        elif keep:
+            out.append(line)
+    return "\n".join(out)

@@ -94,11 +94,9 @@ FC_DEVICE T fc_mailbox_at(fc_bytes_t base, fc_uint i) {
   return __ldcv(reinterpret_cast<const T*>(base) + i);
 }
 
-// The host memory whose 64-bit address the control page holds at word w (the direct mode's
-// gather segment, registered with CUDA: its host address is valid on the GPU).
-FC_DEVICE fc_bytes_t fc_pointer_at(fc_words_t words, fc_uint w) {
-  const unsigned long long a = (unsigned long long)fc_load_relaxed(words + w) |
-                               ((unsigned long long)fc_load_relaxed(words + w + 1) << 32);
+// The host memory at GPU-visible address a: the direct mode's gather segment, registered with
+// CUDA, whose address is compiled into the kernels (FC_GATHER_AT) so that no thread loads it.
+FC_DEVICE fc_bytes_t fc_at(unsigned long long a) {
   return reinterpret_cast<fc_bytes_t>(a);
 }
 

@@ -2,7 +2,8 @@
 how one is opened. Nothing else in the host half imports a backend.
 
 A backend is a package (fastcoll/metal/, fastcoll/cuda/) with LANGUAGE, THREAD_INDEX, X_SPACES,
-prelude(), x_space(size), make_kernel(...), unavailable() and advise_page(page); the kernels
+SPIN_COPY_MAX_BYTES, prelude(), x_space(size), make_kernel(...), unavailable() and
+advise_page(page); the kernels
 themselves are the shared body in fastcoll/gate/kernels.py over the backend's prelude.
 """
 

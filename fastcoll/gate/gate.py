@@ -52,6 +52,7 @@ class Gate:
         self._token = backend.initial_token(seq_add(start_seq, -1))
         self._timeout = config.timeout
         self._direct_allowed = config.gate_direct
+        self._watch_s = max(config.gate_watch_ms, 1) / 1000
         self._gather = None  # the direct mode's segment (fastcoll/gate/direct.py), once set up
         self._watcher = None
         self._closed = False
@@ -82,7 +83,7 @@ class Gate:
         self._backend.use_gather(gather.address, gather.layout, gather.rank)
         self._gather = gather
         self._host.direct = True
-        self._watcher = direct.Watcher(self._host, gather, self._timeout, alive)
+        self._watcher = direct.Watcher(self._host, gather, self._timeout, alive, nap_s=self._watch_s)
 
     @property
     def direct(self) -> bool:

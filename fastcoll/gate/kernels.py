@@ -20,7 +20,7 @@ mx.fast.cuda_kernel compiles. The load-bearing properties from the seed (docs/ga
 kernels reach the control page only through system-scope accesses; the release spin is one thread
 in one threadgroup, with no backoff and no chunking, bounded by FASTCOLL_FENCE_MAX_ITERS.
 
-A gate is three kernels in the caller's graph (two for payloads of up to 256 bytes):
+A gate is three kernels in the caller's graph (two where the backend's SPIN_COPY_MAX_BYTES allows):
 
     fc_arrival (one threadgroup)    x -> send mailbox; ARRIVAL = the previous token's seq + 1
     fc_release_wait (one thread)    spin until RELEASE reaches seq
@@ -35,6 +35,7 @@ every rank as the host path rounds it.
 
 from __future__ import annotations
 
+import re
 from types import ModuleType
 
 from fastcoll.gate.layout import ControlLayout, GatherLayout, c_defines
@@ -134,7 +135,7 @@ FC_DEVICE fc_uint fc_spin_direct(fc_words_t words, fc_bytes_t gather, fc_uint se
 // the host fills, or in the direct mode the gather segment's set of seq's parity.
 FC_DEVICE fc_bytes_t fc_slots(fc_words_t words, fc_uint seq) {
 #if FC_DIRECT
-  return fc_pointer_at(words, FC_GATHER_ADDR) + FC_G_HEADER + (seq & 1u) * FC_G_SET_BYTES;
+  return fc_at(FC_GATHER_AT) + FC_G_HEADER + (seq & 1u) * FC_G_SET_BYTES;
 #else
   return FC_BYTES(words) + FC_RECV_OFFSET;
 #endif
@@ -149,13 +150,20 @@ FC_DEVICE fc_bytes_t fc_own_slot(fc_words_t words, fc_uint seq, fc_uint nbytes) 
 #endif
 }
 
-// The spin of either mode.
+// The spin of either mode, then the host's STATUS of the gate (an acquire load after the spin's):
+// the gate's status, which the spinning thread alone reads. Every thread of a larger kernel
+// loading a control word would be a bus round trip each (these loads do not coalesce): the
+// deliver kernel gets the status in its input instead (bench/NOTES.md, entry 26).
 FC_DEVICE fc_uint fc_wait(fc_words_t words, fc_uint seq, fc_uint prev, fc_uint sig, fc_uint max_iters) {
 #if FC_DIRECT
-  return fc_spin_direct(words, fc_pointer_at(words, FC_GATHER_ADDR), seq, prev, sig, max_iters);
+  fc_uint status = fc_spin_direct(words, fc_at(FC_GATHER_AT), seq, prev, sig, max_iters);
 #else
-  return fc_spin(words, seq, prev, max_iters);
+  fc_uint status = fc_spin(words, seq, prev, max_iters);
 #endif
+  if (status == FC_OK) {
+    status = fc_load(words + FC_STATUS);
+  }
+  return status;
 }
 
 // One step of a reduction, as the host path computes it (fastcoll/dtypes.py): in float, the
@@ -230,7 +238,7 @@ KERNELS: dict[str, tuple[list[str], list[str], str]] = {
   if (tid == 0) {
     // ...and only then is the arrival published, with system-scope release stores.
 #if FC_DIRECT
-    fc_words_t line = fc_line(fc_pointer_at(words, FC_GATHER_ADDR), FC_RANK);
+    fc_words_t line = fc_line(fc_at(FC_GATHER_AT), FC_RANK);
     fc_store_relaxed(line + FC_G_SIG + (seq & 1u), (fc_uint)SIG);
     fc_store(line + FC_G_FLAG, seq);
     fc_store_relaxed(words + FC_ARRIVAL, seq);  // for the watcher only: the peers read FLAG
@@ -248,10 +256,7 @@ KERNELS: dict[str, tuple[list[str], list[str], str]] = {
   // into out itself (small payloads: fc_deliver does larger ones).
   fc_words_t words = FC_WORDS(ctrl);
   const fc_uint seq = arrived[FC_TOKEN_SEQ];
-  fc_uint status = fc_wait(words, seq, arrived[FC_TOKEN_STATUS], (fc_uint)SIG, MAX_ITERS);
-  if (status == FC_OK) {
-    status = fc_load(words + FC_STATUS);
-  }
+  const fc_uint status = fc_wait(words, seq, arrived[FC_TOKEN_STATUS], (fc_uint)SIG, MAX_ITERS);
   if (status == FC_OK) {
     fc_reduce<T, OP, COUNT, COUNT>(out, fc_slots(words, seq), 0u, 1u);  // every load at once
   } else {
@@ -263,7 +268,8 @@ KERNELS: dict[str, tuple[list[str], list[str], str]] = {
 """),
     # One thread in one threadgroup.
     "release_wait": (["ctrl", "arrived"], ["done"], r"""
-  // fc_release_wait: the same one-thread spin without the reduction; fc_deliver does it.
+  // fc_release_wait: the same one-thread spin without the reduction; fc_deliver does it, with
+  // the gate's status from here.
   fc_words_t words = FC_WORDS(ctrl);
   const fc_uint seq = arrived[FC_TOKEN_SEQ];
   done[FC_TOKEN_SEQ] = seq;
@@ -272,15 +278,13 @@ KERNELS: dict[str, tuple[list[str], list[str], str]] = {
     # One threadgroup of DELIVER_THREADS threads.
     "deliver": (["ctrl", "done"], ["out", "token"], r"""
   // fc_deliver: one threadgroup reduces the receive mailbox into out once the spin has ended.
-  // STATUS is loaded relaxed, beside the data: the spin's acquire of RELEASE, in the kernel
-  // before this one, already orders the host's stores before everything this kernel reads.
+  // It reads no control word: the spin's acquire loads, in the kernel before this one, already
+  // order the host's (or the peers') stores before everything this kernel reads, and the gate's
+  // status comes in `done`.
   fc_words_t words = FC_WORDS(ctrl);
   const fc_uint tid = @TID@;
   const fc_uint nthreads = @NTHREADS@;
-  fc_uint status = done[FC_TOKEN_STATUS];
-  if (status == FC_OK) {
-    status = fc_load_relaxed(words + FC_STATUS);
-  }
+  const fc_uint status = done[FC_TOKEN_STATUS];
   if (status == FC_OK) {
     fc_reduce<T, OP, COUNT, 8>(out, fc_slots(words, done[FC_TOKEN_SEQ]), tid, nthreads);
   } else {
@@ -303,19 +307,63 @@ KERNELS: dict[str, tuple[list[str], list[str], str]] = {
 
 
 def header(lang: ModuleType, space: str, layout: ControlLayout, rank: int = 0,
-           gather: GatherLayout | None = None) -> str:
+           gather: GatherLayout | None = None, gather_address: int = 0) -> str:
     """What precedes every kernel: the backend's prelude (x in address space `space`), the
-    control page's `layout` (and, in the direct mode, the gather segment's, for `rank`), and the
-    shared helpers."""
-    defines = c_defines(layout, rank, gather)
+    control page's `layout` (and, in the direct mode, the gather segment's, for `rank`, at GPU
+    address `gather_address`), and the shared helpers."""
+    defines = c_defines(layout, rank, gather, gather_address)
     return lang.prelude().replace("@DEFINES@", defines).replace("@X_SPACE@", space) + HELPERS
 
 
-def compiled(text: str) -> str:
+def compiled(text: str, used_by: str | None = None) -> str:
     """`text` without its comment lines and blank lines: what the compiler gets. MLX copies a
-    kernel's header into its source and hashes that source at every call (about 5 KB here), so
-    the comments, which are for the reader of this file and the preludes, would cost each gate."""
-    return "\n".join(line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("//")) + "\n"
+    kernel's header into its source and hashes that source at every call and every evaluation
+    (about 8 KB here), so the comments, which are for the reader of this file and the preludes,
+    would cost each gate. With `used_by` (a kernel's body), also without the functions that the
+    body does not reach: each kernel gets the part of the header it needs."""
+    lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("//")]
+    if used_by is not None:
+        lines = _reachable(lines, used_by)
+    return "\n".join(lines) + "\n"
+
+
+_DEFINITION = re.compile(r"^FC_DEVICE\b[^(]*?\b(fc_\w+)\s*[<(]")
+_NAME = re.compile(r"\bfc_\w+")
+
+
+def _reachable(lines: list[str], body: str) -> list[str]:
+    """`lines` less the function definitions (FC_DEVICE ..., with a template line before it) that
+    `body` reaches neither directly nor through another kept definition. Everything else
+    (preprocessor lines, typedefs, types) stays."""
+    items: list[tuple[str | None, list[str]]] = []
+    i = 0
+    while i < len(lines):
+        start = i
+        if lines[i].startswith("template <") and i + 1 < len(lines) and _DEFINITION.match(lines[i + 1]):
+            i += 1
+        match = _DEFINITION.match(lines[i])
+        if match is None:
+            items.append((None, lines[start : i + 1]))
+            i += 1
+            continue
+        depth, j = 0, i
+        while True:  # to the brace that closes the definition
+            if j == len(lines):
+                raise ValueError(f"the kernel header's definition of {match.group(1)} never closes")
+            depth += lines[j].count("{") - lines[j].count("}")
+            if depth == 0 and "{" in "".join(lines[i : j + 1]):
+                break
+            j += 1
+        items.append((match.group(1), lines[start : j + 1]))
+        i = j + 1
+    needed, todo = set(), set(_NAME.findall(body))
+    while todo:
+        name = todo.pop()
+        needed.add(name)
+        for defined, text in items:
+            if defined == name:
+                todo |= set(_NAME.findall("\n".join(text))) - needed
+    return [line for defined, text in items if defined is None or defined in needed for line in text]
 
 
 def source(lang: ModuleType, name: str) -> tuple[list[str], list[str], str]:

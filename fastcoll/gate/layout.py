@@ -1,8 +1,7 @@
 """The control page: one persistent, host-visible array of 32-bit words shared by GPU and host.
 
     byte 0      line 0  ARRIVAL                      written by the GPU (arrival kernel)
-    byte 128    line 1  RELEASE, STATUS,             written by the host (service thread);
-                        GATHER_ADDR (2 words)        the gather segment's address, once (direct mode)
+    byte 128    line 1  RELEASE, STATUS              written by the host (service thread)
     byte 256    line 2  ACK, SPIN_ITERS,             written by the GPU (release kernel)
                         SPIN_FAILED (a status),
                         SPIN_FAILED_SEQ, SPIN_FAILED_PEER
@@ -34,7 +33,6 @@ LINE_WORDS = 32  # 128 bytes
 ARRIVAL = 0
 RELEASE = LINE_WORDS
 STATUS = LINE_WORDS + 1
-GATHER_ADDR = LINE_WORDS + 2  # and + 3: a 64-bit address, low word first
 ACK = 2 * LINE_WORDS
 SPIN_ITERS = 2 * LINE_WORDS + 1
 SPIN_FAILED = 2 * LINE_WORDS + 2  # the status of the first gate the GPU failed (0: none)
@@ -159,9 +157,12 @@ def signature(op: str, dtype_name: str, shape: tuple) -> int:
     return zlib.crc32(f"all_reduce({op},{dtype_name},{tuple(shape)})".encode()) & 0x7FFFFFFF
 
 
-def c_defines(layout: ControlLayout, rank: int = 0, gather: GatherLayout | None = None) -> str:
+def c_defines(layout: ControlLayout, rank: int = 0, gather: GatherLayout | None = None,
+              gather_address: int = 0) -> str:
     """The word offsets, status codes and `layout`'s mailboxes as preprocessor defines, for both
-    kernel languages; with `gather`, the direct mode's (FC_DIRECT 1) for rank `rank`."""
+    kernel languages; with `gather`, the direct mode's (FC_DIRECT 1) for rank `rank`, over the
+    segment at GPU address `gather_address` (a constant of the kernels: a pointer that every
+    thread loaded from the control page cost a bus round trip per thread, bench/NOTES.md 26)."""
     names = {
         "FC_ARRIVAL": ARRIVAL,
         "FC_RELEASE": RELEASE,
@@ -171,7 +172,6 @@ def c_defines(layout: ControlLayout, rank: int = 0, gather: GatherLayout | None 
         "FC_SPIN_FAILED": SPIN_FAILED,
         "FC_SPIN_FAILED_SEQ": SPIN_FAILED_SEQ,
         "FC_SPIN_FAILED_PEER": SPIN_FAILED_PEER,
-        "FC_GATHER_ADDR": GATHER_ADDR,
         "FC_MARK": MARK,
         "FC_SEND_OFFSET": SEND_OFFSET,
         "FC_RECV_OFFSET": layout.recv_offset,
@@ -195,4 +195,5 @@ def c_defines(layout: ControlLayout, rank: int = 0, gather: GatherLayout | None 
     }
     lines = ["// Generated from fastcoll/gate/layout.py: the control page's layout."]
     lines += [f"#define {name} {value}u" for name, value in names.items()]
+    lines.append(f"#define FC_GATHER_AT {gather_address:#x}ull")
     return "\n".join(lines) + "\n"

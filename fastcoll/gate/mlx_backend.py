@@ -7,7 +7,8 @@ Each gate adds to the caller's lazy graph the kernels of fastcoll/gate/kernels.p
     fc_arrival (one threadgroup)      x -> send mailbox, ARRIVAL = seq
     fc_release_wait (one thread)      spin on RELEASE
     fc_deliver (one threadgroup)      receive mailbox (every rank's x) -> reduced -> out
-  or, where every rank's payload together is at most `spin_copy_max_bytes`:
+  or, where every rank's payload together is at most `spin_copy_max_bytes` (the backend's
+  SPIN_COPY_MAX_BYTES: 0 on CUDA, where it measured slower, bench/NOTES.md 28):
     fc_release (one thread)           spin on RELEASE, then reduce -> out itself
 
 The spin is always one thread in one threadgroup. The receive mailbox lives in host memory
@@ -36,9 +37,6 @@ log = logging.getLogger("fastcoll.gate")
 
 ARRIVAL_THREADS = 256
 DELIVER_THREADS = 256
-# Payloads (every rank's together) up to this many bytes are reduced by the spinning thread
-# itself, saving a kernel.
-SPIN_COPY_MAX_BYTES = 256
 
 Advise = Callable[[np.ndarray], "Callable[[], None] | None"]
 
@@ -52,8 +50,9 @@ class MlxBackend:
         lang: ModuleType,
         layout: L.ControlLayout,
         advise: Advise | None = None,
-        spin_copy_max_bytes: int = SPIN_COPY_MAX_BYTES,
+        spin_copy_max_bytes: int | None = None,
         deliver_threads: int = DELIVER_THREADS,
+        trim_headers: bool = True,
     ):
         import mlx.core as mx
 
@@ -61,8 +60,11 @@ class MlxBackend:
         self._lang = lang
         self.name: str = lang.LANGUAGE
         self.layout = layout
-        self.spin_copy_max_bytes = spin_copy_max_bytes
+        # Payloads (every rank's together) up to this many bytes are reduced by the spinning
+        # thread itself, saving a kernel: the backend's SPIN_COPY_MAX_BYTES unless given.
+        self.spin_copy_max_bytes = lang.SPIN_COPY_MAX_BYTES if spin_copy_max_bytes is None else spin_copy_max_bytes
         self.deliver_threads = deliver_threads
+        self._trim = trim_headers  # each kernel's header holds only the helpers its body reaches
         # Made from host memory, so MLX allocates it where the host can reach it (managed memory on
         # CUDA); the numpy view is the host's window on it for the life of the gate.
         self._ctrl = mx.array(np.zeros(layout.total_words, dtype=np.uint32))
@@ -75,6 +77,7 @@ class MlxBackend:
         self._calls: dict[tuple, tuple] = {}  # (dtype, shape, op, max_iters) -> the launch's arguments
         self._rank = 0
         self._gather: L.GatherLayout | None = None  # the direct mode's segment, once it is used
+        self._gather_address = 0
 
     def share_host_memory(self, ptr: int, nbytes: int) -> Any:
         """The backend language's share_host_memory (None where it has none)."""
@@ -82,12 +85,8 @@ class MlxBackend:
 
     def use_gather(self, address: int, gather: L.GatherLayout, rank: int) -> None:
         """From now on build the direct mode's kernels (fastcoll/gate/direct.py): as rank `rank`,
-        over the gather segment whose GPU-visible address is `address`."""
-        page = ControlPage(self.page, self.layout)
-        page.store(L.GATHER_ADDR, address & 0xFFFFFFFF)
-        page.store(L.GATHER_ADDR + 1, address >> 32)
-        page.fence()
-        self._gather, self._rank = gather, rank
+        over the gather segment whose GPU-visible address is `address` (compiled into them)."""
+        self._gather, self._rank, self._gather_address = gather, rank, address
         self._kernels.clear()
         self._calls.clear()
 
@@ -101,12 +100,15 @@ class MlxBackend:
         return token
 
     def launch(self, x: Any, op: str, max_iters: int, after: Any) -> tuple[Any, Any]:
-        flat = x if x.ndim == 1 else x.reshape(-1)  # MLX passes a 0-d input by reference
+        # The kernels see x and the result as flat rows of x's size (MLX makes both row-contiguous),
+        # so both keep x's shape: no reshape nodes in the graph. A 0-d x is the exception: MLX
+        # passes a 0-d input by reference.
+        flat = x if x.ndim else x.reshape(1)
         key = (x.dtype, x.shape, op, max_iters)
         args = self._calls.get(key)
         if args is None:
             sig = L.signature(op, dtype_name(x.dtype), tuple(x.shape))
-            args = self._calls[key] = self._arguments(x.dtype, flat.size, x.nbytes, op, max_iters, sig)
+            args = self._calls[key] = self._arguments(x.dtype, flat.shape, x.nbytes, op, max_iters, sig)
         arrival, first, second = args
         (arrived,) = arrival[0](inputs=[flat, self._ctrl, after], **arrival[1])
         if second is None:
@@ -114,13 +116,16 @@ class MlxBackend:
         else:
             (done,) = first[0](inputs=[self._ctrl, arrived], **first[1])
             out, token = second[0](inputs=[self._ctrl, done], **second[1])
-        return (out if x.ndim == 1 else out.reshape(x.shape)), token
+        return (out if x.ndim else out.reshape(())), token
 
-    def _arguments(self, dtype: Any, count: int, nbytes: int, op: str, max_iters: int, sig: int) -> tuple:
+    def _arguments(self, dtype: Any, shape: tuple, nbytes: int, op: str, max_iters: int, sig: int) -> tuple:
         """The kernels of one kind of gate and the keyword arguments of their calls, made once."""
         mx = self._mx
+        count = 1
+        for n in shape:
+            count *= n
         token = {"output_shapes": [(L.TOKEN_WORDS,)], "output_dtypes": [mx.uint32]}
-        result = {"output_shapes": [(count,), (L.TOKEN_WORDS,)], "output_dtypes": [dtype, mx.uint32]}
+        result = {"output_shapes": [tuple(shape), (L.TOKEN_WORDS,)], "output_dtypes": [dtype, mx.uint32]}
         reduce = [("T", dtype), ("COUNT", count), ("OP", L.OPS[op])]
         spin = [("MAX_ITERS", max_iters), ("SIG", sig)]
         one = {"grid": (1, 1, 1), "threadgroup": (1, 1, 1)}
@@ -164,9 +169,11 @@ class MlxBackend:
             lang = self._lang
             inputs, outputs, source = kernels.source(lang, which)
             name = f"fastcoll_gate_{which}" + (f"_{space}" if space else "") + ("_direct" if self._gather else "")
-            header = kernels.header(lang, space or lang.X_SPACES[0], self.layout, self._rank, self._gather)
+            header = kernels.header(lang, space or lang.X_SPACES[0], self.layout, self._rank, self._gather,
+                                    self._gather_address)
             k = self._kernels[key] = lang.make_kernel(
-                name, inputs, outputs, kernels.compiled(source), kernels.compiled(header))
+                name, inputs, outputs, kernels.compiled(source),
+                kernels.compiled(header, source if self._trim else None))
         return k
 
 
@@ -182,15 +189,22 @@ def verified(backend: MlxBackend, name: str, run_self_test: bool = True) -> MlxB
     return backend
 
 
-def self_test(backend: MlxBackend, timeout_s: float = 30.0, max_iters: int = 20_000_000) -> str | None:
+def self_test(backend: MlxBackend, timeout_s: float = 30.0, max_iters: int = 20_000_000,
+              compile_s: float = 300.0) -> str | None:
     """Run a few gates end to end against a helper thread; None if all went right, else why not.
 
-    Covers both address spaces of x (Metal), both reduction paths and each gated dtype, and
+    Covers both address spaces of x (Metal), both reduction paths (where the backend has the
+    spinning thread's) and each gated dtype, and
     proves that mx.eval lets another Python thread run while the GPU spins (the service thread
     must). The helper fills every rank's slot of the receive mailbox with x + rank, so the sums
     show that the GPU reduced the receive side, not its own send mailbox. A GPU that never
     observes the release ends its spin at `max_iters` with a timeout status, which fails the
     test instead of hanging it.
+
+    Every case is a few kernels that MLX compiles before the first one runs (about 2 s each on
+    CUDA, longer with ranks compiling at once), so the first arrival may take `compile_s`; each
+    later one `timeout_s`. Nothing waits that long unless the GPU runs and never arrives: a
+    kernel that fails to build ends the evaluation, and with it the helper.
     """
     from fastcoll import dtypes
 
@@ -199,10 +213,16 @@ def self_test(backend: MlxBackend, timeout_s: float = 30.0, max_iters: int = 20_
     page.reset(1)
     n = backend.layout.ranks
     big = backend.spin_copy_max_bytes // 4 + 5
-    cases = [(4, "float32"), (16, "float32"), (big, "float32"), (9, "float16"), (130, "bfloat16")]
+    cases = [(big, "float32"), (9, "float16"), (130, "bfloat16")]  # each gated dtype, by fc_deliver
+    if backend.spin_copy_max_bytes >= 16 * 4 * n:
+        cases[:0] = [(4, "float32"), (16, "float32")]  # by the spinning thread too (and, on Metal,
+        # an x small enough for MLX's constant address space)
+    elif len(backend._lang.X_SPACES) > 1:
+        cases[:0] = [(4, "float32")]
     # Small integers: exact in every dtype, whatever the order of the sum.
     values = [np.arange(size, dtype=np.float32) % 16 for size, _ in cases]
     xs = [mx.array(v).astype(getattr(mx, name)) for v, (_, name) in zip(values, cases)]
+    xs[-1] = xs[-1].reshape(1, 1, -1)  # a decode step's (batch, tokens, hidden) row keeps its shape
     mx.eval(xs)
 
     def host_bytes(v: np.ndarray, name: str) -> bytes:
@@ -216,7 +236,7 @@ def self_test(backend: MlxBackend, timeout_s: float = 30.0, max_iters: int = 20_
 
     def host() -> None:  # numpy and the page only: no MLX call while the main thread evaluates
         for seq, data in enumerate(slots, start=1):
-            deadline = time.monotonic() + timeout_s
+            deadline = time.monotonic() + (compile_s if seq == 1 else timeout_s)
             while page.load(L.ARRIVAL) != seq:
                 if stop.is_set() or time.monotonic() > deadline:
                     problems.append(f"gate {seq}: the GPU's arrival was not seen")
@@ -252,7 +272,7 @@ def self_test(backend: MlxBackend, timeout_s: float = 30.0, max_iters: int = 20_
     for seq, (v, out, (size, name)) in enumerate(zip(values, outs, cases), start=1):
         want = sum(v + p for p in range(n))
         got = np.array(out.astype(mx.float32))
-        if not np.array_equal(want, got):
+        if got.shape != tuple(xs[seq - 1].shape) or not np.array_equal(want, got.reshape(-1)):
             return f"gate {seq}: wrong values came back ({name}, {size} elements)"
     if page.load(L.ACK) != len(cases):
         return "the release kernel's acknowledgement is missing"

@@ -27,6 +27,10 @@ THREAD_INDEX = ("thread_position_in_threadgroup.x", "threads_per_threadgroup.x")
 # MLX binds inputs of fewer than 8 elements as `constant`, larger ones as `device`.
 X_SPACES = ("device", "constant")
 _MAX_CONSTANT_ARRAY_SIZE = 8
+# Payloads (every rank's together) up to this many bytes are reduced by the spinning thread itself
+# (fc_release), saving a kernel: the memory is the CPU's own, so one thread's loads are cheap.
+# Not measured (no Mac); CUDA, across PCIe, measured the other way (0 there).
+SPIN_COPY_MAX_BYTES = 256
 
 
 @lru_cache(maxsize=1)
