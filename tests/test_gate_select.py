@@ -64,6 +64,55 @@ def test_probe_falls_back_without_a_gpu():
     assert probe(Config(fast_sync=True)) is None
 
 
+class _SilentGpu:
+    """A GPU backend that says it is available but whose kernels never run (outputs of zeros):
+    the gate's self-test must fail, or, with `broken`, building a kernel raises."""
+
+    LANGUAGE = "silent"
+    THREAD_INDEX = ("threadIdx.x", "blockDim.x")
+    X_SPACES = ("",)
+    SPIN_COPY_MAX_BYTES = 0
+
+    def __init__(self, broken: bool = False):
+        self.broken = broken
+
+    def unavailable(self):
+        return None
+
+    def prelude(self) -> str:
+        from fastcoll import cuda
+
+        return cuda.prelude()
+
+    def x_space(self, size: int) -> str:
+        return ""
+
+    def advise_page(self, page):
+        return None
+
+    def share_host_memory(self, ptr, nbytes):
+        return None
+
+    def make_kernel(self, name, input_names, output_names, source, header):
+        if self.broken:
+            raise RuntimeError("no compiler for these kernels")
+        return lambda **kw: [mx.zeros(shape, dtype=dt) for shape, dt in zip(kw["output_shapes"], kw["output_dtypes"])]
+
+
+@pytest.mark.parametrize("broken,why", [
+    (False, "failed its self-test, so the host path is used: gate 1: the GPU.s arrival was not seen"),
+    (True, "could not be set up.*no compiler"),
+])
+def test_a_gpu_whose_gate_cannot_run_warns_and_keeps_the_host_path(monkeypatch, broken, why):
+    """FASTCOLL_FAST_SYNC=1 asked for the gate: falling back says so even with logging unset."""
+    from fastcoll.gate import backends
+
+    monkeypatch.setattr(backends, "BACKENDS", {"silent": "(a test's)"})
+    monkeypatch.setattr(backends, "language", lambda name: _SilentGpu(broken))
+    with pytest.warns(RuntimeWarning, match=f"fastcoll: the silent fence gate {why}"):
+        assert probe(Config(fast_sync=True)) is None
+
+
 def test_probe_is_off_by_default():
     assert probe(Config()) is None  # FASTCOLL_FAST_SYNC unset: never a gate, whatever the GPU
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import warnings
 from types import ModuleType
 from typing import Any, Callable
 
@@ -178,15 +179,24 @@ class MlxBackend:
 
 
 def verified(backend: MlxBackend, name: str, run_self_test: bool = True) -> MlxBackend | None:
-    """`backend` if it passes self_test() (or the test is skipped), else None, closed and logged,
-    so that the caller falls back to the host path. Shared by the Metal and CUDA openers."""
+    """`backend` if it passes self_test() (or the test is skipped), else None, closed and
+    reported, so that the caller falls back to the host path. Shared by the Metal and CUDA
+    openers."""
     if run_self_test:
         problem = self_test(backend)
         if problem is not None:
             backend.close()
-            log.warning("the %s fence gate failed its self-test, so the host path is used: %s", name, problem)
+            fell_back(f"the {name} fence gate failed its self-test, so the host path is used: {problem}")
             return None
     return backend
+
+
+def fell_back(why: str) -> None:
+    """Say that a GPU was there but its gate cannot run: in the log, and as a RuntimeWarning,
+    which Python shows even where nobody configured logging (the job asked for the gate with
+    FASTCOLL_FAST_SYNC=1, and gets the slower host path)."""
+    log.warning("%s", why)
+    warnings.warn(f"fastcoll: {why}", RuntimeWarning, stacklevel=2)
 
 
 def self_test(backend: MlxBackend, timeout_s: float = 30.0, max_iters: int = 20_000_000,
