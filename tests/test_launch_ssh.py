@@ -12,7 +12,6 @@ from __future__ import annotations
 import getpass
 import json
 import os
-import random
 import re
 import shutil
 import signal
@@ -27,6 +26,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "progs"))
 from launch_support import REPO, launches, survivors, wait_for_lines  # noqa: E402,F401
+from conftest import free_port  # noqa: E402
 from netns import SSHD, sshd_config  # noqa: E402
 
 
@@ -48,18 +48,6 @@ class SshServer:
         path = self.root / name
         path.write_text(json.dumps(entries))
         return str(path)
-
-
-def _free_port_near(base: int) -> int:
-    for _ in range(50):
-        port = base + random.randrange(20000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port")
 
 
 def _closed_port() -> int:
@@ -119,7 +107,7 @@ def sshd(tmp_path_factory) -> Iterator[SshServer]:
     proc = None
     errors = []
     for _ in range(3):
-        port = _free_port_near(2222)
+        port = free_port()
         (root / "sshd_config").write_text(sshd_config(root, "127.0.0.1", port, "sshd.pid"))
         log = open(root / "sshd.log", "wb")
         proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(root / "sshd_config")],

@@ -109,7 +109,7 @@ class MlxBackend:
         args = self._calls.get(key)
         if args is None:
             sig = L.signature(op, dtype_name(x.dtype), tuple(x.shape))
-            args = self._calls[key] = self._arguments(x.dtype, flat.shape, x.nbytes, op, max_iters, sig)
+            args = self._calls[key] = self._arguments(x.dtype, flat.shape, flat.size, x.nbytes, op, max_iters, sig)
         arrival, first, second = args
         (arrived,) = arrival[0](inputs=[flat, self._ctrl, after], **arrival[1])
         if second is None:
@@ -119,12 +119,10 @@ class MlxBackend:
             out, token = second[0](inputs=[self._ctrl, done], **second[1])
         return (out if x.ndim else out.reshape(())), token
 
-    def _arguments(self, dtype: Any, shape: tuple, nbytes: int, op: str, max_iters: int, sig: int) -> tuple:
+    def _arguments(self, dtype: Any, shape: tuple, count: int, nbytes: int, op: str, max_iters: int,
+                   sig: int) -> tuple:
         """The kernels of one kind of gate and the keyword arguments of their calls, made once."""
         mx = self._mx
-        count = 1
-        for n in shape:
-            count *= n
         token = {"output_shapes": [(L.TOKEN_WORDS,)], "output_dtypes": [mx.uint32]}
         result = {"output_shapes": [tuple(shape), (L.TOKEN_WORDS,)], "output_dtypes": [dtype, mx.uint32]}
         reduce = [("T", dtype), ("COUNT", count), ("OP", L.OPS[op])]
