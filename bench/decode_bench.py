@@ -51,8 +51,9 @@ def make_model(shape: str, seed: int = 0):
     return model
 
 
-def decode(model, n: int) -> dict:
-    """Greedy decode of n tokens from a fixed random prompt; the tokens and ms between them."""
+def decode(model, n: int, after_warmup=None) -> dict:
+    """Greedy decode of n tokens from a fixed random prompt; the tokens and ms between them.
+    `after_warmup()` is called once the warm-up tokens are out."""
     import mlx.core as mx
     from mlx_lm.generate import generate_step
 
@@ -62,6 +63,8 @@ def decode(model, n: int) -> dict:
     for token, _ in generate_step(prompt, host or model, max_tokens=n):
         stamps.append(time.perf_counter())
         tokens.append(int(token))
+        if len(tokens) == WARMUP and after_warmup is not None:
+            after_warmup()
     gaps = np.diff(stamps[WARMUP:]) * 1e3
     res = {"tokens": tokens, "ms_per_token": {"median": float(np.median(gaps)), "p10": float(np.percentile(gaps, 10)),
                                               "p90": float(np.percentile(gaps, 90)), "n": int(gaps.size)}}
@@ -96,11 +99,21 @@ def host_costs(gated: bool, n: int = 64, reps: int = 12) -> dict:
                 f"eval_ms_per_{n}": round(float(np.median(evals)), 3)}
 
     out = {"plus_one": per(lambda y: y + 1)}
+    if hasattr(mx.fast, "cuda_kernel") and mx.cuda.is_available():
+        # the floor of any custom kernel: a copy through mx.fast.cuda_kernel, 256 threads
+        copy = mx.fast.cuda_kernel(name="decode_bench_copy", input_names=["y"], output_names=["out"],
+                                   source="const unsigned i = threadIdx.x;\nfor (unsigned j = i; j < 4096; j += 256) out[j] = y[j];\n")
+        out["custom_kernel_copy"] = per(lambda y: copy(inputs=[y], grid=(256, 1, 1), threadgroup=(256, 1, 1),
+                                                       output_shapes=[y.shape], output_dtypes=[y.dtype])[0])
     if gated:
         import fastcoll
+        from mlx.nn.layers.distributed import sum_gradients
 
         out["fastcoll_all_reduce"] = per(lambda y: fastcoll.all_reduce(y, op="sum"))
         out["mx_distributed_all_sum"] = per(lambda y: mx.distributed.all_sum(y))
+        # what mlx.nn's sharded layers add besides the all-reduces: every "all-to-sharded" linear
+        # (q, k, v, gate, up: 5 a layer) wraps its input in this identity mx.custom_function
+        out["sum_gradients"] = per(sum_gradients(mx.distributed.init()))
     return out
 
 
@@ -135,12 +148,33 @@ class HostTimes:
         return {"build_median": med(self.build), "async_eval_median": med(self.submit)}
 
 
+def core_sets(n: int) -> list[set[int]]:
+    """This machine's logical CPUs in n sets that share no physical core (Linux's topology)."""
+    cores: dict[tuple, set[int]] = {}
+    for cpu in sorted(os.sched_getaffinity(0)):
+        top = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            key = ((top / "physical_package_id").read_text().strip(), (top / "core_id").read_text().strip())
+        except OSError:
+            key = ("", str(cpu))
+        cores.setdefault(key, set()).add(cpu)
+    sets: list[set[int]] = [set() for _ in range(n)]
+    for i, cpus in enumerate(cores.values()):
+        sets[i % n] |= cpus
+    return sets
+
+
 def rank_main(args) -> None:
     """One rank (or the single process): build, shard, evaluate the weights, decode."""
     import mlx.core as mx
 
     if os.environ.get("DECODE_SWITCH_INTERVAL"):
         sys.setswitchinterval(float(os.environ["DECODE_SWITCH_INTERVAL"]))
+    if os.environ.get("DECODE_PIN") == "1" and args.run != "single":
+        # Each rank on physical cores of its own, as each has a machine of its own in a real job
+        # (two ranks' Python threads on one core's hyperthreads slow both).
+        r, n = int(os.environ["FASTCOLL_RANK"]), int(os.environ["FASTCOLL_WORLD_SIZE"])
+        os.sched_setaffinity(0, core_sets(n)[r])
     model = make_model(args.shape)
     rank, info = 0, "single process"
     trace = None
@@ -165,12 +199,15 @@ def rank_main(args) -> None:
     if trace is not None:
         trace.reset()
     spy = os.environ.get("DECODE_PYSPY")  # a py-spy binary: sample this rank while it decodes
-    if spy and rank == 0:
+
+    def sample() -> None:  # from the end of the warm-up (not the prompt's step, not compiling)
+        # DECODE_PYSPY_NATIVE=1: C++ frames too (MLX's), sampling with the process stopped
+        how = ["--native"] if os.environ.get("DECODE_PYSPY_NATIVE") == "1" else ["--nonblocking"]
         subprocess.Popen([spy, "record", "--pid", str(os.getpid()), "--duration", "3", "--rate", "400",
-                          "--idle", "--threads", "--nonblocking", "--format", "raw",
+                          "--idle", "--threads", *how, "--format", "raw",
                           "-o", str(Path(args.result).with_suffix(".pyspy.txt"))])
-        time.sleep(1.0)  # py-spy attaches
-    res = decode(model, args.tokens)
+
+    res = decode(model, args.tokens, sample if spy and rank == 0 else None)
     if trace is not None:
         from bench.gate_where import gate_timeline
 
@@ -202,6 +239,9 @@ RUNS = {
     "single": {},
     "host": {"FASTCOLL_FAST_SYNC": "0"},
     "gate": {"FASTCOLL_FAST_SYNC": "1"},
+    # each rank on physical cores of its own (see rank_main)
+    "gate_pinned": {"FASTCOLL_FAST_SYNC": "1", "DECODE_PIN": "1"},
+    "host_pinned": {"FASTCOLL_FAST_SYNC": "0", "DECODE_PIN": "1"},
     "gate_profile": {"FASTCOLL_FAST_SYNC": "1", "FASTCOLL_GATE_PROFILE": "1"},
     # the direct mode's watcher looking every 1 ms, as before 2026-12-01's third session (5 ms now)
     "gate_watch1": {"FASTCOLL_FAST_SYNC": "1", "FASTCOLL_TUNING": "gate_watch_ms=1"},

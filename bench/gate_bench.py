@@ -135,7 +135,6 @@ def release_latency(backend, n: int, count: int, dtype, warmup: int = 50) -> dic
             mark_us.append((t_mark - t_store) * 1e6)
             iters.append(page.load(L.SPIN_ITERS))
     return {"gates": n, "nbytes": nbytes, "missed": missed, "wrong": wrong,
-            "spin_reduces": nbytes * backend.layout.ranks <= backend.spin_copy_max_bytes,
             "ack_us": stats(ack_us), "continue_us": stats(mark_us), "spin_iters": stats(iters)}
 
 
@@ -244,7 +243,7 @@ def cmd_profile(args) -> None:
         sys.exit(f"gate_bench profile: {cuda.unavailable()}")
     res: dict = machine()
     t0 = time.perf_counter()
-    gate = probe(Config(fast_sync=True, gate_max_bytes=64 * 1024, fence_max_iters=MAX_ITERS))
+    gate = probe(Config(fast_sync=True, gate_host_min_bytes=1, gate_max_bytes=64 * 1024, fence_max_iters=MAX_ITERS))
     res["probe_s"] = time.perf_counter() - t0
     if gate is None:
         sys.exit("gate_bench profile: probe() returned None (see the log above)")
@@ -266,16 +265,16 @@ def cmd_profile(args) -> None:
     mx.eval(y8, y64)
     tok = advised.initial_token(0)
     advised.launch(y8, "mean", MAX_ITERS, tok)
-    arrival, _, _ = advised._calls[(y8.dtype, y8.shape, "mean", MAX_ITERS)]
-    side = Gate(plain, Config(fast_sync=True, gate_max_bytes=64 * 1024, fence_max_iters=MAX_ITERS))
+    kernel, kwargs = advised._calls[(y8.dtype, y8.shape, "mean", MAX_ITERS)]
+    side = Gate(plain, Config(fast_sync=True, gate_host_min_bytes=1, gate_max_bytes=64 * 1024, fence_max_iters=MAX_ITERS))
     host = dtypes.host_dtype("bfloat16")
     a, b = np.ones(ROW, host), np.ones(ROW, host)
     combine = dtypes.reducer("bfloat16", "sum")
     step("python_us", lambda: {
         "y_plus_1": per_call_us(lambda: y8 + 1),
-        "one_kernel_call": per_call_us(lambda: arrival[0](inputs=[y8, advised._ctrl, tok], **arrival[1])),
-        "launch_8k_3_kernels": per_call_us(lambda: advised.launch(y8, "mean", MAX_ITERS, tok)),
-        "launch_64b_2_kernels": per_call_us(lambda: advised.launch(y64, "mean", MAX_ITERS, tok)),
+        "one_kernel_call": per_call_us(lambda: kernel(inputs=[y8, advised._ctrl, tok], **kwargs)),
+        "launch_8k": per_call_us(lambda: advised.launch(y8, "mean", MAX_ITERS, tok)),
+        "launch_64b": per_call_us(lambda: advised.launch(y64, "mean", MAX_ITERS, tok)),
         "gate_all_reduce_8k": per_call_us(lambda: side.all_reduce(y8, "mean", same, lambda fn: None), 1000),
         "params_array_as_before": per_call_us(lambda: mx.array([1, 8192, 1000, 4096], dtype=mx.uint32)),
         "host_bf16_reduce_8k_as_before": per_call_us(lambda: (combine(a, b, a), dtypes.finish_mean("bfloat16", a, 2))),
@@ -345,14 +344,14 @@ def cmd_profile(args) -> None:
     res["direct_1rank_available"] = gather is not None
     if gather is not None:
         solo = Gate(MlxBackend(cuda, ControlLayout(64 * 1024, 1), advise=cuda.advise_page),
-                    Config(fast_sync=True, gate_max_bytes=64 * 1024, fence_max_iters=MAX_ITERS))
+                    Config(fast_sync=True, gate_host_min_bytes=1, gate_max_bytes=64 * 1024, fence_max_iters=MAX_ITERS))
         solo.use_direct(gather)
         step("token_direct_8k", tokens, gated(solo), args.tokens, mx.bfloat16, ROW)
         step("token_direct_8k_pipelined", tokens, gated(solo), args.tokens, mx.bfloat16, ROW, True)
         step("token_direct_64b", tokens, gated(solo), args.tokens, mx.float32, 16)
         solo.check()
         solo.close()
-    prof = Gate(plain, Config(fast_sync=True, gate_max_bytes=64 * 1024, fence_max_iters=MAX_ITERS, gate_profile=True))
+    prof = Gate(plain, Config(fast_sync=True, gate_host_min_bytes=1, gate_max_bytes=64 * 1024, fence_max_iters=MAX_ITERS, gate_profile=True))
     step("token_gate_8k_profiled", tokens, gated(prof), 10, mx.bfloat16, ROW)
     service.submit(lambda: None).result(10)
     res["profile"] = prof.profile().summary()
@@ -415,7 +414,7 @@ def cmd_worker(args) -> None:
 
 def cmd_ranks(args) -> None:
     gpus = args.gpus.split(",") if args.gpus else [None] * args.world
-    host_mode = {"FASTCOLL_TUNING": "gate_direct=0"}  # the gate's host mode where the direct one would apply
+    host_mode = {"FASTCOLL_TUNING": "gate_direct=0,gate_host_min_bytes=1"}  # the gate's host mode where the direct one would apply
     runs = [("host", {"FASTCOLL_FAST_SYNC": "0"}), ("gate", {"FASTCOLL_FAST_SYNC": "1"}),
             ("gatehost", {"FASTCOLL_FAST_SYNC": "1", **host_mode}),
             ("gate_profile", {"FASTCOLL_FAST_SYNC": "1", "FASTCOLL_GATE_PROFILE": "1", **host_mode})]
@@ -491,7 +490,7 @@ def cmd_killworker(args) -> None:
 
 def cmd_kill(args) -> None:
     """A peer killed mid-token, in the gate's direct mode and in its host mode."""
-    for i, (tag, extra) in enumerate((("kill_direct", {}), ("kill_hostmode", {"FASTCOLL_TUNING": "gate_direct=0"}))):
+    for i, (tag, extra) in enumerate((("kill_direct", {}), ("kill_hostmode", {"FASTCOLL_TUNING": "gate_direct=0,gate_host_min_bytes=1"}))):
         port = 29900 + (os.getpid() % 50) + i
         procs = []
         for r in range(2):
@@ -530,7 +529,7 @@ def cmd_poll(args) -> None:
 
     def with_poll(spin_s: float) -> float:
         device = SimDevice(ControlLayout(4096))
-        gate = Gate(device, Config(fast_sync=True, gate_max_bytes=4096), poller=Poller(spin_s=spin_s))
+        gate = Gate(device, Config(fast_sync=True, gate_host_min_bytes=1, gate_max_bytes=4096), poller=Poller(spin_s=spin_s))
         service = SerialService()
         device.hold()  # the arrival does not come: the service thread polls throughout
         r = gate.all_reduce(mx.arange(8, dtype=mx.float32), "sum", same, service.submit)
@@ -608,13 +607,12 @@ def cmd_report(args) -> None:
                   f"{_f(s['token_no_gate']['eval_ms'], digits=2)}; with every gate released before the evaluation "
                   f"{_f(s['token_prereleased']['eval_ms'], digits=2)}.", "",
                   "Release latency, us (host store of RELEASE -> the spin's ACK / the next kernel running):", "",
-                  "| payload | reduced by | gates | missed | wrong | ACK median | p90 | p99 | next kernel median | p90 | p99 |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "| payload | gates | missed | wrong | ACK median | p90 | p99 | next kernel median | p90 | p99 |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for k, v in s.items():
             if isinstance(v, dict) and "continue_us" in v:
                 a, c = v["ack_us"], v["continue_us"]
-                lines.append(f"| {k.replace('release_', '').replace('_', ' ')} | "
-                             f"{'the spinning thread' if v['spin_reduces'] else 'fc_deliver'} | {v['gates']} | "
+                lines.append(f"| {k.replace('release_', '').replace('_', ' ')} | {v['gates']} | "
                              f"{v['missed']} | {v['wrong']} | {_f(a)} | {_f(a, 'p90')} | {_f(a, 'p99')} | "
                              f"{_f(c)} | {_f(c, 'p90')} | {_f(c, 'p99')} |")
         f = s["fresh_submission"]
@@ -638,7 +636,7 @@ def cmd_report(args) -> None:
             lines += ["", "Per gate on the service thread (one rank, 8 KiB bf16, median / p90, us): " + ", ".join(
                 f"{k.replace('_us', '').replace('_', ' ')} {_f(p[k])} / {_f(p[k], 'p90')}"
                 for k in ("arrival_us", "exchange_us", "host_us", "release_us", "spin_iters")) + "."]
-    for prefix in sorted({p.stem.rsplit("_", 1)[0] for p in d.glob("*_host.json")}):
+    for prefix in sorted({p.stem.rsplit("_", 1)[0] for p in d.glob("gate_*_host.json")}):  # not decode_bench's
         host, gate, prof = load(f"{prefix}_host"), load(f"{prefix}_gate"), load(f"{prefix}_gate_profile")
         gh = load(f"{prefix}_gatehost") or {}
         if not (host and gate):

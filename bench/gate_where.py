@@ -269,7 +269,7 @@ def cmd_kinds(args) -> None:
 # ------------------------------------------------------------------------------------------------
 # the gate's kernels, stamped
 
-GATE_KINDS = {"arrival": 1, "release": 2, "release_wait": 3, "deliver": 4}
+GATE_KINDS = {"gate": 5}  # fc_gate, a gate's one kernel (before NOTES 33: arrival 1, release 2-3, deliver 4)
 
 
 def stamp_gate_kernels(trace: Trace) -> None:
@@ -287,34 +287,14 @@ def stamp_gate_kernels(trace: Trace) -> None:
 
 def gate_timeline(trace: Trace) -> dict:
     """Per gate, from the stamps of the last token: each kernel's duration and the gaps."""
-    a = trace.stamps(GATE_KINDS["arrival"])
-    w = trace.stamps(GATE_KINDS["release_wait"])
-    d = trace.stamps(GATE_KINDS["deliver"])
-    one = trace.stamps(GATE_KINDS["release"])
-    out: dict = {"gates": int(a.shape[0])}
-    if a.shape[0] == 0:
-        return out
-    us = lambda v: stats(np.asarray(v) / 1e3)
-    out["arrival_us"] = us(a[:, 1] - a[:, 0])
-    if w.shape[0] == a.shape[0] and d.shape[0] == a.shape[0]:
-        out["wait_us"] = us(w[:, 1] - w[:, 0])
-        out["deliver_us"] = us(d[:, 1] - d[:, 0])
-        out["arrival_to_wait_us"] = us(w[:, 0] - a[:, 1])
-        out["wait_to_deliver_us"] = us(d[:, 0] - w[:, 1])
-        out["deliver_to_next_arrival_us"] = us(a[1:, 0] - d[:-1, 1])
-        out["gate_us"] = us(d[:, 1] - a[:, 0])
-        last = d
-    elif one.shape[0] == a.shape[0]:
-        out["release_us"] = us(one[:, 1] - one[:, 0])
-        out["arrival_to_release_us"] = us(one[:, 0] - a[:, 1])
-        out["release_to_next_arrival_us"] = us(a[1:, 0] - one[:-1, 1])
-        last = one
-    else:
-        return out
-    out["span_ms"] = float((last[-1, 1] - a[0, 0]) / 1e6)
-    out["first_ns"] = int(a[0, 0])
-    out["raw_first_8"] = {"arrival": a[:8].tolist(), "last": last[:8].tolist()}
-    return out
+    whole = trace.stamps(GATE_KINDS["gate"])
+    if whole.shape[0]:
+        us = lambda v: stats(np.asarray(v) / 1e3)
+        return {"gates": int(whole.shape[0]), "gate_us": us(whole[:, 1] - whole[:, 0]),
+                "gate_to_next_gate_us": us(whole[1:, 0] - whole[:-1, 1]),
+                "span_ms": float((whole[-1, 1] - whole[0, 0]) / 1e6), "first_ns": int(whole[0, 0]),
+                "raw_first_8": {"gate": whole[:8].tolist()}}
+    return {"gates": 0}
 
 
 def traced_tokens(trace: Trace, build, n: int, dtype, row: int, pipelined: bool = False) -> dict:
@@ -342,7 +322,7 @@ def cmd_gate(args) -> None:
     trace = Trace()
     stamp_gate_kernels(trace)
     res: dict = machine()
-    cfg = Config(fast_sync=True, gate_max_bytes=64 * 1024, fence_max_iters=MAX_ITERS)
+    cfg = Config(fast_sync=True, gate_host_min_bytes=1, gate_max_bytes=64 * 1024, fence_max_iters=MAX_ITERS)
     layout = ControlLayout(64 * 1024, 1)
 
     def step(name, fn, *a):
@@ -404,13 +384,6 @@ def cmd_gate(args) -> None:
         step("direct_64b", traced_tokens, trace, gated(solo), args.tokens, mx.float32, 16)
         solo.check()
         solo.close()
-        # The same 64-byte gates reduced by the spinning thread itself (one kernel fewer).
-        spin = Gate(MlxBackend(cuda, ControlLayout(64 * 1024, 1), advise=cuda.advise_page, spin_copy_max_bytes=256), cfg)
-        spin.use_direct(direct.setup(lambda what, values: np.array([values], dtype=np.int64), 0, 1, 64 * 1024,
-                                     cuda.share_host_memory))  # solo's was closed with it
-        step("direct_64b_spin_reduces", traced_tokens, trace, gated(spin), args.tokens, mx.float32, 16)
-        spin.check()
-        spin.close()
     host.check()
     host.close()
     service.close()
@@ -445,7 +418,7 @@ def cmd_rank(args) -> None:
 
 
 def cmd_ranks(args) -> None:
-    runs = {"direct": {}, "hostmode": {"FASTCOLL_TUNING": "gate_direct=0"}}
+    runs = {"direct": {}, "hostmode": {"FASTCOLL_TUNING": "gate_direct=0,gate_host_min_bytes=1"}}
     for i, tag in enumerate(args.modes.split(",")):
         extra = runs[tag]
         port = 29500 + (os.getpid() % 200) + i

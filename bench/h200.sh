@@ -2,10 +2,11 @@
 # The fence gate's runs on one NVIDIA H200 (docs/gate.md): starts CUDA MPS so that two ranks can
 # share the GPU, then runs the parts named, each bounded, writing JSON into OUT.
 #
-#   bash bench/h200.sh OUT tests where profile ranks decode kill
+#   bash bench/h200.sh OUT tests where profile ranks decode kill pyspy
 #
 # On the lent GPU machine, after `bash .device/b/install.sh` (see docs/gate.md) and with
-# PYTHONPATH=/tmp/site:$PWD. `before ROOT` runs the previous version's benchmark from ROOT.
+# PYTHONPATH=/tmp/site:$PWD. `before ROOT` runs the previous version's benchmark from ROOT; `pyspy`
+# samples decode with py-spy --native (PYSPY names its binary).
 set -u
 out=$1
 shift
@@ -30,10 +31,13 @@ while [ $# -gt 0 ]; do
       tests/test_gate_kernels.py tests/test_gate_direct.py ;;
     profile) mps off; run 300 python3 bench/gate_bench.py profile --out "$out" ;;
     kill) mps on; run 200 python3 bench/gate_bench.py kill --out "$out" ;;
-    ranks) mps on; run 400 python3 bench/gate_bench.py ranks --world 2 --gpus 0,0 --tokens 20 --out "$out" ;;
+    ranks) mps on; run 400 python3 bench/gate_bench.py ranks --world 2 --gpus 0,0 --tokens 20 --out "$out" \
+      ${RANKS_ROWS:+--rows "$RANKS_ROWS"} ;;
     where) mps off; run 200 python3 bench/gate_where.py gate --out "$out" ;;
     decode) mps on; run 400 env DECODE_HOST_TIMES=1 DECODE_HOST_COSTS=1 python3 bench/decode_bench.py --shape 8b \
-      --runs single,host,gate,gate_watch1 --tokens 48 --out "$out" ;;
+      --runs single,host,gate,gate_pinned --tokens "${DECODE_TOKENS:-48}" --out "$out" ;;
+    pyspy) mps on; run 300 env DECODE_PYSPY="${PYSPY:-py-spy}" DECODE_PYSPY_NATIVE=1 python3 bench/decode_bench.py \
+      --shape 8b --runs single,gate --tokens 1000 --out "$out/pyspy" ;;
     before)
       shift
       mps on

@@ -27,6 +27,10 @@ MAX_TIMEOUT = 1e9
 DEFAULT_FENCE_MAX_ITERS = 50_000_000
 # 16 KiB: a 64 KiB gate's copy-out alone took ~190 us on an H200 (docs/gate.md).
 DEFAULT_GATE_MAX_BYTES = 16 * 1024
+# The gate's host mode (ranks on several hosts, or no direct mode) moves every gate's bytes on the
+# service thread, which for 64-byte rows cost more than the host path (two ranks on one H200:
+# 8.48 against 7.26 ms per token of 64); from 256 bytes on it cost half or less (bench/NOTES.md 34).
+DEFAULT_GATE_HOST_MIN_BYTES = 256
 
 # Algorithm thresholds, measured with `python bench/crossover.py [--world 4]` (2-core Linux box,
 # TCP on localhost, median us per all-reduce, direct / ring). Two ranks: 4 KiB 51/93, 256 KiB
@@ -93,6 +97,8 @@ class Config:
     # How often the direct mode's watcher looks at its peers, in ms: each look takes the GIL from
     # the thread that builds the next token, so not more often than a failure needs noticing.
     gate_watch_ms: int = 5
+    # The smallest all-reduce the gate takes in its host mode (the direct mode takes every size).
+    gate_host_min_bytes: int = DEFAULT_GATE_HOST_MIN_BYTES
     spin_reads: int = DEFAULT_SPIN_READS
     yield_reads: int = DEFAULT_YIELD_READS
 
@@ -150,7 +156,7 @@ class Config:
 
 
 TUNING = ("direct_max_bytes", "direct_max_bytes_two_ranks", "piece_bytes", "doubling", "gate_direct",
-          "gate_watch_ms", "spin_reads", "yield_reads")
+          "gate_watch_ms", "gate_host_min_bytes", "spin_reads", "yield_reads")
 
 
 def _tuning(text: str) -> dict:

@@ -54,6 +54,7 @@ def ranks(timeout: float = 30.0, max_iters: int = 10**9, share=None, alive=None,
         env = {"FASTCOLL_RANK": str(r), "FASTCOLL_WORLD_SIZE": str(N), "FASTCOLL_TUNING": tuning,
                "FASTCOLL_COORDINATOR": "127.0.0.1:1"}  # (never dialled: the gates alone)
         config = dataclasses.replace(Config.from_env(env), fast_sync=True, gate_max_bytes=4096, timeout=timeout,
+                                     gate_host_min_bytes=1,
                                      fence_max_iters=max_iters)
         device = SimDevice(ControlLayout(4096, N))
         devices.append(device)

@@ -28,7 +28,7 @@ pytestmark = [
 def gate():
     from fastcoll.gate import probe
 
-    g = probe(Config(fast_sync=True, gate_max_bytes=64 * 1024, fence_max_iters=50_000_000))
+    g = probe(Config(fast_sync=True, gate_host_min_bytes=1, gate_max_bytes=64 * 1024, fence_max_iters=50_000_000))
     assert g is not None, "a GPU is present but probe() returned None (see the log)"
     yield g
     g.close()

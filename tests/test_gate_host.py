@@ -31,7 +31,7 @@ RANKS = 2  # the gates here play rank 0 of two
 
 
 def make(max_bytes=4096, max_iters=10**9, start_seq=1, profile=False, poller=None, timeout=30.0):
-    config = Config(world_size=RANKS, fast_sync=True, fence_max_iters=max_iters, gate_max_bytes=max_bytes,
+    config = Config(world_size=RANKS, fast_sync=True, gate_host_min_bytes=1, fence_max_iters=max_iters, gate_max_bytes=max_bytes,
                     gate_profile=profile, timeout=timeout)
     device = SimDevice(ControlLayout(max_bytes, RANKS))
     gate = Gate(device, config, start_seq=start_seq, poller=poller)

@@ -18,11 +18,11 @@ from fastcoll.gate.layout import ControlLayout
 
 LAYOUT = ControlLayout(16 * 1024, 2)
 
-BODIES = ["arrival", "release", "release_wait", "deliver", "mark"]
+BODIES = ["gate", "mark"]
 # What a prelude must define for the shared body.
 PRIMITIVES = {"fc_load", "fc_store", "fc_load_relaxed", "fc_store_relaxed", "fc_fence", "fc_barrier",
               "fc_copy_in", "fc_mailbox_at", "fc_div"}
-MACROS = {"FC_DEVICE", "FC_OUT", "FC_X_SPACE", "FC_WORDS", "FC_BYTES"}
+MACROS = {"FC_DEVICE", "FC_OUT", "FC_X_SPACE", "FC_WORDS", "FC_BYTES", "FC_SHARED"}
 
 
 @pytest.mark.parametrize("name", BODIES)
@@ -98,7 +98,6 @@ class _Recorder:
     LANGUAGE = "recorder"
     THREAD_INDEX = cuda.THREAD_INDEX
     X_SPACES = ("",)
-    SPIN_COPY_MAX_BYTES = 256  # both reduction paths: the spinning thread's and fc_deliver's
 
     def __init__(self):
         self.launches: list[tuple[str, dict]] = []
@@ -119,26 +118,29 @@ class _Recorder:
         return run
 
 
-@pytest.mark.parametrize("nbytes", [64, 8192])
-def test_release_kernels_are_one_thread_in_one_threadgroup(nbytes):
+@pytest.mark.parametrize("nbytes", [2, 64, 8192])
+def test_a_gate_is_one_kernel_of_one_threadgroup_whose_thread_0_alone_spins(nbytes):
     import mlx.core as mx
 
     from fastcoll.gate.mlx_backend import MlxBackend
 
     lang = _Recorder()
     backend = MlxBackend(lang, LAYOUT)
-    x = mx.zeros((nbytes // 2,), dtype=mx.bfloat16)
-    backend.launch(x, "sum", 1000, backend.initial_token(0))
-    names = [name for name, _ in lang.launches]
-    spins = [kw for name, kw in lang.launches if name.startswith(("fastcoll_gate_release"))]
-    assert len(spins) == 1, names
-    assert spins[0]["grid"] == (1, 1, 1) and spins[0]["threadgroup"] == (1, 1, 1)
-    # Only the spin kernel takes the bound; nothing per gate travels as an array of its own.
-    for name, kw in lang.launches:
-        assert ("MAX_ITERS", 1000) in kw["template"] or not name.startswith("fastcoll_gate_release"), name
-    assert names[0] == "fastcoll_gate_arrival"
-    assert names[-1] == ("fastcoll_gate_release" if nbytes * LAYOUT.ranks <= backend.spin_copy_max_bytes
-                         else "fastcoll_gate_deliver")
+    x = mx.zeros((1, nbytes // 2), dtype=mx.bfloat16)
+    out, token = backend.launch(x, "sum", 1000, backend.initial_token(0))
+    assert [name for name, _ in lang.launches] == ["fastcoll_gate_gate"]
+    kw = lang.launches[0][1]
+    assert kw["grid"] == kw["threadgroup"]  # one threadgroup
+    assert ("MAX_ITERS", 1000) in kw["template"] and ("COUNT", nbytes // 2) in kw["template"]
+    # Nothing per gate travels as an array of its own: x, the control page, the previous token.
+    assert len(kw["inputs"]) == 3
+    assert kw["output_shapes"] == [(1, nbytes // 2), (4,)]  # the result keeps x's shape
+    body = kernels.source(cuda, "gate")[2]
+    spin = body.index("fc_wait(")
+    guard = body.rindex("if (tid == 0) {", 0, spin)
+    assert "}" not in body[guard:spin]  # the spin is inside thread 0's block, and nobody else's
+    assert body.count("fc_wait(") == 1
+    assert body.index("fc_barrier()", spin) < body.index("fc_reduce<", spin)  # all reduce after the spin
 
 
 _CUDA_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
@@ -153,7 +155,7 @@ def _mlx_cuda_source(gather=None, only: str | None = None) -> str:
 
     header = kernels.header(cuda, "", LAYOUT, 1, gather, 0x7F0000001000 if gather else 0)
     if only is not None:
-        header = kernels.compiled(header, kernels.source(cuda, only)[2])
+        header = kernels.compiled(header, kernels.source(cuda, only)[2], direct=gather is not None)
     parts = ["#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cstdint>\n",
              header, "namespace mlx::core::cu {\n"]
     n = 0
@@ -162,15 +164,16 @@ def _mlx_cuda_source(gather=None, only: str | None = None) -> str:
             if only is not None and (name, op) != ("bfloat16", "mean"):  # the header is what differs
                 continue
             for which, consts in (
-                ("arrival", {"NBYTES": 8192, "SIG": 12345}),
-                ("release", {"COUNT": 16, "OP": code, "MAX_ITERS": 1000, "SIG": 12345}),
-                ("release_wait", {"MAX_ITERS": 1000, "SIG": 12345}),
-                ("deliver", {"COUNT": 4096, "OP": code}),
+                ("gate", {"COUNT": 4096, "OP": code, "MAX_ITERS": 1000, "SIG": 12345}),
+                ("gate", {"COUNT": 5, "OP": code, "MAX_ITERS": 1000, "SIG": 12345}),  # not 16-byte units
+                ("mark", {}),
             ):
                 if only is not None and which != only:
                     continue
                 inputs, outputs, body = kernels.source(cuda, which)
-                types = {"x": f"const {ctype}*", "out": f"{ctype}*"}
+                if only is not None:  # as MlxBackend passes it: comments, indentation and the
+                    body = kernels.compiled(body, direct=gather is not None)  # other mode gone
+                types = {"x": f"const {ctype}*", "dep": f"const {ctype}*", "out": f"{ctype}*"}
                 args = [f"{types.get(i, 'const uint32_t*')} {i}" for i in inputs]
                 args += [f"{types.get(o, 'uint32_t*')} {o}" for o in outputs]
                 lines = [f"  using T = {ctype};"] + [f"  constexpr int {k} = {v};" for k, v in consts.items()]
@@ -212,7 +215,7 @@ def test_cuda_kernels_compile_each_with_its_own_header(tmp_path, mode):
         pytest.skip("nvcc is not installed: the CUDA kernels are compiled on the GPU machine only")
     gather = GatherLayout(16 * 1024, 2) if mode == "direct" else None
     parts = []
-    for which in ("arrival", "release", "release_wait", "deliver"):
+    for which in BODIES:
         lines = _mlx_cuda_source(gather, only=which).splitlines()
         parts[:0] = [line for line in lines if line.startswith("#include") and line not in parts]
         body = "\n".join(line for line in lines if not line.startswith("#include"))
@@ -227,36 +230,36 @@ def test_cuda_kernels_compile_each_with_its_own_header(tmp_path, mode):
 @pytest.mark.parametrize("lang,direct", [(cuda, False), (cuda, True), (metal, False)])
 @pytest.mark.parametrize("name", BODIES)
 def test_each_kernel_gets_the_helpers_it_reaches(lang, name, direct):
-    """A kernel's header is cut to the functions its body reaches (MLX copies and hashes it at
-    every call): every function the body or a kept helper calls is still defined, in the order of
-    the full header, and the other functions are gone."""
+    """A kernel's header is cut to the functions and FC_ macros its body reaches in its mode
+    (MLX copies and hashes it at every call): every function the body or a kept helper calls is
+    still defined, and every FC_ name used, in the order of the full header; the rest is gone."""
     from fastcoll.gate.layout import GatherLayout
 
     gather = GatherLayout(16 * 1024, 2) if direct else None
     header = kernels.header(lang, lang.X_SPACES[0], LAYOUT, 0, gather, 0x7F0000001000 if direct else 0)
-    body = kernels.source(lang, name)[2]
-    full = kernels.compiled(header).splitlines()
-    cut = kernels.compiled(header, body).splitlines()
+    body = kernels.compiled(kernels.source(lang, name)[2], direct=direct)
+    full = kernels.compiled(header, direct=direct).splitlines()
+    cut = kernels.compiled(header, body, direct=direct).splitlines()
     assert len(cut) < len(full)
     it = iter(full)
     assert all(line in it for line in cut)  # a subsequence: nothing reordered or rewritten
-    text = _preprocessed("\n".join(cut) + body, direct)
+    text = "\n".join(cut) + body
+    assert "#if FC_DIRECT" not in text and "#else" not in text  # resolved for the mode
     defined = set(_functions(text))
     called = set(re.findall(r"\b(fc_\w+)\s*[<(]", text)) - {"fc_bits"}  # Metal's trait type
     assert called <= defined, sorted(called - defined)
-    assert set(_functions("\n".join(full))) - defined, "nothing was cut"
+    macros = _defines(text)
+    used = set(re.findall(r"\bFC_\w+", text)) - {"FC_DIRECT"}
+    assert used <= macros, sorted(used - macros)
+    assert "FC_DIRECT" in macros  # kept, for a body not resolved for its mode
+    assert set(_functions("\n".join(full))) - defined or _defines("\n".join(full)) - macros, "nothing was cut"
 
 
-def _preprocessed(text: str, direct: bool) -> str:
-    """text as the compiler sees it with FC_DIRECT = direct (the body's #if blocks do not nest)."""
-    out, keep = [], True
-    for line in text.splitlines():
-        if line.startswith("#if FC_DIRECT"):
-            keep = direct
-        elif line.startswith("#else") and line.strip() == "#else":
-            keep = not direct
-        elif line.startswith("#endif"):
-            keep = True
-        elif keep:
-            out.append(line)
-    return "\n".join(out)
+def test_the_mode_is_resolved_as_the_compiler_would():
+    lines = ["a", "#if FC_DIRECT", "direct", "#else", "host", "#endif", "#ifndef X", "#if FC_DIRECT",
+             "d2", "#endif", "#endif", "b"]
+    assert kernels.preprocessed(lines, True) == ["a", "direct", "#ifndef X", "d2", "#endif", "b"]
+    assert kernels.preprocessed(lines, False) == ["a", "host", "#ifndef X", "#endif", "b"]
+    assert kernels.compiled("  x = 1;  // why\n\n  // a comment\n#define FC_Y 2u\n") == "x = 1;\n#define FC_Y 2u\n"
+
+

@@ -21,7 +21,7 @@ OPS = ["sum", "prod", "min", "max", "mean", "median"]
 
 
 def gate(max_bytes: int) -> Gate:
-    config = Config(fast_sync=True, gate_max_bytes=max_bytes)
+    config = Config(fast_sync=True, gate_host_min_bytes=1, gate_max_bytes=max_bytes)
     return Gate(SimDevice(ControlLayout(max_bytes), start=False), config)
 
 
@@ -51,17 +51,39 @@ def test_threshold_and_exclusions():
     assert g.accepts(mx.zeros((8,), mx.bfloat16), "mean")
 
 
+def test_the_host_mode_leaves_small_all_reduces_to_the_host_path_and_the_direct_mode_takes_them():
+    import types
+
+    config = Config(fast_sync=True, gate_max_bytes=8192)  # the default gate_host_min_bytes
+    g = Gate(SimDevice(ControlLayout(8192), start=False), config)
+    small = mx.zeros((config.gate_host_min_bytes // 4 - 1,), mx.float32)
+    enough = mx.zeros((config.gate_host_min_bytes // 4,), mx.float32)
+    assert not g.accepts(small, "sum") and g.accepts(enough, "sum")
+    with pytest.raises(ValueError, match="does not take"):
+        g.all_reduce(small, "sum")
+    # The direct mode (every rank of one host, decided by all of them at once) takes every size.
+    g._backend.use_gather = lambda *a: None
+    g.use_direct(types.SimpleNamespace(address=0, layout=None, rank=0, close=lambda: None),
+                 alive=lambda pid: True)
+    try:
+        assert g.accepts(small, "sum") and g.accepts(enough, "sum")
+    finally:
+        g._watcher.stop()
+
+
 def test_rule_reads_only_shape_dtype_op_and_threshold():
     assert gate_accepts((4096,), "bfloat16", "sum", 8192)
     assert not gate_accepts((4097,), "bfloat16", "sum", 8192)
     assert gate_accepts((2, 2048), "bfloat16", "sum", 8192)
+    assert not gate_accepts((511,), "bfloat16", "sum", 8192, min_bytes=1024)
+    assert gate_accepts((512,), "bfloat16", "sum", 8192, min_bytes=1024)
 
 
 def test_probe_falls_back_without_a_gpu():
     # This machine has no Metal or CUDA GPU: probe must say None, not raise.
     if mx.metal.is_available() or (hasattr(mx, "cuda") and mx.cuda.is_available()):
         pytest.skip("a GPU is present here; tests/test_gate_gpu.py covers it")
-    assert probe(Config(fast_sync=True)) is None
+    assert probe(Config(fast_sync=True, gate_host_min_bytes=1)) is None
 
 
 class _SilentGpu:
@@ -71,7 +93,6 @@ class _SilentGpu:
     LANGUAGE = "silent"
     THREAD_INDEX = ("threadIdx.x", "blockDim.x")
     X_SPACES = ("",)
-    SPIN_COPY_MAX_BYTES = 0
 
     def __init__(self, broken: bool = False):
         self.broken = broken
@@ -110,7 +131,7 @@ def test_a_gpu_whose_gate_cannot_run_warns_and_keeps_the_host_path(monkeypatch, 
     monkeypatch.setattr(backends, "BACKENDS", {"silent": "(a test's)"})
     monkeypatch.setattr(backends, "language", lambda name: _SilentGpu(broken))
     with pytest.warns(RuntimeWarning, match=f"fastcoll: the silent fence gate {why}"):
-        assert probe(Config(fast_sync=True)) is None
+        assert probe(Config(fast_sync=True, gate_host_min_bytes=1)) is None
 
 
 def test_probe_is_off_by_default():
@@ -119,9 +140,9 @@ def test_probe_is_off_by_default():
 
 def test_gate_max_bytes_must_fit_the_mailboxes():
     with pytest.raises(ValueError):
-        Gate(SimDevice(ControlLayout(1024), start=False), Config(fast_sync=True, gate_max_bytes=4096 * 2))
+        Gate(SimDevice(ControlLayout(1024), start=False), Config(fast_sync=True, gate_host_min_bytes=1, gate_max_bytes=4096 * 2))
     with pytest.raises(ValueError, match="slots"):  # a receive slot for every rank
-        Gate(SimDevice(ControlLayout(4096, 2), start=False), Config(world_size=3, fast_sync=True, gate_max_bytes=4096))
+        Gate(SimDevice(ControlLayout(4096, 2), start=False), Config(world_size=3, fast_sync=True, gate_host_min_bytes=1, gate_max_bytes=4096))
 
 
 def test_only_float_dtypes_take_the_gate():

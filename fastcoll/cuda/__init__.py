@@ -17,11 +17,6 @@ from typing import Any, Callable
 LANGUAGE = "cuda"
 THREAD_INDEX = ("threadIdx.x", "blockDim.x")
 X_SPACES = ("",)  # one address space
-# Every payload goes through fc_deliver (a threadgroup), never the spinning thread alone: across
-# PCIe one thread's loads of the receive slots wait on each other, which cost more than the extra
-# kernel (two ranks, 64-byte gates: 6.14 ms per token of 64 through fc_release, 3.82 ms through
-# fc_release_wait and fc_deliver; bench/NOTES.md 28).
-SPIN_COPY_MAX_BYTES = 0
 
 
 @lru_cache(maxsize=1)

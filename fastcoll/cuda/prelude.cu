@@ -36,10 +36,14 @@ FC_DEVICE void fc_fence() {
   __threadfence_system();
 }
 
-// The threads of the one threadgroup meet here.
+// The threads of the one threadgroup meet here; their earlier accesses to memory of every kind
+// are ordered before their later ones.
 FC_DEVICE void fc_barrier() {
   __syncthreads();
 }
+
+// A variable that every thread of the threadgroup shares.
+#define FC_SHARED __shared__
 
 // Copy count units as thread tid of nthreads. CUDA: each thread loads FC_BATCH units before it
 // stores them, so that one thread keeps FC_BATCH loads in flight.

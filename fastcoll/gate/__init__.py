@@ -1,7 +1,7 @@
 """The fence gate: small all-reduces that do not stop the GPU (docs/gate.md).
 
-The GPU publishes "arrived" (fc_arrival), the service thread exchanges with the peers and publishes
-"released", and a one-thread kernel spinning on that word (fc_release) lets the GPU continue. This
+Each gate is one kernel (fc_gate): the GPU publishes "arrived", the service thread exchanges with
+the peers and publishes "released", and the kernel's one spinning thread lets the GPU continue. This
 package is the gate's host half, shared by every GPU: `gate` (what the core calls), `host` (the
 handshake on the service thread), `layout` and `page` (the control page), `poll`, `seq`,
 `select` (which all-reduces take the gate), `profile`, `kernels` (the one kernel body every GPU

@@ -12,10 +12,10 @@ from fastcoll.gate.layout import ControlLayout
 class DeviceBackend(Protocol):
     """A GPU (or a thread playing one) that runs the gate's kernels (fastcoll/gate/kernels.py).
 
-    `launch` enqueues, lazily, the arrival-publish kernel (x -> send mailbox, then ARRIVAL = seq,
-    seq being the previous token's plus one), the release spin, and the reduction of the receive
-    mailbox into the result. The arrival kernel takes `after`, the previous gate's token, as an
-    input, so gates run on the device strictly in issue order and never share the mailboxes.
+    `launch` enqueues, lazily, the gate's kernel: x -> send mailbox, then ARRIVAL = seq (the
+    previous token's plus one), the release spin, and the reduction of the receive mailbox into
+    the result. It takes `after`, the previous gate's token, as an input, so gates run on the
+    device strictly in issue order and never share the mailboxes.
     """
 
     name: str

@@ -4,13 +4,13 @@ host moves a byte per gate.
 Where every rank of a job is on one host and its GPU backend can reach another process's memory
 (CUDA, through cudaHostRegister), rank 0 creates a gather segment (POSIX shared memory, laid out
 as layout.GatherLayout) and the others attach it; each registers it with its GPU and writes the
-segment's GPU-visible address into its control page. From then on each gate's kernels (the
-shared body's FC_DIRECT paths, fastcoll/gate/kernels.py) work across the ranks by themselves:
+segment's GPU-visible address into the kernels. From then on each gate's kernel (fc_gate, the
+shared body's FC_DIRECT paths, fastcoll/gate/kernels.py) works across the ranks by itself:
 
-    fc_arrival        x -> this rank's slot of the segment's set (seq & 1); SIG, then FLAG = seq
-    fc_release_wait   one thread spins until every rank's FLAG reaches seq (or RELEASE, the host's
-                      abort); then every rank's SIG must be this rank's (else: a mismatch)
-    fc_deliver        every rank's slot reduced, in rank order, into the result
+    its threads       x -> this rank's slot of the segment's set (seq & 1); SIG, then FLAG = seq
+    thread 0 alone    spins until every rank's FLAG reaches seq (or RELEASE, the host's abort);
+                      then every rank's SIG must be this rank's (else: a mismatch)
+    its threads       every rank's slot reduced, in rank order, into the result
 
 The host half only supervises, from a thread of its own (`Watcher`), while gates are in flight:
 a peer whose process is gone (each rank's PID is in its line of the segment) is PeerLostError, a

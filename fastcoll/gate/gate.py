@@ -20,6 +20,7 @@ from fastcoll.gate.seq import seq_add
 log = logging.getLogger("fastcoll.gate")
 
 Submit = Callable[[Callable[[], None]], Any]
+ACCEPTED_MAX = 1024  # kinds of all-reduce whose accepts() answer a Gate remembers
 
 
 class Gate:
@@ -43,6 +44,7 @@ class Gate:
                              f"{config.world_size} ranks")
         self._backend = backend
         self._max_bytes = config.gate_max_bytes
+        self._min_bytes = config.gate_host_min_bytes  # in the host mode; the direct mode takes any size
         self._max_iters = max(1, min(config.fence_max_iters, L.MAX_ITERS_LIMIT))
         self._profile = GateProfile() if config.gate_profile else None
         self._host = HostHalf(
@@ -53,6 +55,7 @@ class Gate:
         self._timeout = config.timeout
         self._direct_allowed = config.gate_direct
         self._watch_s = max(config.gate_watch_ms, 1) / 1000
+        self._accepted: dict[tuple, bool] = {}  # (shape, dtype, op) -> accepts()
         self._gather = None  # the direct mode's segment (fastcoll/gate/direct.py), once set up
         self._watcher = None
         self._closed = False
@@ -82,6 +85,8 @@ class Gate:
 
         self._backend.use_gather(gather.address, gather.layout, gather.rank)
         self._gather = gather
+        self._min_bytes = 0
+        self._accepted.clear()
         self._host.direct = True
         self._watcher = direct.Watcher(self._host, gather, self._timeout, alive, nap_s=self._watch_s)
 
@@ -101,13 +106,18 @@ class Gate:
 
     def accepts(self, x: Any, op: str) -> bool:
         """Whether all_reduce(x, op) takes the gate: x an mx.array of a supported dtype whose
-        nbytes <= gate_max_bytes, op one of sum/prod/min/max/mean (fastcoll/gate/select.py).
+        nbytes <= gate_max_bytes (and, in the host mode, >= gate_host_min_bytes), op one of
+        sum/prod/min/max/mean (fastcoll/gate/select.py).
         Depends only on x's shape and dtype, op and init-fixed config, so every rank decides alike."""
-        shape = getattr(x, "shape", None)
-        dtype = getattr(x, "dtype", None)
-        if shape is None or dtype is None or not _is_mx_array(x):
+        if not _is_mx_array(x):
             return False
-        return gate_accepts(shape, dtype_name(dtype), op, self._max_bytes)
+        key = (x.shape, x.dtype, op)  # asked twice per gated call: a dict, not the rule each time
+        ok = self._accepted.get(key)
+        if ok is None:
+            ok = gate_accepts(key[0], dtype_name(key[1]), op, self._max_bytes, self._min_bytes)
+            if len(self._accepted) < ACCEPTED_MAX:  # a model repeats a handful of shapes
+                self._accepted[key] = ok
+        return ok
 
     def all_reduce(self, x: Any, op: str, exchange: Exchange | None = None, submit: Submit | None = None) -> Any:
         """A lazy result of x's shape and dtype whose graph holds the gate's kernels.

@@ -7,7 +7,7 @@
 
 The one rule: the GPU is never left waiting. Whatever goes wrong (a peer lost, a timeout, a
 mismatch, a bug, the gate closed), RELEASE is still stored, with an error STATUS, for every gate
-issued so far; the release kernel then writes all-ones bytes (NaN in every float type) instead of
+issued so far; the gate's kernel then writes all-ones bytes (NaN in every float type) instead of
 data, and the error is recorded here and raised to the caller at its next fastcoll call or
 `check()`. A spin that hits its iteration bound sets SPIN_FAILED on the GPU, which `check()`
 turns into CollectiveTimeoutError the same way. Errors are sticky: once one is recorded, every

@@ -9,6 +9,7 @@ drift. The prelude gives:
     FC_WORDS(p), FC_BYTES(p)          the control page as words or bytes (MLX passes it as input)
     fc_load(p), fc_store(p, v)        system-scope acquire load, release store of a control word
     fc_fence(), fc_barrier()          system-scope fence of this thread's stores; threadgroup barrier
+    FC_SHARED                         a variable every thread of the threadgroup shares
     fc_load_relaxed, fc_store_relaxed  the same, atomic but ordering nothing around them
     fc_copy_in(dst, x, n, tid, nt)    x (n bytes) into the send mailbox, as thread tid of nt
     fc_mailbox_at<T>(base, i)         element i of a receive-mailbox slot, as a T
@@ -18,16 +19,21 @@ and the two expressions that read a thread's index (THREAD_INDEX in the backend'
 `header(lang, space)` and `source(lang, name)` assemble what mx.fast.metal_kernel or
 mx.fast.cuda_kernel compiles. The load-bearing properties from the seed (docs/gate.md): both
 kernels reach the control page only through system-scope accesses; the release spin is one thread
-in one threadgroup, with no backoff and no chunking, bounded by FASTCOLL_FENCE_MAX_ITERS.
+of one threadgroup, with no backoff and no chunking, bounded by FASTCOLL_FENCE_MAX_ITERS.
 
-A gate is three kernels in the caller's graph (two where the backend's SPIN_COPY_MAX_BYTES allows):
+A gate is one kernel in the caller's graph, of one threadgroup:
 
-    fc_arrival (one threadgroup)    x -> send mailbox; ARRIVAL = the previous token's seq + 1
-    fc_release_wait (one thread)    spin until RELEASE reaches seq
-    fc_deliver (one threadgroup)    reduce the receive mailbox's slots (every rank's x, which the
-                                    host gathered) into the result, in rank order
-  or, small:
-    fc_release (one thread)         the spin, then the reduction by the spinning thread
+    fc_gate    its threads copy x into this rank's slot (the send mailbox; in the direct mode
+               the gather segment); thread 0 publishes ARRIVAL (the previous token's seq + 1)
+               and alone spins until the gate is released, while the others wait at a barrier;
+               then all of them reduce every rank's slot (which the host gathered, or the peers'
+               GPUs wrote) into the result, in rank order
+
+The seed's spin kernel is one thread in one threadgroup because each further threadgroup slows a
+saturated GPU (one costs 4%, two 21%, four 61%) while "threads within a threadgroup are free";
+fc_gate keeps the one threadgroup and the one spinning thread, and puts the copy and the
+reduction that were kernels of their own (arrival, deliver) into the same threadgroup, so that
+the caller's graph holds one node per gate instead of three (bench/NOTES.md 33).
 
 The host only moves bytes: the reduction runs on the GPU, in float, rounded to the dtype after
 every rank as the host path rounds it.
@@ -150,10 +156,24 @@ FC_DEVICE fc_bytes_t fc_own_slot(fc_words_t words, fc_uint seq, fc_uint nbytes) 
 #endif
 }
 
+// Publish this rank's arrival at gate seq with system-scope release stores, once x is in its
+// slot: in the direct mode the gate's signature and FLAG in this rank's line of the gather
+// segment (ARRIVAL too, for the watcher only: the peers read FLAG), else ARRIVAL for the host.
+FC_DEVICE void fc_arrive(fc_words_t words, fc_uint seq, fc_uint sig) {
+#if FC_DIRECT
+  fc_words_t line = fc_line(fc_at(FC_GATHER_AT), FC_RANK);
+  fc_store_relaxed(line + FC_G_SIG + (seq & 1u), sig);
+  fc_store(line + FC_G_FLAG, seq);
+  fc_store_relaxed(words + FC_ARRIVAL, seq);
+#else
+  fc_store(words + FC_ARRIVAL, seq);
+#endif
+}
+
 // The spin of either mode, then the host's STATUS of the gate (an acquire load after the spin's):
-// the gate's status, which the spinning thread alone reads. Every thread of a larger kernel
-// loading a control word would be a bus round trip each (these loads do not coalesce): the
-// deliver kernel gets the status in its input instead (bench/NOTES.md, entry 26).
+// the gate's status, which the spinning thread alone reads. Every thread loading a control word
+// would be a bus round trip each (these loads do not coalesce): the other threads get the status
+// from the spinning thread instead (bench/NOTES.md, entry 26).
 FC_DEVICE fc_uint fc_wait(fc_words_t words, fc_uint seq, fc_uint prev, fc_uint sig, fc_uint max_iters) {
 #if FC_DIRECT
   fc_uint status = fc_spin_direct(words, fc_at(FC_GATHER_AT), seq, prev, sig, max_iters);
@@ -220,79 +240,42 @@ FC_DEVICE void fc_reduce(FC_OUT T* out, fc_bytes_t recv, fc_uint tid, fc_uint nt
 # Each kernel: (input names, output names, body). @TID@ and @NTHREADS@ are the backend's
 # THREAD_INDEX expressions (MLX adds a thread attribute to the signature only where the body
 # names it, so they are written out, not hidden behind a macro). Template constants, set per
-# call by fastcoll/gate/mlx_backend.py: T (the dtype), NBYTES and COUNT (x's size in bytes and
-# elements), OP (layout.OPS), MAX_ITERS (FASTCOLL_FENCE_MAX_ITERS), SIG (layout.signature).
+# call by fastcoll/gate/mlx_backend.py: T (the dtype), COUNT (x's size in elements), OP
+# (layout.OPS), MAX_ITERS (FASTCOLL_FENCE_MAX_ITERS), SIG (layout.signature).
 KERNELS: dict[str, tuple[list[str], list[str], str]] = {
-    # One threadgroup of ARRIVAL_THREADS threads.
-    "arrival": (["x", "ctrl", "after"], ["arrived"], r"""
-  // fc_arrival: one threadgroup copies x into the send mailbox, then one thread publishes the
-  // gate's sequence number, the one after the previous gate's.
+    # One threadgroup of GATE_THREADS threads, of which one spins.
+    "gate": (["x", "ctrl", "after"], ["out", "token"], r"""
+  // fc_gate: a whole gate in one threadgroup, one kernel in the caller's graph. Its threads copy
+  // x into this rank's slot; thread 0 publishes the arrival and then alone spins until the gate
+  // is released (the one-thread spin: the other threads wait at the barrier, issuing nothing);
+  // then all of them reduce every rank's slot into out, with the status the spinning thread
+  // read, passed through threadgroup memory.
+  FC_SHARED fc_uint gate_status;
   fc_words_t words = FC_WORDS(ctrl);
   const fc_uint tid = @TID@;
   const fc_uint nthreads = @NTHREADS@;
   const fc_uint seq = after[FC_TOKEN_SEQ] + 1u;
-  fc_copy_in(fc_own_slot(words, seq, NBYTES), x, NBYTES, tid, nthreads);
-  // Every thread's mailbox stores reach system scope before the threadgroup meets...
+  const fc_uint nbytes = COUNT * sizeof(T);
+  fc_copy_in(fc_own_slot(words, seq, nbytes), x, nbytes, tid, nthreads);
+  // Every thread's stores of x reach system scope before the threadgroup meets...
   fc_fence();
   fc_barrier();
   if (tid == 0) {
-    // ...and only then is the arrival published, with system-scope release stores.
-#if FC_DIRECT
-    fc_words_t line = fc_line(fc_at(FC_GATHER_AT), FC_RANK);
-    fc_store_relaxed(line + FC_G_SIG + (seq & 1u), (fc_uint)SIG);
-    fc_store(line + FC_G_FLAG, seq);
-    fc_store_relaxed(words + FC_ARRIVAL, seq);  // for the watcher only: the peers read FLAG
-#else
-    fc_store(words + FC_ARRIVAL, seq);
-#endif
-    arrived[FC_TOKEN_SEQ] = seq;
-    arrived[FC_TOKEN_STATUS] = after[FC_TOKEN_STATUS];
+    fc_arrive(words, seq, (fc_uint)SIG);  // ...and only then is the arrival published
+    gate_status = fc_wait(words, seq, after[FC_TOKEN_STATUS], (fc_uint)SIG, MAX_ITERS);
   }
-"""),
-    # One thread in one threadgroup.
-    "release": (["ctrl", "arrived"], ["out", "token"], r"""
-  // fc_release: one thread in one threadgroup, a shape deliberately not configurable (more
-  // threadgroups slow a saturated GPU). It spins on RELEASE, then reduces the receive mailbox
-  // into out itself (small payloads: fc_deliver does larger ones).
-  fc_words_t words = FC_WORDS(ctrl);
-  const fc_uint seq = arrived[FC_TOKEN_SEQ];
-  const fc_uint status = fc_wait(words, seq, arrived[FC_TOKEN_STATUS], (fc_uint)SIG, MAX_ITERS);
+  // The spinning thread's acquire loads order the peers' (or the host's) stores of the slots
+  // before this barrier, and the barrier orders them before every thread's loads below.
+  fc_barrier();
+  const fc_uint status = gate_status;
   if (status == FC_OK) {
-    fc_reduce<T, OP, COUNT, COUNT>(out, fc_slots(words, seq), 0u, 1u);  // every load at once
+    fc_reduce<T, OP, COUNT, 8>(out, fc_slots(words, seq), tid, nthreads);
   } else {
     // No valid data: all-ones bytes (NaN), and the host raises the error at the next call.
-    fc_poison(out, COUNT * sizeof(T), 0u, 1u);
-  }
-  token[FC_TOKEN_SEQ] = seq;
-  token[FC_TOKEN_STATUS] = status;
-"""),
-    # One thread in one threadgroup.
-    "release_wait": (["ctrl", "arrived"], ["done"], r"""
-  // fc_release_wait: the same one-thread spin without the reduction; fc_deliver does it, with
-  // the gate's status from here.
-  fc_words_t words = FC_WORDS(ctrl);
-  const fc_uint seq = arrived[FC_TOKEN_SEQ];
-  done[FC_TOKEN_SEQ] = seq;
-  done[FC_TOKEN_STATUS] = fc_wait(words, seq, arrived[FC_TOKEN_STATUS], (fc_uint)SIG, MAX_ITERS);
-"""),
-    # One threadgroup of DELIVER_THREADS threads.
-    "deliver": (["ctrl", "done"], ["out", "token"], r"""
-  // fc_deliver: one threadgroup reduces the receive mailbox into out once the spin has ended.
-  // It reads no control word: the spin's acquire loads, in the kernel before this one, already
-  // order the host's (or the peers') stores before everything this kernel reads, and the gate's
-  // status comes in `done`.
-  fc_words_t words = FC_WORDS(ctrl);
-  const fc_uint tid = @TID@;
-  const fc_uint nthreads = @NTHREADS@;
-  const fc_uint status = done[FC_TOKEN_STATUS];
-  if (status == FC_OK) {
-    fc_reduce<T, OP, COUNT, 8>(out, fc_slots(words, done[FC_TOKEN_SEQ]), tid, nthreads);
-  } else {
-    // No valid data: all-ones bytes (NaN), and the host raises the error at the next call.
-    fc_poison(out, COUNT * sizeof(T), tid, nthreads);
+    fc_poison(out, nbytes, tid, nthreads);
   }
   if (tid == 0) {
-    token[FC_TOKEN_SEQ] = done[FC_TOKEN_SEQ];
+    token[FC_TOKEN_SEQ] = seq;
     token[FC_TOKEN_STATUS] = status;
   }
 """),
@@ -315,30 +298,68 @@ def header(lang: ModuleType, space: str, layout: ControlLayout, rank: int = 0,
     return lang.prelude().replace("@DEFINES@", defines).replace("@X_SPACE@", space) + HELPERS
 
 
-def compiled(text: str, used_by: str | None = None) -> str:
-    """`text` without its comment lines and blank lines: what the compiler gets. MLX copies a
-    kernel's header into its source and hashes that source at every call and every evaluation
-    (about 8 KB here), so the comments, which are for the reader of this file and the preludes,
-    would cost each gate. With `used_by` (a kernel's body), also without the functions that the
-    body does not reach: each kernel gets the part of the header it needs."""
-    lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("//")]
+_END_COMMENT = re.compile(r"\s*//.*$")  # the kernels hold no string literals
+
+
+def compiled(text: str, used_by: str | None = None, direct: bool | None = None) -> str:
+    """`text` as the compiler needs it: without comment lines, blank lines and indentation. MLX
+    copies a kernel's header into its source at every call and hashes that source at every
+    evaluation, so every byte here costs each gate. With `direct` (the mode, True or False), the
+    `#if FC_DIRECT` blocks are resolved for it; with `used_by` (a kernel's body), the functions
+    that the body does not reach (in that mode) are gone too: each kernel gets the part of the
+    header it needs."""
+    lines = [_END_COMMENT.sub("", line).strip() for line in text.splitlines()]
+    lines = [line for line in lines if line]
+    if direct is not None:
+        lines = preprocessed(lines, direct)
     if used_by is not None:
-        lines = _reachable(lines, used_by)
+        body = used_by if direct is None else "\n".join(preprocessed(used_by.splitlines(), direct))
+        lines = _reachable(lines, body)
     return "\n".join(lines) + "\n"
 
 
+def preprocessed(lines: list[str], direct: bool) -> list[str]:
+    """`lines` as the compiler sees them with FC_DIRECT = `direct`: each `#if FC_DIRECT` block
+    (and its `#else`) resolved; every other preprocessor line kept as it is."""
+    out: list[str] = []
+    stack: list[tuple[bool, bool]] = []  # per open #if: (is it FC_DIRECT's, are its lines kept)
+    for line in lines:
+        word = line.split(None, 1)[0] if line.startswith("#") else ""
+        if word in ("#if", "#ifdef", "#ifndef"):
+            ours = line.split() == ["#if", "FC_DIRECT"]
+            stack.append((ours, direct if ours else True))
+            if ours:
+                continue
+        elif word == "#else" and stack and stack[-1][0]:
+            stack[-1] = (True, not direct)
+            continue
+        elif word == "#endif" and stack:
+            ours, _ = stack.pop()
+            if ours:
+                continue
+        if all(kept for _, kept in stack):
+            out.append(line)
+    return out
+
+
 _DEFINITION = re.compile(r"^FC_DEVICE\b[^(]*?\b(fc_\w+)\s*[<(]")
-_NAME = re.compile(r"\bfc_\w+")
+_MACRO = re.compile(r"^#define (FC_\w+)")
+_NAME = re.compile(r"\b(?:fc|FC)_\w+")
 
 
 def _reachable(lines: list[str], body: str) -> list[str]:
-    """`lines` less the function definitions (FC_DEVICE ..., with a template line before it) that
-    `body` reaches neither directly nor through another kept definition. Everything else
-    (preprocessor lines, typedefs, types) stays."""
+    """`lines` less the function definitions (FC_DEVICE ..., with a template line before it) and
+    the FC_ macros that `body` reaches neither directly nor through another kept definition.
+    Everything else (other preprocessor lines, typedefs, types) stays, with what it names."""
     items: list[tuple[str | None, list[str]]] = []
     i = 0
     while i < len(lines):
         start = i
+        macro = _MACRO.match(lines[i])
+        if macro is not None:
+            items.append((macro.group(1), lines[i : i + 1]))
+            i += 1
+            continue
         if lines[i].startswith("template <") and i + 1 < len(lines) and _DEFINITION.match(lines[i + 1]):
             i += 1
         match = _DEFINITION.match(lines[i])
@@ -356,7 +377,12 @@ def _reachable(lines: list[str], body: str) -> list[str]:
             j += 1
         items.append((match.group(1), lines[start : j + 1]))
         i = j + 1
-    needed, todo = set(), set(_NAME.findall(body))
+    # FC_DIRECT stays whatever is used: a body whose #if FC_DIRECT blocks are still there would
+    # otherwise read it as 0, the host mode, in the direct mode.
+    needed, todo = set(), set(_NAME.findall(body)) | {"FC_DIRECT"}
+    for defined, text in items:
+        if defined is None:
+            todo |= set(_NAME.findall("\n".join(text)))
     while todo:
         name = todo.pop()
         needed.add(name)

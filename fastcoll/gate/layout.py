@@ -1,8 +1,8 @@
 """The control page: one persistent, host-visible array of 32-bit words shared by GPU and host.
 
-    byte 0      line 0  ARRIVAL                      written by the GPU (arrival kernel)
+    byte 0      line 0  ARRIVAL                      written by the GPU (fc_gate's arrival)
     byte 128    line 1  RELEASE, STATUS              written by the host (service thread)
-    byte 256    line 2  ACK, SPIN_ITERS,             written by the GPU (release kernel)
+    byte 256    line 2  ACK, SPIN_ITERS,             written by the GPU (fc_gate's spin)
                         SPIN_FAILED (a status),
                         SPIN_FAILED_SEQ, SPIN_FAILED_PEER
     byte 384    line 3  MARK                         written by the GPU (fc_mark, diagnostics)
@@ -18,9 +18,8 @@ applies memory advice, so that no other buffer shares its pages. The kernels get
 offsets from `c_defines()`, so this module is the one source of truth for them.
 
 Nothing per gate travels in an array of its own: the sequence number comes to each gate's
-arrival kernel in the previous gate's token (TOKEN_SEQ + 1), and the byte count, element count,
-op and spin bound are template constants of the kernels (one compile per shape and dtype, which
-a model repeats).
+kernel in the previous gate's token (TOKEN_SEQ + 1), and the element count, op and spin bound
+are template constants of the kernel (one compile per shape and dtype, which a model repeats).
 """
 
 from __future__ import annotations
@@ -54,7 +53,7 @@ TOKEN_WORDS = 4
 # Reduction ops, as the kernels' OP template constant.
 OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "mean": 4}
 
-# Status codes in STATUS (host -> GPU) and in the release kernel's status output.
+# Status codes in STATUS (host -> GPU) and in the gate kernel's token.
 OK = 0
 ERROR = 1  # the exchange failed (peer lost, timeout, mismatch): the data is not valid
 CLOSED = 2  # the gate was closed or aborted before this gate was served

@@ -2,20 +2,14 @@
 
 One persistent, evaluated uint32 array is the control page; the host reaches it through its
 zero-copy numpy view (on CUDA, taking that view moves MLX's buffer into managed memory for good).
-Each gate adds to the caller's lazy graph the kernels of fastcoll/gate/kernels.py:
+Each gate adds one kernel of fastcoll/gate/kernels.py to the caller's lazy graph:
 
-    fc_arrival (one threadgroup)      x -> send mailbox, ARRIVAL = seq
-    fc_release_wait (one thread)      spin on RELEASE
-    fc_deliver (one threadgroup)      receive mailbox (every rank's x) -> reduced -> out
-  or, where every rank's payload together is at most `spin_copy_max_bytes` (the backend's
-  SPIN_COPY_MAX_BYTES: 0 on CUDA, where it measured slower, bench/NOTES.md 28):
-    fc_release (one thread)           spin on RELEASE, then reduce -> out itself
+    fc_gate (one threadgroup of GATE_THREADS)   x -> this rank's slot, ARRIVAL = seq; thread 0
+                                                alone spins; every rank's slot -> reduced -> out
 
-The spin is always one thread in one threadgroup. The receive mailbox lives in host memory
-(on CUDA, advised towards the host), where one thread pays a bus round trip per batch of loads,
-so larger payloads are reduced by a whole threadgroup in a kernel of their own. Every gate's
-arrival kernel takes the previous gate's token as an input, so gates run on the GPU strictly in
-issue order, never overlap on the mailboxes, and count their sequence numbers alike with the host.
+Each gate's kernel takes the previous gate's token as an input, so gates run on the GPU strictly
+in issue order, never overlap on the mailboxes, and count their sequence numbers alike with the
+host.
 """
 
 from __future__ import annotations
@@ -36,8 +30,9 @@ from fastcoll.gate.select import dtype_name
 
 log = logging.getLogger("fastcoll.gate")
 
-ARRIVAL_THREADS = 256
-DELIVER_THREADS = 256
+# fc_gate's threadgroup: one thread spins, all of them copy x in and reduce (at 8 KiB of bf16,
+# 16 elements each).
+GATE_THREADS = 256
 
 Advise = Callable[[np.ndarray], "Callable[[], None] | None"]
 
@@ -51,8 +46,6 @@ class MlxBackend:
         lang: ModuleType,
         layout: L.ControlLayout,
         advise: Advise | None = None,
-        spin_copy_max_bytes: int | None = None,
-        deliver_threads: int = DELIVER_THREADS,
         trim_headers: bool = True,
     ):
         import mlx.core as mx
@@ -61,10 +54,6 @@ class MlxBackend:
         self._lang = lang
         self.name: str = lang.LANGUAGE
         self.layout = layout
-        # Payloads (every rank's together) up to this many bytes are reduced by the spinning
-        # thread itself, saving a kernel: the backend's SPIN_COPY_MAX_BYTES unless given.
-        self.spin_copy_max_bytes = lang.SPIN_COPY_MAX_BYTES if spin_copy_max_bytes is None else spin_copy_max_bytes
-        self.deliver_threads = deliver_threads
         self._trim = trim_headers  # each kernel's header holds only the helpers its body reaches
         # Made from host memory, so MLX allocates it where the host can reach it (managed memory on
         # CUDA); the numpy view is the host's window on it for the life of the gate.
@@ -109,36 +98,19 @@ class MlxBackend:
         args = self._calls.get(key)
         if args is None:
             sig = L.signature(op, dtype_name(x.dtype), tuple(x.shape))
-            args = self._calls[key] = self._arguments(x.dtype, flat.shape, flat.size, x.nbytes, op, max_iters, sig)
-        arrival, first, second = args
-        (arrived,) = arrival[0](inputs=[flat, self._ctrl, after], **arrival[1])
-        if second is None:
-            out, token = first[0](inputs=[self._ctrl, arrived], **first[1])
-        else:
-            (done,) = first[0](inputs=[self._ctrl, arrived], **first[1])
-            out, token = second[0](inputs=[self._ctrl, done], **second[1])
+            args = self._calls[key] = self._arguments(x.dtype, flat.shape, flat.size, op, max_iters, sig)
+        kernel, kwargs = args
+        out, token = kernel(inputs=[flat, self._ctrl, after], **kwargs)
         return (out if x.ndim else out.reshape(())), token
 
-    def _arguments(self, dtype: Any, shape: tuple, count: int, nbytes: int, op: str, max_iters: int,
-                   sig: int) -> tuple:
-        """The kernels of one kind of gate and the keyword arguments of their calls, made once."""
+    def _arguments(self, dtype: Any, shape: tuple, count: int, op: str, max_iters: int, sig: int) -> tuple:
+        """The kernel of one kind of gate and the keyword arguments of its calls, made once."""
         mx = self._mx
-        token = {"output_shapes": [(L.TOKEN_WORDS,)], "output_dtypes": [mx.uint32]}
-        result = {"output_shapes": [tuple(shape), (L.TOKEN_WORDS,)], "output_dtypes": [dtype, mx.uint32]}
-        reduce = [("T", dtype), ("COUNT", count), ("OP", L.OPS[op])]
-        spin = [("MAX_ITERS", max_iters), ("SIG", sig)]
-        one = {"grid": (1, 1, 1), "threadgroup": (1, 1, 1)}
-        arrival = (self._kernel("arrival", self._lang.x_space(count)), {
-            "template": [("T", dtype), ("NBYTES", nbytes), ("SIG", sig)], **token,
-            "grid": (ARRIVAL_THREADS, 1, 1), "threadgroup": (ARRIVAL_THREADS, 1, 1)})
-        if nbytes * self.layout.ranks <= self.spin_copy_max_bytes:
-            release = (self._kernel("release"), {"template": reduce + spin, **result, **one})
-            return arrival, release, None
-        wait = (self._kernel("release_wait"), {"template": spin, **token, **one})
-        deliver = (self._kernel("deliver"), {
-            "template": reduce, **result,
-            "grid": (self.deliver_threads, 1, 1), "threadgroup": (self.deliver_threads, 1, 1)})
-        return arrival, wait, deliver
+        return self._kernel("gate", self._lang.x_space(count)), {
+            "template": [("T", dtype), ("COUNT", count), ("OP", L.OPS[op]), ("MAX_ITERS", max_iters),
+                         ("SIG", sig)],
+            "output_shapes": [tuple(shape), (L.TOKEN_WORDS,)], "output_dtypes": [dtype, mx.uint32],
+            "grid": (GATE_THREADS, 1, 1), "threadgroup": (GATE_THREADS, 1, 1)}
 
     def wait(self, token: Any) -> None:
         self._mx.eval(token)
@@ -170,9 +142,10 @@ class MlxBackend:
             name = f"fastcoll_gate_{which}" + (f"_{space}" if space else "") + ("_direct" if self._gather else "")
             header = kernels.header(lang, space or lang.X_SPACES[0], self.layout, self._rank, self._gather,
                                     self._gather_address)
+            direct = self._gather is not None
             k = self._kernels[key] = lang.make_kernel(
-                name, inputs, outputs, kernels.compiled(source),
-                kernels.compiled(header, source if self._trim else None))
+                name, inputs, outputs, kernels.compiled(source, direct=direct),
+                kernels.compiled(header, source if self._trim else None, direct=direct))
         return k
 
 
@@ -201,15 +174,13 @@ def self_test(backend: MlxBackend, timeout_s: float = 30.0, max_iters: int = 20_
               compile_s: float = 300.0) -> str | None:
     """Run a few gates end to end against a helper thread; None if all went right, else why not.
 
-    Covers both address spaces of x (Metal), both reduction paths (where the backend has the
-    spinning thread's) and each gated dtype, and
-    proves that mx.eval lets another Python thread run while the GPU spins (the service thread
+    Covers both address spaces of x (Metal) and each gated dtype, and proves that mx.eval lets another Python thread run while the GPU spins (the service thread
     must). The helper fills every rank's slot of the receive mailbox with x + rank, so the sums
     show that the GPU reduced the receive side, not its own send mailbox. A GPU that never
     observes the release ends its spin at `max_iters` with a timeout status, which fails the
     test instead of hanging it.
 
-    Every case is a few kernels that MLX compiles before the first one runs (about 2 s each on
+    Every case is a kernel that MLX compiles before the first one runs (about 2 s each on
     CUDA, longer with ranks compiling at once), so the first arrival may take `compile_s`; each
     later one `timeout_s`. Nothing waits that long unless the GPU runs and never arrives: a
     kernel that fails to build ends the evaluation, and with it the helper.
@@ -220,13 +191,9 @@ def self_test(backend: MlxBackend, timeout_s: float = 30.0, max_iters: int = 20_
     page = ControlPage(backend.page, backend.layout)
     page.reset(1)
     n = backend.layout.ranks
-    big = backend.spin_copy_max_bytes // 4 + 5
-    cases = [(big, "float32"), (9, "float16"), (130, "bfloat16")]  # each gated dtype, by fc_deliver
-    if backend.spin_copy_max_bytes >= 16 * 4 * n:
-        cases[:0] = [(4, "float32"), (16, "float32")]  # by the spinning thread too (and, on Metal,
-        # an x small enough for MLX's constant address space)
-    elif len(backend._lang.X_SPACES) > 1:
-        cases[:0] = [(4, "float32")]
+    cases = [(5, "float32"), (9, "float16"), (130, "bfloat16")]  # each gated dtype
+    if len(backend._lang.X_SPACES) > 1:
+        cases[:0] = [(4, "float32")]  # Metal: an x small enough for MLX's constant address space
     # Small integers: exact in every dtype, whatever the order of the sum.
     values = [np.arange(size, dtype=np.float32) % 16 for size, _ in cases]
     xs = [mx.array(v).astype(getattr(mx, name)) for v, (_, name) in zip(values, cases)]
@@ -283,5 +250,5 @@ def self_test(backend: MlxBackend, timeout_s: float = 30.0, max_iters: int = 20_
         if got.shape != tuple(xs[seq - 1].shape) or not np.array_equal(want, got.reshape(-1)):
             return f"gate {seq}: wrong values came back ({name}, {size} elements)"
     if page.load(L.ACK) != len(cases):
-        return "the release kernel's acknowledgement is missing"
+        return "the spinning thread's acknowledgement (ACK) is missing"
     return None

@@ -1,7 +1,8 @@
 """Which all-reduces take the gate: a rule every rank evaluates alike.
 
-The rule reads only the array's shape and dtype, the op, and the byte threshold fixed at init, so
-ranks that make the same call make the same choice: no rank ever spins on a gate its peer skipped.
+The rule reads only the array's shape and dtype, the op, and the byte thresholds (fixed at init;
+the lower one by the gate's mode, which every rank of a job shares), so ranks that make the same
+call make the same choice: no rank ever spins on a gate its peer skipped.
 Batch and big reductions keep the host path, as in the seed ("row gates only").
 """
 
@@ -25,8 +26,9 @@ def dtype_name(dtype: Any) -> str:
 
 
 @functools.lru_cache(maxsize=1024)  # a model repeats a handful of shapes: asked at every call
-def gate_accepts(shape: Sequence[int], name: str, op: str, max_bytes: int) -> bool:
-    """True when an all-reduce of this shape, dtype name and op goes through the gate."""
+def gate_accepts(shape: Sequence[int], name: str, op: str, max_bytes: int, min_bytes: int = 1) -> bool:
+    """True when an all-reduce of this shape, dtype name and op goes through the gate: its
+    bytes within [min_bytes, max_bytes]."""
     if op not in GATE_OPS or name not in GATE_DTYPES:
         return False
     try:
@@ -35,4 +37,4 @@ def gate_accepts(shape: Sequence[int], name: str, op: str, max_bytes: int) -> bo
         return False  # the host path raises the caller's error
     count = math.prod(int(d) for d in shape)
     nbytes = count * dtypes.host_dtype(name).itemsize
-    return 0 < nbytes <= max_bytes
+    return max(min_bytes, 1) <= nbytes <= max_bytes

@@ -118,7 +118,7 @@ class SimDevice:
     def close(self) -> None:
         self._queue.put(None)
 
-    # The "kernels". Names and order follow fc_arrival and fc_release.
+    # The "kernel", in fc_gate's order: the arrival, then the spin and the reduction.
 
     def _run(self) -> None:
         while True:

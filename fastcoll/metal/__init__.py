@@ -11,7 +11,7 @@ Metal specifics, after MLX's own fence.metal (ml-explore/mlx#1773) and the seed'
   kernels' prelude alone, so it is scoped to just these kernels. Where it is unavailable the
   kernels fail to compile, the self-test fails, and the host path is used, as the seed does.
 - MLX passes inputs of fewer than 8 elements in the `constant` address space and larger ones in
-  `device`, so the arrival kernel is built twice, once for each address space of x (FC_X_SPACE).
+  `device`, so the gate kernel is built twice, once for each address space of x (FC_X_SPACE).
 - Copies move 4-, 2- or 1-byte units by sizeof(T), which MLX's arrays of T are aligned to.
 - Apple GPUs share memory with the CPU: the control page needs no advice.
 """
@@ -27,10 +27,6 @@ THREAD_INDEX = ("thread_position_in_threadgroup.x", "threads_per_threadgroup.x")
 # MLX binds inputs of fewer than 8 elements as `constant`, larger ones as `device`.
 X_SPACES = ("device", "constant")
 _MAX_CONSTANT_ARRAY_SIZE = 8
-# Payloads (every rank's together) up to this many bytes are reduced by the spinning thread itself
-# (fc_release), saving a kernel: the memory is the CPU's own, so one thread's loads are cheap.
-# Not measured (no Mac); CUDA, across PCIe, measured the other way (0 there).
-SPIN_COPY_MAX_BYTES = 256
 
 
 @lru_cache(maxsize=1)

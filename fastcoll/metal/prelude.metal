@@ -48,10 +48,14 @@ FC_DEVICE void fc_fence() {
   metal::atomic_thread_fence(metal::mem_flags::mem_device, metal::memory_order_seq_cst, metal::thread_scope_system);
 }
 
-// The threads of the one threadgroup meet here.
+// The threads of the one threadgroup meet here; their earlier accesses to memory of every kind
+// are ordered before their later ones.
 FC_DEVICE void fc_barrier() {
-  metal::threadgroup_barrier(metal::mem_flags::mem_device);
+  metal::threadgroup_barrier(metal::mem_flags::mem_device | metal::mem_flags::mem_threadgroup);
 }
+
+// A variable that every thread of the threadgroup shares.
+#define FC_SHARED threadgroup
 
 // Copy count units as thread tid of nthreads. Metal: units of sizeof(T) up to 4 bytes, the
 // alignment MLX's arrays of T have (Metal cannot test a pointer's alignment).

@@ -34,11 +34,12 @@ def eager(fn, *args, **kwargs):
 
 
 def host_reduce(x: mx.array, op: str, g: Group) -> mx.array:
-    if x.dtype == mx.bool_:
+    dtype = x.dtype
+    if dtype == mx.bool_:
         # MLX's backends reduce bools as logical or (sum, max) and and (min).
         y = eager(fastcoll.all_reduce, x.astype(mx.uint8), op="min" if op == "min" else "max", group=g)
         return y.astype(mx.bool_)
-    if x.dtype == mx.complex64 and op in ("max", "min"):
+    if dtype == mx.complex64 and op in ("max", "min"):
         # fastcoll has no order on complex numbers; MLX's mx.maximum orders lexicographically.
         parts = eager(fastcoll.all_gather, mx.expand_dims(x, 0), group=g)
         pick = mx.maximum if op == "max" else mx.minimum
