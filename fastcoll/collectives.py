@@ -152,13 +152,14 @@ def broadcast(x: Any, root: int = 0, group: Group | None = None, async_op: bool 
     g = _begin(group, timeout)
     _check_rank(root, g, "root")
     h = arrays.to_host(x)
-    if g.size() == 1:
+    n = g.size()
+    if n == 1:
         return done(x, async_op)
     if g.rank() == root:
         out, buf = x, h.flat
     else:
         out, buf = arrays.output(h.name, h.shape, h.mlx)
-    algorithm = select.choose("broadcast", buf.nbytes, g.size(), g.config)
+    algorithm = select.choose("broadcast", buf.nbytes, n, g.config)
 
     def body(call: Call) -> Any:
         algorithm.broadcast(call, buf, root)

@@ -48,6 +48,7 @@ from fastcoll.service import Service, Work
 log = logging.getLogger("fastcoll")
 
 _MAIN_IDENT = threading.main_thread().ident  # calls from other threads tag their signature
+_get_ident = threading.get_ident
 
 
 class _Job:
@@ -296,7 +297,7 @@ class Group:
         if self._prefix:
             sig = self._prefix + sig
         with job.lock:
-            if threading.get_ident() != _MAIN_IDENT:  # (cheaper than current_thread() per call)
+            if _get_ident() != _MAIN_IDENT:  # (cheaper than current_thread() per call)
                 sig += self._thread_tag(threading.current_thread())
             if p2p is None:
                 seq = self._seq

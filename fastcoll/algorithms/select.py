@@ -29,20 +29,24 @@ _LARGE = {"all_to_all": pairwise, "reduce": chain}
 _KNOWN = frozenset(COLLECTIVES)
 _DOUBLING = frozenset(c for c in COLLECTIVES if hasattr(doubling, c))
 _ROOT_DIRECT = frozenset(("gather", "scatter"))
+_SIZED = _KNOWN - _ROOT_DIRECT  # the collectives whose algorithm depends on the size
 
 
 def choose(collective: str, nbytes: int, size: int, config: Any) -> ModuleType:
     """The algorithm module whose `collective` function runs this call. `config`: a
     fastcoll.Config (its thresholds and switches)."""
-    # Every small collective passes here: the checks are set lookups, and the rule is inline.
+    # Every small collective passes here: the common case (a small collective of two ranks) is
+    # one set lookup and one comparison, with no call (doubling never serves two ranks).
     # Small: the whole buffer (an all_gather's result, a reduce_scatter's input) at most the
     # threshold for this many ranks.
-    if collective not in _KNOWN:
-        raise ValueError(f"no algorithm serves {collective!r}")
+    if collective in _SIZED:
+        if size == 2:
+            return direct if nbytes <= config.direct_max_bytes_two_ranks else _LARGE.get(collective, ring)
+        if nbytes <= config.direct_max_bytes:
+            if config.doubling and collective in _DOUBLING and doubling.applies(size):
+                return doubling
+            return direct
+        return _LARGE.get(collective, ring)
     if collective in _ROOT_DIRECT:
         return direct
-    if nbytes <= (config.direct_max_bytes_two_ranks if size == 2 else config.direct_max_bytes):
-        if config.doubling and collective in _DOUBLING and doubling.applies(size):
-            return doubling
-        return direct
-    return _LARGE.get(collective, ring)
+    raise ValueError(f"no algorithm serves {collective!r}")

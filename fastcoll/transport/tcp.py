@@ -338,10 +338,14 @@ class TcpTransport(Transport):
         if sender.idle() and (small or sock.fits(len(frame) + payload.nbytes)):
             try:
                 try:
-                    sent = sock.send(frame) if payload is None else sock.sendmsg([frame, payload])
+                    if payload is None:
+                        total = len(frame)
+                        sent = sock.send(frame)
+                    else:
+                        total = len(frame) + payload.nbytes
+                        sent = sock.sendmsg([frame, payload])
                 except BlockingIOError:  # a slice went by without room: the peer is slow
                     sent = 0
-                total = len(frame) + (0 if payload is None else payload.nbytes)
                 if sent < total:  # the rest, until the call's deadline
                     limit = time.monotonic() + self._timeout if deadline is None else deadline
                     until = lambda: limit  # noqa: E731
