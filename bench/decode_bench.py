@@ -241,7 +241,6 @@ RUNS = {
     "gate": {"FASTCOLL_FAST_SYNC": "1"},
     # each rank on physical cores of its own (see rank_main)
     "gate_pinned": {"FASTCOLL_FAST_SYNC": "1", "DECODE_PIN": "1"},
-    "host_pinned": {"FASTCOLL_FAST_SYNC": "0", "DECODE_PIN": "1"},
     "gate_profile": {"FASTCOLL_FAST_SYNC": "1", "FASTCOLL_GATE_PROFILE": "1"},
     # the direct mode's watcher looking every 1 ms, as before 2026-12-01's third session (5 ms now)
     "gate_watch1": {"FASTCOLL_FAST_SYNC": "1", "FASTCOLL_TUNING": "gate_watch_ms=1"},

@@ -36,17 +36,15 @@ def choose(collective: str, nbytes: int, size: int, config: Any) -> ModuleType:
     """The algorithm module whose `collective` function runs this call. `config`: a
     fastcoll.Config (its thresholds and switches)."""
     # Every small collective passes here: the common case (a small collective of two ranks) is
-    # one set lookup and one comparison, with no call (doubling never serves two ranks).
+    # a set lookup and two comparisons, with no call (doubling never serves two ranks).
     # Small: the whole buffer (an all_gather's result, a reduce_scatter's input) at most the
     # threshold for this many ranks.
     if collective in _SIZED:
-        if size == 2:
-            return direct if nbytes <= config.direct_max_bytes_two_ranks else _LARGE.get(collective, ring)
-        if nbytes <= config.direct_max_bytes:
-            if config.doubling and collective in _DOUBLING and doubling.applies(size):
-                return doubling
-            return direct
-        return _LARGE.get(collective, ring)
+        if nbytes > (config.direct_max_bytes_two_ranks if size == 2 else config.direct_max_bytes):
+            return _LARGE.get(collective, ring)
+        if size != 2 and config.doubling and collective in _DOUBLING and doubling.applies(size):
+            return doubling
+        return direct
     if collective in _ROOT_DIRECT:
         return direct
     raise ValueError(f"no algorithm serves {collective!r}")

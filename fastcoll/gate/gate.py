@@ -111,7 +111,7 @@ class Gate:
         Depends only on x's shape and dtype, op and init-fixed config, so every rank decides alike."""
         if not _is_mx_array(x):
             return False
-        key = (x.shape, x.dtype, op)  # asked twice per gated call: a dict, not the rule each time
+        key = (x.shape, x.dtype, op)  # asked twice per gated call: the rule runs once per kind
         ok = self._accepted.get(key)
         if ok is None:
             ok = gate_accepts(key[0], dtype_name(key[1]), op, self._max_bytes, self._min_bytes)

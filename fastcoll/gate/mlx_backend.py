@@ -174,8 +174,8 @@ def self_test(backend: MlxBackend, timeout_s: float = 30.0, max_iters: int = 20_
               compile_s: float = 300.0) -> str | None:
     """Run a few gates end to end against a helper thread; None if all went right, else why not.
 
-    Covers both address spaces of x (Metal) and each gated dtype, and proves that mx.eval lets another Python thread run while the GPU spins (the service thread
-    must). The helper fills every rank's slot of the receive mailbox with x + rank, so the sums
+    Covers both address spaces of x (Metal) and each gated dtype, and proves that mx.eval lets
+    another Python thread run while the GPU spins (the service thread must). The helper fills every rank's slot of the receive mailbox with x + rank, so the sums
     show that the GPU reduced the receive side, not its own send mailbox. A GPU that never
     observes the release ends its spin at `max_iters` with a timeout status, which fails the
     test instead of hanging it.

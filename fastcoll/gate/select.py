@@ -8,7 +8,6 @@ Batch and big reductions keep the host path, as in the seed ("row gates only").
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any, Sequence
 
@@ -25,7 +24,6 @@ def dtype_name(dtype: Any) -> str:
     return str(dtype).rsplit(".", 1)[-1]
 
 
-@functools.lru_cache(maxsize=1024)  # a model repeats a handful of shapes: asked at every call
 def gate_accepts(shape: Sequence[int], name: str, op: str, max_bytes: int, min_bytes: int = 1) -> bool:
     """True when an all-reduce of this shape, dtype name and op goes through the gate: its
     bytes within [min_bytes, max_bytes]."""
