@@ -60,16 +60,22 @@ def decode(model, n: int, after_warmup=None) -> dict:
     prompt = mx.array(np.random.default_rng(1).integers(0, model.args.vocab_size, PROMPT), dtype=mx.uint32)
     stamps, tokens = [], []
     host = HostTimes(model) if os.environ.get("DECODE_HOST_TIMES") == "1" else None
+    threads = None
     for token, _ in generate_step(prompt, host or model, max_tokens=n):
         stamps.append(time.perf_counter())
         tokens.append(int(token))
-        if len(tokens) == WARMUP and after_warmup is not None:
-            after_warmup()
+        if len(tokens) == WARMUP:
+            if after_warmup is not None:
+                after_warmup()
+            if os.environ.get("DECODE_THREADS") == "1" and Path("/proc/self/task").is_dir():
+                threads = Threads()
     gaps = np.diff(stamps[WARMUP:]) * 1e3
     res = {"tokens": tokens, "ms_per_token": {"median": float(np.median(gaps)), "p10": float(np.percentile(gaps, 10)),
                                               "p90": float(np.percentile(gaps, 90)), "n": int(gaps.size)}}
     if host is not None:
         res["host_ms"] = host.summary()
+    if threads is not None:
+        res["threads"] = threads.summary(stamps[-1] - stamps[WARMUP - 1])
     return res
 
 
@@ -98,6 +104,19 @@ def host_costs(gated: bool, n: int = 64, reps: int = 12) -> dict:
         return {"build_us_per_call": round(float(np.median(builds)), 2),
                 f"eval_ms_per_{n}": round(float(np.median(evals)), 3)}
 
+    def built(fn) -> dict:  # the build alone: the graph is dropped unevaluated
+        times = []
+        for r in range(reps + 2):
+            t0 = time.perf_counter()
+            y = x
+            for _ in range(n):
+                y = fn(y)
+            t1 = time.perf_counter()
+            del y
+            if r >= 2:
+                times.append((t1 - t0) / n * 1e6)
+        return {"build_us_per_call": round(float(np.median(times)), 2)}
+
     out = {"plus_one": per(lambda y: y + 1)}
     if hasattr(mx.fast, "cuda_kernel") and mx.cuda.is_available():
         # the floor of any custom kernel: a copy through mx.fast.cuda_kernel, 256 threads
@@ -108,6 +127,29 @@ def host_costs(gated: bool, n: int = 64, reps: int = 12) -> dict:
     if gated:
         import fastcoll
         from mlx.nn.layers.distributed import sum_gradients
+
+        gate = fastcoll.lifecycle.resolve(None)._job.gate
+        if gate is not None and "custom_kernel_copy" in out:
+            # Where a gated call's build goes: the gate's own kernel call alone, and the copy
+            # kernel with each thing the gate's call has more (built only, never evaluated: a
+            # gate kernel the host half did not issue must not run)
+            out["gate_kernel_call_built_only"] = built(lambda y: gate._backend.launch(y, "sum", gate._max_iters, gate._token)[0])
+            out["copy_templated_built_only"] = built(lambda y: copy(
+                inputs=[y], grid=(256, 1, 1), threadgroup=(256, 1, 1), output_shapes=[y.shape], output_dtypes=[y.dtype],
+                template=[("T", y.dtype), ("COUNT", 4096), ("OP", 0), ("MAX_ITERS", 1000), ("SIG", 12345)])[0])
+            big = mx.fast.cuda_kernel(name="decode_bench_copy_big", input_names=["y"], output_names=["out"],
+                                      source="// padding as long as the gate's source\n" * 160
+                                      + "const unsigned i = threadIdx.x;\nfor (unsigned j = i; j < 4096; j += 256) out[j] = y[j];\n")
+            out["copy_6kb_source_built_only"] = built(lambda y: big(inputs=[y], grid=(256, 1, 1), threadgroup=(256, 1, 1),
+                                                                    output_shapes=[y.shape], output_dtypes=[y.dtype])[0])
+            ctrl, tok = gate._backend._ctrl, gate._token
+            three = mx.fast.cuda_kernel(name="decode_bench_copy_three", input_names=["y", "c", "t"], output_names=["out", "tok"],
+                                        source="const unsigned i = threadIdx.x;\nfor (unsigned j = i; j < 4096; j += 256) out[j] = y[j];\n")
+            out["copy_three_inputs_built_only"] = built(lambda y: three(
+                inputs=[y, ctrl, tok], grid=(256, 1, 1), threadgroup=(256, 1, 1), output_shapes=[y.shape, (4,)],
+                output_dtypes=[y.dtype, mx.uint32])[0])
+            out["copy_built_only"] = built(lambda y: copy(inputs=[y], grid=(256, 1, 1), threadgroup=(256, 1, 1),
+                                                          output_shapes=[y.shape], output_dtypes=[y.dtype])[0])
 
         out["fastcoll_all_reduce"] = per(lambda y: fastcoll.all_reduce(y, op="sum"))
         out["mx_distributed_all_sum"] = per(lambda y: mx.distributed.all_sum(y))
@@ -148,20 +190,44 @@ class HostTimes:
         return {"build_median": med(self.build), "async_eval_median": med(self.submit)}
 
 
-def core_sets(n: int) -> list[set[int]]:
-    """This machine's logical CPUs in n sets that share no physical core (Linux's topology)."""
-    cores: dict[tuple, set[int]] = {}
-    for cpu in sorted(os.sched_getaffinity(0)):
-        top = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
-        try:
-            key = ((top / "physical_package_id").read_text().strip(), (top / "core_id").read_text().strip())
-        except OSError:
-            key = ("", str(cpu))
-        cores.setdefault(key, set()).add(cpu)
-    sets: list[set[int]] = [set() for _ in range(n)]
-    for i, cpus in enumerate(cores.values()):
-        sets[i % n] |= cpus
-    return sets
+class Threads:
+    """Each thread's scheduling over the timed tokens (Linux /proc): CPU time, the switches it
+    asked for (waits) and those forced on it (preemption), and its moves between CPUs. Shows
+    whether a rank's Python thread was preempted or migrated while it built tokens."""
+
+    def __init__(self):
+        self._start = self._read()
+
+    @staticmethod
+    def _read() -> dict:
+        import threading
+
+        named = {t.native_id: t.name for t in threading.enumerate()}
+        out = {}
+        for task in Path("/proc/self/task").iterdir():
+            try:
+                name = named.get(int(task.name)) or (task / "comm").read_text().strip()
+                stat = (task / "stat").read_text().rpartition(")")[2].split()
+                status = dict(line.split(":\t", 1) for line in (task / "status").read_text().splitlines() if ":\t" in line)
+                sched = (task / "sched").read_text() if (task / "sched").exists() else ""
+            except OSError:
+                continue
+            moves = next((int(float(l.split(":")[1])) for l in sched.splitlines() if l.startswith("se.nr_migrations")), -1)
+            tick = os.sysconf("SC_CLK_TCK")
+            out[task.name] = {"name": name, "cpu_s": (int(stat[11]) + int(stat[12])) / tick,
+                              "waits": int(status.get("voluntary_ctxt_switches", 0)),
+                              "preempted": int(status.get("nonvoluntary_ctxt_switches", 0)), "moves": moves,
+                              "last_cpu": int(stat[36])}
+        return out
+
+    def summary(self, seconds: float) -> list:
+        end, rows = self._read(), []
+        for tid, e in end.items():
+            b = self._start.get(tid, {"cpu_s": 0, "waits": 0, "preempted": 0, "moves": 0})
+            rows.append({"tid": int(tid), "name": e["name"], "cpu_share": round((e["cpu_s"] - b["cpu_s"]) / seconds, 3),
+                         "waits": e["waits"] - b["waits"], "preempted": e["preempted"] - b["preempted"],
+                         "moves": e["moves"] - b["moves"] if e["moves"] >= 0 else None, "last_cpu": e["last_cpu"]})
+        return sorted(rows, key=lambda r: -r["cpu_share"])
 
 
 def rank_main(args) -> None:
@@ -170,13 +236,8 @@ def rank_main(args) -> None:
 
     if os.environ.get("DECODE_SWITCH_INTERVAL"):
         sys.setswitchinterval(float(os.environ["DECODE_SWITCH_INTERVAL"]))
-    if os.environ.get("DECODE_PIN") == "1" and args.run != "single":
-        # Each rank on physical cores of its own, as each has a machine of its own in a real job
-        # (two ranks' Python threads on one core's hyperthreads slow both).
-        r, n = int(os.environ["FASTCOLL_RANK"]), int(os.environ["FASTCOLL_WORLD_SIZE"])
-        os.sched_setaffinity(0, core_sets(n)[r])
     model = make_model(args.shape)
-    rank, info = 0, "single process"
+    rank, info = int(os.environ.get("FASTCOLL_RANK", "0")), "single process"  # (a rank of single_pair)
     trace = None
     if os.environ.get("DECODE_GATE_STAMPS") == "1" and args.run.startswith("gate"):
         from bench.gate_where import Trace, stamp_gate_kernels  # the GPU's clock at each gate kernel
@@ -224,10 +285,15 @@ def rank_main(args) -> None:
         if gate is not None and gate.profile() is not None:
             res["profile"] = gate.profile().summary()
         fastcoll.finalize()
-    if rank == 0:
-        Path(args.result).write_text(json.dumps(res))
+    result = Path(args.result)
+    (result if rank == 0 else result.with_suffix(f".rank{rank}.json")).write_text(json.dumps(res))
     print(f"rank {rank} {args.run}: {res['ms_per_token']['median']:.2f} ms per token"
           + (f"; host ms per token: {res['host_ms']}" if "host_ms" in res else ""), flush=True)
+    if "threads" in res:
+        busy = [t for t in res["threads"] if t["cpu_share"] >= 0.02]
+        print(f"rank {rank} threads (CPU share, waits, preempted, moves, last CPU): "
+              + "; ".join(f"{t['name']} {t['cpu_share']:.2f} {t['waits']} {t['preempted']} {t['moves']} {t['last_cpu']}"
+                          for t in busy), flush=True)
     if trace is not None:
         tl = res["gate_timeline"]
         print(f"rank {rank} gate kernels (us, medians over {tl['gates']} gates): "
@@ -237,16 +303,20 @@ def rank_main(args) -> None:
 
 RUNS = {
     "single": {},
+    # a control: two unsharded processes at once, each alone with its model (no collective): how
+    # much two processes on this machine slow each other's host work
+    "single_pair": {},
     "host": {"FASTCOLL_FAST_SYNC": "0"},
     "gate": {"FASTCOLL_FAST_SYNC": "1"},
-    # each rank on physical cores of its own (see rank_main)
-    "gate_pinned": {"FASTCOLL_FAST_SYNC": "1", "DECODE_PIN": "1"},
     "gate_profile": {"FASTCOLL_FAST_SYNC": "1", "FASTCOLL_GATE_PROFILE": "1"},
     # the direct mode's watcher looking every 1 ms, as before 2026-12-01's third session (5 ms now)
     "gate_watch1": {"FASTCOLL_FAST_SYNC": "1", "FASTCOLL_TUNING": "gate_watch_ms=1"},
     # the host mode of the gate where the direct mode would apply (ranks of one host)
     "gate_host_mode": {"FASTCOLL_FAST_SYNC": "1", "FASTCOLL_TUNING": "gate_direct=0"},
 }
+# A run named NAME_bound is NAME under `fastcoll-launch --bind-to cores`: each rank on cores of its
+# own, as each has a machine of its own in a real job.
+BOUND = "_bound"
 
 
 def main() -> None:
@@ -266,33 +336,30 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = {}
-    for i, run in enumerate(args.runs.split(",")):
-        name = run.split("@")[0]  # gate@0.0002: the gate with sys.setswitchinterval(0.0002)
-        result = out / f"decode_{args.shape}_{run.replace('@', '_si')}.json"
-        world = 1 if name == "single" else args.world
-        port = 29600 + (os.getpid() % 200) + i
-        procs = []
-        for r in range(world):
-            env = dict(os.environ, PYTHONUNBUFFERED="1", **RUNS[name])
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-            if "@" in run:
-                env["DECODE_SWITCH_INTERVAL"] = run.split("@")[1]
-            if world > 1:
-                env.update(FASTCOLL_RANK=str(r), FASTCOLL_WORLD_SIZE=str(world), FASTCOLL_TIMEOUT="120",
-                           FASTCOLL_COORDINATOR=f"127.0.0.1:{port}", FASTCOLL_TOKEN="decode-bench")
-            cmd = [sys.executable, __file__, "--rank-main", name, "--result", str(result),
-                   "--shape", args.shape, "--tokens", str(args.tokens)]
-            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        codes = []
-        for r, p in enumerate(procs):
-            try:
-                text, _ = p.communicate(timeout=args.timeout)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                text, _ = p.communicate()
-            codes.append(p.returncode)
-            print(f"--- {run} rank {r} (exit {p.returncode}) ---\n{text[-1500:]}", flush=True)
-        if result.exists() and not any(codes):
+    for run in args.runs.split(","):
+        # gate@0.0002: the gate with sys.setswitchinterval(0.0002); gate#2: gate again
+        name = run.split("@")[0].split("#")[0]
+        bound = name.endswith(BOUND)
+        name = name.removesuffix(BOUND)
+        result = out / f"decode_{args.shape}_{run.replace('@', '_si').replace('#', '_')}.json"
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **RUNS[name])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+        if "@" in run:
+            env["DECODE_SWITCH_INTERVAL"] = run.split("@")[1]
+        cmd = [sys.executable, __file__, "--rank-main", "single" if name == "single_pair" else name, "--result", str(result),
+               "--shape", args.shape, "--tokens", str(args.tokens)]
+        if name != "single":  # the ranks, started as a user would
+            env["FASTCOLL_TIMEOUT"] = "120"
+            cmd = [sys.executable, "-m", "fastcoll.launch", "-n", str(args.world), "--timeout", str(args.timeout),
+                   "--bind-to", "cores" if bound else "none", *cmd]
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            text, _ = p.communicate(timeout=args.timeout + 30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            text, _ = p.communicate()
+        print(f"--- {run} (exit {p.returncode}) ---\n{text[-3000:]}", flush=True)
+        if result.exists() and p.returncode == 0:
             results[run] = json.loads(result.read_text())
     print(f"\nDecode, llama {args.shape} shape, bf16, random weights, {args.tokens} tokens (median of the last "
           f"{args.tokens - WARMUP - 1} gaps), mlx_lm.generate.generate_step, greedy:\n")
@@ -300,7 +367,7 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- |")
     for run, r in results.items():
         m = r["ms_per_token"]
-        print(f"| {run} | {1 if r['run'] == 'single' else args.world} | {m['median']:.2f} | {m['p90']:.2f} | "
+        print(f"| {run} | {1 if run == 'single' else args.world} | {m['median']:.2f} | {m['p90']:.2f} | "
               f"{1000 / m['median']:.1f} |")
     host = results.get("host", {}).get("tokens")
     for run, r in results.items():

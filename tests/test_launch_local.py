@@ -178,6 +178,7 @@ def test_missing_program_is_a_clear_error(launches):
         ([], b"no program to run"),
         (["--hosts", "localhost:2", "-n", "3", "true"], b"more ranks than the hosts have slots"),
         (["--env", "1BAD=x", "true"], b"not a variable name"),
+        (["--bind-to", "sockets", "true"], b"invalid choice: 'sockets'"),
     ],
 )
 def test_usage_errors(launches, args, message):
@@ -238,3 +239,53 @@ def test_without_max_restarts_a_failure_is_final(launches):
     code, out, err, _ = launches.run(["-n", "2", *launches.rank_args("fail-first", "0", "5")])
     assert code == 5 and b"restarting" not in err, err.decode()
     assert sorted(_restart_runs(out)) == ["0"]  # FASTCOLL_RESTART_COUNT=0 even without restarts
+
+
+needs_affinity = pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="--bind-to cores needs Linux and at least two CPUs this process may use")
+
+
+@needs_affinity
+def test_bind_to_cores_gives_each_local_rank_cores_of_its_own(launches):
+    from fastcoll.launch.agent import core_blocks
+
+    mine = set(os.sched_getaffinity(0))
+    n = min(len(core_blocks()), 4)
+    code, out, err, _ = launches.run(["-n", str(n), "--bind-to", "cores", *launches.rank_args("env")])
+    assert code == 0, err.decode()
+    ranks = _json_lines(out)
+    cpus = [set(ranks[r]["cpus"]) for r in range(n)]
+    for r in range(n):
+        assert cpus[r] and cpus[r] <= mine, (r, cpus[r], mine)
+        assert ranks[r]["thread_cpus"] == ranks[r]["cpus"]  # the rank's threads inherit the mask
+        for q in range(r):
+            assert not cpus[r] & cpus[q], (r, q, cpus)
+    # unbound (the default): every rank where the launcher may run
+    code, out, err, _ = launches.run(["-n", "2", *launches.rank_args("env")])
+    assert code == 0, err.decode()
+    assert all(set(info["cpus"]) == mine for info in _json_lines(out).values())
+
+
+@needs_affinity
+def test_bind_to_cores_refuses_more_ranks_than_cores(launches):
+    from fastcoll.launch.agent import core_blocks
+
+    n = len(core_blocks()) + 1
+    code, out, err, _ = launches.run(["-n", str(n), "--bind-to", "cores", *launches.rank_args("env")])
+    assert code == 2, err.decode()
+    assert f"core(s) this process may use for {n} rank(s)" in err.decode()
+    assert b"--bind-to none" in err
+    assert out == b""  # no rank ran
+
+
+def test_cpu_share_splits_whole_cores_in_consecutive_blocks(monkeypatch):
+    from fastcoll.launch import agent
+
+    # five cores of two hyperthreads each, numbered as Linux does (siblings i and i + 8)
+    monkeypatch.setattr(agent, "core_blocks", lambda: [[c, c + 8] for c in range(5)])
+    shares = [agent.cpu_share(i, 2) for i in range(2)]
+    assert shares == [[0, 1, 2, 8, 9, 10], [3, 4, 11, 12]]  # the first share gets the odd core
+    assert [agent.cpu_share(i, 5) for i in range(5)] == [[c, c + 8] for c in range(5)]
+    with pytest.raises(agent.BindError, match="5 core"):
+        agent.cpu_share(0, 6)

@@ -207,6 +207,24 @@ def test_remote_ranks_env_output_and_no_token_on_command_lines(sshd, launches):
         "[0] token-on-command-line: False", "[1] token-on-command-line: False"], out.decode()
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="--bind-to cores needs Linux and at least two CPUs this process may use")
+def test_bind_to_cores_on_a_remote_host(sshd, launches):
+    # two ranks on one remote host: its agent splits that host's cores between them
+    code, out, err, _ = launches.run(
+        [*sshd.ssh_option, "--hosts", "fc-a:2", "--coordinator", "127.0.0.1", "--bind-to", "cores",
+         *launches.rank_args("env")], timeout=60)
+    assert code == 0, err.decode()
+    ranks = {}
+    for line in out.decode().splitlines():
+        m = re.fullmatch(r"\[(\d)\] (\{.*\})", line)
+        assert m, line
+        ranks[int(m.group(1))] = json.loads(m.group(2))
+    a, b = (set(ranks[r]["cpus"]) for r in (0, 1))
+    assert a and b and not a & b, (a, b)
+    assert all(ranks[r]["thread_cpus"] == ranks[r]["cpus"] for r in (0, 1))
+
+
 def test_remote_failure_stops_every_rank(sshd, launches):
     hosts = sshd.hostfile([{"ssh": "fc-a", "ips": ["127.0.0.1"]},
                            {"ssh": "fc-b", "ips": ["127.0.0.1"]},

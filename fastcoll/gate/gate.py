@@ -128,7 +128,13 @@ class Gate:
         """
         if not self.accepts(x, op):
             raise ValueError(f"the fence gate does not take all_reduce({op!r}) of {x.dtype} {tuple(x.shape)}")
-        self.check()  # (in the direct mode `exchange` and `submit` are not used: no host half)
+        self.check()
+        return self.launch(x, op, exchange, submit)
+
+    def launch(self, x: Any, op: str, exchange: Exchange | None = None, submit: Submit | None = None) -> Any:
+        """all_reduce for a caller that has asked accepts(x, op) already (the core, once per call:
+        a decode step makes dozens of these calls a token). A recorded error still raises, from
+        issue(). In the direct mode `exchange` and `submit` are not used: there is no host half."""
         result, token = self._backend.launch(x, op, self._max_iters, self._token)
         # Issued once its kernels exist, as the GPU counts it; if the gate has failed meanwhile
         # this raises, and the kernels just built are dropped with the result nobody gets.

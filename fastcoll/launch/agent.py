@@ -7,7 +7,8 @@ ssh's standard input. So the job's secrets never appear on a command line that `
 Requests (the first JSON line after the source):
 
 - ``{"mode": "run", "argv": [...], "env": {...}, "cwd": ..., "grace": s, "marker": m,
-  "heartbeat": s}``: start the rank in its own session, then obey ``signal N`` lines on stdin
+  "heartbeat": s, "cpu_share": [i, n] or null}``: start the rank in its own session (with
+  `cpu_share`, on share i of n of this host's cores: `cpu_share()`), then obey ``signal N`` lines on stdin
   (lines of at most `MAX_REQUEST` bytes; anything else is ignored); on end of input (the
   launcher or the connection is gone) stop the rank: SIGTERM, then SIGKILL after the grace
   period. The rank's stdout and stderr go through pipes to this process, which passes them on
@@ -33,6 +34,8 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 MAX_REQUEST = 4096  # the longest line the launcher sends after the request (`signal N`)
 MAX_LINE = 1 << 20  # a rank's line longer than this is passed on in pieces of this size
@@ -91,11 +94,19 @@ def run_mode(request: dict) -> int:
                          f"{e.strerror} (pass --cwd)\n")
         status("exit 127")
         return 127
+    share = request.get("cpu_share")
     try:
-        child = subprocess.Popen(
-            request["argv"], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, start_new_session=True
-        )
+        cpus = cpu_share(int(share[0]), int(share[1])) if share else None
+    except BindError as e:
+        sys.stderr.write(f"fastcoll-launch: on {host}: {e}\n")
+        status("exit 2")
+        return 2
+    try:
+        with on_cpus(cpus):
+            child = subprocess.Popen(
+                request["argv"], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, start_new_session=True
+            )
     except OSError as e:
         sys.stderr.write(f"fastcoll-launch: on {host}: cannot run {request['argv'][0]}: "
                          f"{e.strerror}\n")
@@ -173,6 +184,61 @@ def run_mode(request: dict) -> int:
         return 128 - code
     status(f"exit {code}")
     return code
+
+
+class BindError(RuntimeError):
+    """The ranks cannot be bound to cores here (the error says why)."""
+
+
+def cpu_share(index: int, count: int) -> list[int]:
+    """The CPUs of share `index` of `count` of this host's cores (`--bind-to cores`).
+
+    Whole physical cores (a core's hyperthreads stay together), in consecutive blocks, so that a
+    rank's cores share caches and memory; a count that does not divide gives the first shares one
+    core more. Raises BindError where the system cannot bind (macOS) or has fewer cores than
+    `count`.
+    """
+    if not hasattr(os, "sched_setaffinity"):
+        raise BindError(f"--bind-to cores needs Linux (sched_setaffinity); {platform.system()} "
+                        "cannot bind a process to cores: use --bind-to none")
+    blocks = core_blocks()
+    if len(blocks) < count:
+        raise BindError(f"--bind-to cores: {socket.gethostname()} has {len(blocks)} core(s) "
+                        f"this process may use for {count} rank(s); give fewer ranks to this "
+                        "host or use --bind-to none")
+    per, extra = divmod(len(blocks), count)
+    start = index * per + min(index, extra)
+    return sorted(cpu for block in blocks[start:start + per + (index < extra)] for cpu in block)
+
+
+def core_blocks() -> list[list[int]]:
+    """The CPUs this process may use, grouped by physical core, in order of each core's first CPU."""
+    cores: dict[tuple[str, str], list[int]] = {}
+    for cpu in sorted(os.sched_getaffinity(0)):
+        top = f"/sys/devices/system/cpu/cpu{cpu}/topology/"
+        try:
+            with open(top + "physical_package_id") as f, open(top + "core_id") as g:
+                key = (f.read().strip(), g.read().strip())
+        except OSError:  # no topology (a container may hide it): each CPU a core
+            key = ("", str(cpu))
+        cores.setdefault(key, []).append(cpu)
+    return list(cores.values())
+
+
+@contextmanager
+def on_cpus(cpus: list[int] | None) -> Iterator[None]:
+    """Processes started inside run on `cpus` (None: where this one runs). Linux gives a new
+    process the CPU mask of the thread that started it, so this thread's mask is set for the
+    while; no code runs in the child before exec, and the rank's threads inherit the mask."""
+    if cpus is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def _free_port() -> int:

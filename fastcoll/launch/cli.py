@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 import fastcoll
 from fastcoll.launch.check import run_check
 from fastcoll.launch.hostfile import HostfileError, HostList, parse_hosts_arg, read_hostfile
-from fastcoll.launch.job import JobPlan, PlanError, RankPlan, parse_env_items, plan_job
+from fastcoll.launch.job import BIND_CHOICES, JobPlan, PlanError, RankPlan, parse_env_items, plan_job
 from fastcoll.launch.output import OutputMux
 from fastcoll.launch.procs import HEARTBEAT, LOST_AFTER, LocalRank, RankProcess, RemoteRank
 from fastcoll.launch.remote import RemoteError, remote_free_port
@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
                        f"{sys.executable})")
     where.add_argument("--cwd", metavar="DIR",
                        help="working directory of every rank (default: the launcher's)")
+    where.add_argument("--bind-to", choices=BIND_CHOICES, default="none",
+                       help="cores: split each host's physical cores among its ranks in "
+                       "consecutive blocks and keep each rank, and every thread it starts, on "
+                       "its own block, so that ranks sharing a host do not compete for cores "
+                       "(Linux; mpirun's --bind-to). none: let the system place them "
+                       "(default: none)")
     env = p.add_argument_group("environment")
     env.add_argument("--env", "-x", action="append", default=[], metavar="KEY[=VALUE]",
                      help="set KEY=VALUE for every rank, or pass the launcher's KEY (repeatable)")
@@ -166,6 +172,7 @@ def _main(argv: Sequence[str] | None) -> int:
                 cwd=cwd,
                 python=python,
                 remote_port=lambda h: remote_free_port(ssh, h.name, python),
+                bind=args.bind_to,
             )
         except (PlanError, RemoteError, ValueError) as e:
             parser.exit(USAGE_ERROR if isinstance(e, PlanError) else 255, f"fastcoll-launch: {e}\n")

@@ -18,6 +18,7 @@ from fastcoll.config import parse_address
 from fastcoll.launch.hostfile import Host, HostList, is_local_host, is_loopback
 
 LOOPBACK = "127.0.0.1"
+BIND_CHOICES = ("none", "cores")  # --bind-to
 # A bare interpreter name on the command line means "the job's Python", as it does for
 # mlx.launch and torchrun: on another host, PATH may find a different one.
 _PYTHON_NAME = re.compile(r"python(\d+(\.\d+)?)?")
@@ -37,6 +38,8 @@ class RankPlan:
     local: bool
     argv: tuple[str, ...]
     env: Mapping[str, str]
+    # (i, n): run on share i of n of its host's cores (--bind-to cores); None: unbound
+    cpu_share: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -101,11 +104,13 @@ def plan_job(
     python: str | None = None,
     environ: Mapping[str, str] | None = None,
     remote_port: Callable[[Host], int] | None = None,
+    bind: str = "none",
 ) -> JobPlan:
     """Place the ranks and build each one's environment.
 
     Ranks fill the hosts in order, each host up to its slots (mpirun's --map-by slot). With no
-    hosts, `nprocs` ranks run here. `remote_port(host)` asks a remote first host for a free
+    hosts, `nprocs` ranks run here. `bind="cores"` gives each rank a share of its host's cores,
+    in local-rank order (fastcoll/launch/agent.py's `cpu_share`). `remote_port(host)` asks a remote first host for a free
     coordinator port; local ones are bind-tested here.
     """
     environ = os.environ if environ is None else environ
@@ -114,6 +119,8 @@ def plan_job(
     if hosts is None:
         n = 1 if nprocs is None else nprocs
         hosts = HostList((Host("localhost", n),))
+    if bind not in BIND_CHOICES:
+        raise PlanError(f"--bind-to {bind!r}: choose one of {', '.join(BIND_CHOICES)}")
     if nprocs is not None and nprocs < 1:
         raise PlanError(f"-n must be at least 1, not {nprocs}")
     n = hosts.slots if nprocs is None else nprocs
@@ -166,7 +173,8 @@ def plan_job(
             FASTCOLL_TOKEN=token,
             FASTCOLL_INTERFACE=own,
         )
-        ranks.append(RankPlan(rank, host, local_rank, local, argv, env))
+        share = (local_rank, per_host[host.name.lower()]) if bind == "cores" else None
+        ranks.append(RankPlan(rank, host, local_rank, local, argv, env, share))
     return JobPlan(tuple(ranks), coordinator, token, cwd, python)
 
 

@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Mapping, Protocol
 
+from fastcoll.launch.agent import BindError, cpu_share, on_cpus
 from fastcoll.launch.job import RankPlan
 from fastcoll.launch.output import OutputMux, pump
 from fastcoll.launch.remote import agent_command, agent_payload, explain_ssh_failure
@@ -97,21 +98,26 @@ class LocalRank:
         if not os.path.isdir(cwd):
             raise StartError(f"rank {plan.rank}: the working directory {cwd} does not exist", 127)
         try:
-            self._proc = subprocess.Popen(
-                list(plan.argv),
-                cwd=cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
+            cpus = cpu_share(*plan.cpu_share) if plan.cpu_share else None
+        except BindError as e:
+            raise StartError(f"rank {plan.rank}: {e}", 2) from None
+        try:
+            with on_cpus(cpus):
+                self._proc = subprocess.Popen(
+                    list(plan.argv),
+                    cwd=cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                )
         except OSError as e:
             code = 127 if isinstance(e, FileNotFoundError) else 126
             raise StartError(
                 f"rank {plan.rank}: cannot run {plan.argv[0]!r} in {cwd}: {e.strerror}", code
             ) from None
-        log.debug("rank %d: local pid %d", self.rank, self._proc.pid)
+        log.debug("rank %d: local pid %d%s", self.rank, self._proc.pid, f" on CPUs {cpus}" if cpus else "")
         assert self._proc.stdout is not None and self._proc.stderr is not None
         self._threads = [
             pump(self._proc.stdout, lambda d: mux.line(self.rank, d)),
@@ -218,6 +224,7 @@ class RemoteRank:
             "grace": grace,
             "marker": self._marker.decode(),
             "heartbeat": heartbeat,
+            "cpu_share": list(plan.cpu_share) if plan.cpu_share else None,
         }
         self._inbox.put(agent_payload(request))
         assert self._proc.stdout is not None and self._proc.stderr is not None

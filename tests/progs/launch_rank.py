@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 
@@ -62,6 +63,12 @@ def main() -> None:
             passed=os.environ.get("PASSED"),
             unbuffered=os.environ.get("PYTHONUNBUFFERED"),
         )
+        if hasattr(os, "sched_getaffinity"):  # where the rank, and a thread it starts, may run
+            seen: dict = {}
+            t = threading.Thread(target=lambda: seen.update(cpus=sorted(os.sched_getaffinity(0))))
+            t.start()
+            t.join()
+            info.update(cpus=sorted(os.sched_getaffinity(0)), thread_cpus=seen["cpus"])
         print(json.dumps(info), flush=True)
     elif action == "sleep":
         _sleep(marker)
