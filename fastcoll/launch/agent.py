@@ -8,10 +8,10 @@ Requests (the first JSON line after the source):
 
 - ``{"mode": "run", "argv": [...], "env": {...}, "cwd": ..., "grace": s, "marker": m,
   "heartbeat": s, "cpu_share": [i, n] or null}``: start the rank in its own session (with
-  `cpu_share`, on share i of n of this host's cores: `cpu_share()`), then obey ``signal N`` lines on stdin
-  (lines of at most `MAX_REQUEST` bytes; anything else is ignored); on end of input (the
-  launcher or the connection is gone) stop the rank: SIGTERM, then SIGKILL after the grace
-  period. The rank's stdout and stderr go through pipes to this process, which passes them on
+  `cpu_share`, on share i of n of this host's cores: `cpu_share()`), then obey ``signal N``
+  lines on stdin (lines of at most `MAX_REQUEST` bytes; anything else is ignored); on end of
+  input (the launcher or the connection is gone) stop the rank: SIGTERM, then SIGKILL after the
+  grace period. The rank's stdout and stderr go through pipes to this process, which passes them on
   to its own (ssh's) line by line, whole. Status lines go to stderr between the rank's lines,
   after a marker only the launcher knows: ``<m>started <pid>``, then ``<m>beat`` every
   `heartbeat` seconds while the rank runs (the launcher takes a host whose beats stop for

@@ -110,8 +110,8 @@ def plan_job(
 
     Ranks fill the hosts in order, each host up to its slots (mpirun's --map-by slot). With no
     hosts, `nprocs` ranks run here. `bind="cores"` gives each rank a share of its host's cores,
-    in local-rank order (fastcoll/launch/agent.py's `cpu_share`). `remote_port(host)` asks a remote first host for a free
-    coordinator port; local ones are bind-tested here.
+    in local-rank order (fastcoll/launch/agent.py's `cpu_share`). `remote_port(host)` asks a
+    remote first host for a free coordinator port; local ones are bind-tested here.
     """
     environ = os.environ if environ is None else environ
     python = python or sys.executable
