@@ -1,15 +1,18 @@
 """What a gated all-reduce costs the host in Python above its kernels, on any machine.
 
 A 2-rank Group over an in-process transport whose fence gate runs in the direct mode over a stub
-device: its launch returns at once, as if the three kernel calls cost nothing. What is left is
+device: its launch returns at once, as if the kernel call cost nothing. What is left is
 fastcoll's own dispatch, layer by layer, for a decode step's (1, 1, 4096) bf16 row:
 
     the stub's launch                    (the floor: a Python call)
-    Gate.all_reduce                      (the gate's checks, the issue count)
+    Gate.launch                          (the issue count: what the core calls, accepts asked)
+    Gate.all_reduce                      (the same with its own checks, for other callers)
     fastcoll.all_reduce                  (the public call: the group, the checks, the dispatch)
     mx.distributed.all_sum               (mlx_compat: the MLX API, mx.custom_function, eager)
 
-On the H200 the three kernel calls cost ~13 us on top (bench/NOTES.md 30).
+and, for scale, an identity mx.custom_function without and with a vjp (mlx_compat's functions
+and mlx.nn's sum_gradients have one). On an H200 host the gate's kernel call costs 4.6-8.8 us on
+top (bench/NOTES.md 38).
 
     python bench/micro/gate_dispatch.py [--profile]
 """
@@ -84,11 +87,27 @@ def main() -> None:
     x = mx.zeros((1, 1, 4096), dtype=mx.bfloat16)
     mx.eval(x)
     device = gate._backend
+
+    @mx.custom_function
+    def plain(y):
+        return y
+
+    @mx.custom_function
+    def with_vjp(y):
+        return y
+
+    @with_vjp.vjp
+    def with_vjp(primals, cotangent, output):
+        return cotangent
+
     rows = [
         ("the stub's launch", lambda: device.launch(x, "sum", 1, None)),
+        ("Gate.launch", lambda: gate.launch(x, "sum")),
         ("Gate.all_reduce", lambda: gate.all_reduce(x, "sum")),
         ("fastcoll.all_reduce", lambda: fastcoll.all_reduce(x, group=g)),
         ("mx.distributed.all_sum", lambda: mx.distributed.all_sum(x, group=mg)),
+        ("an identity mx.custom_function", lambda: plain(x)),
+        ("the same with a vjp", lambda: with_vjp(x)),
     ]
     for name, fn in rows:
         print(f"{name}: {best(fn, 20000):.2f} us per call")
