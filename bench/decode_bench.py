@@ -5,8 +5,8 @@ the fence gate, in one run.
     python bench/decode_bench.py [--shape 8b] [--tokens 64] [--runs single,host,gate] [--out DIR]
 
 The loop is `mlx_lm.generate.generate_step` (greedy), which builds the next token's graph while
-this one runs (mx.async_eval). Ranks run `model.shard(group)` under `fastcoll.mlx_compat`, as a
-user would. Two ranks on one GPU need CUDA MPS running. Prints ms per token and tokens/s for
+this one runs (mx.async_eval). Ranks start through `fastcoll-launch` and run
+`model.shard(group)` under `fastcoll.mlx_compat`, as a user would. Two ranks on one GPU need CUDA MPS running. Prints ms per token and tokens/s for
 each run, and checks that the gate and the host path generated the same tokens.
 """
 

@@ -28,7 +28,6 @@ import platform
 import secrets
 import select
 import socket
-import struct
 import sys
 import time
 
