@@ -88,7 +88,9 @@ def host_costs(gated: bool, n: int = 64, reps: int = 12) -> dict:
     x = mx.zeros((1, 1, 4096), dtype=mx.bfloat16)
     mx.eval(x)
 
-    def per(fn) -> dict:
+    def per(fn, evaluate: bool = True) -> dict:
+        """n chained calls of fn: the build's time per call and, with `evaluate`, the evaluation's
+        (without, the graph is dropped unevaluated); medians over `reps`."""
         builds, evals = [], []
         for r in range(reps + 2):
             t0 = time.perf_counter()
@@ -96,34 +98,29 @@ def host_costs(gated: bool, n: int = 64, reps: int = 12) -> dict:
             for _ in range(n):
                 y = fn(y)
             t1 = time.perf_counter()
-            mx.eval(y)
+            if evaluate:
+                mx.eval(y)
             t2 = time.perf_counter()
+            del y
             if r >= 2:
                 builds.append((t1 - t0) / n * 1e6)
                 evals.append((t2 - t1) * 1e3)
-        return {"build_us_per_call": round(float(np.median(builds)), 2),
-                f"eval_ms_per_{n}": round(float(np.median(evals)), 3)}
+        res = {"build_us_per_call": round(float(np.median(builds)), 2)}
+        if evaluate:
+            res[f"eval_ms_per_{n}"] = round(float(np.median(evals)), 3)
+        return res
 
-    def built(fn) -> dict:  # the build alone: the graph is dropped unevaluated
-        times = []
-        for r in range(reps + 2):
-            t0 = time.perf_counter()
-            y = x
-            for _ in range(n):
-                y = fn(y)
-            t1 = time.perf_counter()
-            del y
-            if r >= 2:
-                times.append((t1 - t0) / n * 1e6)
-        return {"build_us_per_call": round(float(np.median(times)), 2)}
+    def row(kernel, y, **more):  # a (1, 1, 4096) row through a one-input kernel of 256 threads
+        return kernel(inputs=[y], grid=(256, 1, 1), threadgroup=(256, 1, 1), output_shapes=[y.shape],
+                      output_dtypes=[y.dtype], **more)[0]
 
+    copy_source = "const unsigned i = threadIdx.x;\nfor (unsigned j = i; j < 4096; j += 256) out[j] = y[j];\n"
     out = {"plus_one": per(lambda y: y + 1)}
     if hasattr(mx.fast, "cuda_kernel") and mx.cuda.is_available():
         # the floor of any custom kernel: a copy through mx.fast.cuda_kernel, 256 threads
         copy = mx.fast.cuda_kernel(name="decode_bench_copy", input_names=["y"], output_names=["out"],
-                                   source="const unsigned i = threadIdx.x;\nfor (unsigned j = i; j < 4096; j += 256) out[j] = y[j];\n")
-        out["custom_kernel_copy"] = per(lambda y: copy(inputs=[y], grid=(256, 1, 1), threadgroup=(256, 1, 1),
-                                                       output_shapes=[y.shape], output_dtypes=[y.dtype])[0])
+                                   source=copy_source)
+        out["custom_kernel_copy"] = per(lambda y: row(copy, y))
     if gated:
         import fastcoll
         from mlx.nn.layers.distributed import sum_gradients
@@ -133,23 +130,20 @@ def host_costs(gated: bool, n: int = 64, reps: int = 12) -> dict:
             # Where a gated call's build goes: the gate's own kernel call alone, and the copy
             # kernel with each thing the gate's call has more (built only, never evaluated: a
             # gate kernel the host half did not issue must not run)
-            out["gate_kernel_call_built_only"] = built(lambda y: gate._backend.launch(y, "sum", gate._max_iters, gate._token)[0])
-            out["copy_templated_built_only"] = built(lambda y: copy(
-                inputs=[y], grid=(256, 1, 1), threadgroup=(256, 1, 1), output_shapes=[y.shape], output_dtypes=[y.dtype],
-                template=[("T", y.dtype), ("COUNT", 4096), ("OP", 0), ("MAX_ITERS", 1000), ("SIG", 12345)])[0])
+            out["gate_kernel_call_built_only"] = per(
+                lambda y: gate._backend.launch(y, "sum", gate._max_iters, gate._token)[0], evaluate=False)
+            out["copy_templated_built_only"] = per(lambda y: row(copy, y, template=[
+                ("T", y.dtype), ("COUNT", 4096), ("OP", 0), ("MAX_ITERS", 1000), ("SIG", 12345)]), evaluate=False)
             big = mx.fast.cuda_kernel(name="decode_bench_copy_big", input_names=["y"], output_names=["out"],
-                                      source="// padding as long as the gate's source\n" * 160
-                                      + "const unsigned i = threadIdx.x;\nfor (unsigned j = i; j < 4096; j += 256) out[j] = y[j];\n")
-            out["copy_6kb_source_built_only"] = built(lambda y: big(inputs=[y], grid=(256, 1, 1), threadgroup=(256, 1, 1),
-                                                                    output_shapes=[y.shape], output_dtypes=[y.dtype])[0])
+                                      source="// padding as long as the gate's source\n" * 160 + copy_source)
+            out["copy_6kb_source_built_only"] = per(lambda y: row(big, y), evaluate=False)
             ctrl, tok = gate._backend._ctrl, gate._token
-            three = mx.fast.cuda_kernel(name="decode_bench_copy_three", input_names=["y", "c", "t"], output_names=["out", "tok"],
-                                        source="const unsigned i = threadIdx.x;\nfor (unsigned j = i; j < 4096; j += 256) out[j] = y[j];\n")
-            out["copy_three_inputs_built_only"] = built(lambda y: three(
+            three = mx.fast.cuda_kernel(name="decode_bench_copy_three", input_names=["y", "c", "t"],
+                                        output_names=["out", "tok"], source=copy_source)
+            out["copy_three_inputs_built_only"] = per(lambda y: three(
                 inputs=[y, ctrl, tok], grid=(256, 1, 1), threadgroup=(256, 1, 1), output_shapes=[y.shape, (4,)],
-                output_dtypes=[y.dtype, mx.uint32])[0])
-            out["copy_built_only"] = built(lambda y: copy(inputs=[y], grid=(256, 1, 1), threadgroup=(256, 1, 1),
-                                                          output_shapes=[y.shape], output_dtypes=[y.dtype])[0])
+                output_dtypes=[y.dtype, mx.uint32])[0], evaluate=False)
+            out["copy_built_only"] = per(lambda y: row(copy, y), evaluate=False)
 
         out["fastcoll_all_reduce"] = per(lambda y: fastcoll.all_reduce(y, op="sum"))
         out["mx_distributed_all_sum"] = per(lambda y: mx.distributed.all_sum(y))

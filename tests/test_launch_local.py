@@ -13,20 +13,12 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "progs"))
 from launch_support import (  # noqa: E402,F401
+    json_lines,
     launches,
     processes_with,
     survivors,
     wait_for_lines,
 )
-
-
-def _json_lines(out: bytes) -> dict[int, dict]:
-    ranks = {}
-    for line in out.decode().splitlines():
-        m = re.fullmatch(r"\[(\d+)\] (\{.*\})", line)
-        assert m, f"untagged or torn line: {line!r}"
-        ranks[int(m.group(1))] = json.loads(m.group(2))
-    return ranks
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
@@ -36,7 +28,7 @@ def test_local_ranks_get_env_and_prefix(launches, n):
         ["-n", str(n), "--env", "EXTRA=hello world", *launches.rank_args("env", *prog_args)]
     )
     assert code == 0, err.decode()
-    ranks = _json_lines(out)
+    ranks = json_lines(out)
     assert sorted(ranks) == list(range(n))
     coordinators = {r["FASTCOLL_COORDINATOR"] for r in ranks.values()}
     tokens = {r["FASTCOLL_TOKEN"] for r in ranks.values()}
@@ -60,7 +52,7 @@ def test_each_job_gets_a_fresh_token(launches):
     for _ in range(2):
         code, out, err, _ = launches.run(launches.rank_args("env"))
         assert code == 0, err.decode()
-        tokens.add(_json_lines(out)[0]["FASTCOLL_TOKEN"])
+        tokens.add(json_lines(out)[0]["FASTCOLL_TOKEN"])
     assert len(tokens) == 2
 
 
@@ -68,7 +60,7 @@ def test_env_without_value_passes_the_launchers_value(launches, monkeypatch):
     monkeypatch.setenv("PASSED", "from-launcher")
     code, out, err, _ = launches.run(["-n", "2", "-x", "PASSED", *launches.rank_args("env")])
     assert code == 0, err.decode()
-    assert {r["passed"] for r in _json_lines(out).values()} == {"from-launcher"}
+    assert {r["passed"] for r in json_lines(out).values()} == {"from-launcher"}
 
 
 def test_failing_rank_stops_job_with_its_code(launches):
@@ -254,7 +246,7 @@ def test_bind_to_cores_gives_each_local_rank_cores_of_its_own(launches):
     n = min(len(core_blocks()), 4)
     code, out, err, _ = launches.run(["-n", str(n), "--bind-to", "cores", *launches.rank_args("env")])
     assert code == 0, err.decode()
-    ranks = _json_lines(out)
+    ranks = json_lines(out)
     cpus = [set(ranks[r]["cpus"]) for r in range(n)]
     for r in range(n):
         assert cpus[r] and cpus[r] <= mine, (r, cpus[r], mine)
@@ -264,7 +256,7 @@ def test_bind_to_cores_gives_each_local_rank_cores_of_its_own(launches):
     # unbound (the default): every rank where the launcher may run
     code, out, err, _ = launches.run(["-n", "2", *launches.rank_args("env")])
     assert code == 0, err.decode()
-    assert all(set(info["cpus"]) == mine for info in _json_lines(out).values())
+    assert all(set(info["cpus"]) == mine for info in json_lines(out).values())
 
 
 @needs_affinity

@@ -25,7 +25,7 @@ from typing import Iterator
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "progs"))
-from launch_support import REPO, launches, survivors, wait_for_lines  # noqa: E402,F401
+from launch_support import REPO, json_lines, launches, survivors, wait_for_lines  # noqa: E402,F401
 from conftest import free_port  # noqa: E402
 from netns import SSHD, sshd_config  # noqa: E402
 
@@ -184,11 +184,7 @@ def test_remote_ranks_env_output_and_no_token_on_command_lines(sshd, launches):
         [*sshd.ssh_option, "--hostfile", hosts, "--env", "EXTRA=over ssh",
          *launches.rank_args("env", *args)], timeout=60)
     assert code == 0, err.decode()
-    ranks = {}
-    for line in out.decode().splitlines():
-        m = re.fullmatch(r"\[(\d)\] (\{.*\})", line)
-        assert m, line
-        ranks[int(m.group(1))] = json.loads(m.group(2))
+    ranks = json_lines(out)
     assert sorted(ranks) == [0, 1, 2]
     assert len({r["FASTCOLL_TOKEN"] for r in ranks.values()}) == 1
     assert len({r["FASTCOLL_COORDINATOR"] for r in ranks.values()}) == 1
@@ -215,11 +211,7 @@ def test_bind_to_cores_on_a_remote_host(sshd, launches):
         [*sshd.ssh_option, "--hosts", "fc-a:2", "--coordinator", "127.0.0.1", "--bind-to", "cores",
          *launches.rank_args("env")], timeout=60)
     assert code == 0, err.decode()
-    ranks = {}
-    for line in out.decode().splitlines():
-        m = re.fullmatch(r"\[(\d)\] (\{.*\})", line)
-        assert m, line
-        ranks[int(m.group(1))] = json.loads(m.group(2))
+    ranks = json_lines(out)
     a, b = (set(ranks[r]["cpus"]) for r in (0, 1))
     assert a and b and not a & b, (a, b)
     assert all(ranks[r]["thread_cpus"] == ranks[r]["cpus"] for r in (0, 1))

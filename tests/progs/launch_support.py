@@ -5,7 +5,9 @@ Standard library only; the process table is read from /proc (no psutil).
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -18,6 +20,16 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 RANK_PROG = str(REPO / "tests" / "progs" / "launch_rank.py")
+
+
+def json_lines(out: bytes) -> dict[int, dict]:
+    """Each rank's JSON object from a job's `[rank] {...}` lines; every line must be one."""
+    ranks = {}
+    for line in out.decode().splitlines():
+        m = re.fullmatch(r"\[(\d+)\] (\{.*\})", line)
+        assert m, f"untagged or torn line: {line!r}"
+        ranks[int(m.group(1))] = json.loads(m.group(2))
+    return ranks
 
 
 def launcher_env() -> dict[str, str]:
