@@ -283,17 +283,25 @@ class RouterStrangers:
 
     KINDS = ("silent", "random", "zmtp_huge", "no_token", "wrong_token", "replay", "huge_header")
 
-    def __init__(self):
+    def __init__(self, pause: float = 0.0):
         self.ctx = zmq.Context()
         self.socks: list = []
         self.raw_refused: list[socket.socket] = []
+        self.pause = pause  # between a DEALER's connect and its sends (a test opens that window)
 
     def _dealer(self, port: int, frames: list[bytes]):
         d = self.ctx.socket(zmq.DEALER)
         d.setsockopt(zmq.LINGER, 0)
         d.connect(f"tcp://127.0.0.1:{port}")
+        time.sleep(self.pause)
         for f in frames:
-            d.send(f)
+            try:
+                d.send(f, zmq.NOBLOCK)
+            except zmq.Again:
+                # A rank whose door is closed refused this stranger in the ZAP handshake before
+                # it sent, and libzmq dropped the DEALER's only peer: nothing can go any more (a
+                # blocking send would wait for ever). That is what refusing it means.
+                break
         self.socks.append(d)
 
     def add(self, kind: str, port: int) -> None:
@@ -556,3 +564,21 @@ def test_tcp_header_claiming_huge_payload_is_a_mismatch():
     finally:
         t.close()
         b.close()
+
+
+def test_a_stranger_refused_before_it_sends_does_not_block():
+    # The refusal can beat a DEALER's first send (it happened once in a suite run, and the
+    # stranger's blocking send hung the test): here it always does, after a pause.
+    from fastcoll.transport.zmq import ZmqListener
+
+    listener = ZmqListener("127.0.0.1", TOKEN.encode(), 1 << 20)
+    strangers = RouterStrangers(pause=0.5)
+    try:
+        listener.close_door()
+        port = int(listener.address.rsplit(":", 1)[1])
+        done = threading.Event()
+        threading.Thread(target=lambda: (strangers.add("no_token", port), done.set()), daemon=True).start()
+        assert done.wait(10), "a stranger refused before its first send blocked in send()"
+    finally:
+        strangers.close()
+        listener.close()
