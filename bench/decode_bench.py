@@ -3,11 +3,14 @@ here (no download): one process unsharded, two ranks on fastcoll's host path, tw
 the fence gate, in one run.
 
     python bench/decode_bench.py [--shape 8b] [--tokens 64] [--runs single,host,gate] [--out DIR]
+                                 [--fast-cpus N]
 
 The loop is `mlx_lm.generate.generate_step` (greedy), which builds the next token's graph while
 this one runs (mx.async_eval). Ranks start through `fastcoll-launch` and run
-`model.shard(group)` under `fastcoll.mlx_compat`, as a user would. Two ranks on one GPU need CUDA MPS running. Prints ms per token and tokens/s for
-each run, and checks that the gate and the host path generated the same tokens.
+`model.shard(group)` under `fastcoll.mlx_compat`, as a user would. Two ranks on one GPU need CUDA
+MPS running. Prints ms per token, tokens/s and the ratio to the single process for each run, and
+checks that the gate and the host path generated the same tokens. The `floor_*` runs are sharded
+ranks whose all_sum exchanges nothing (floor_all_sum): what any collective must at least cost.
 """
 
 from __future__ import annotations
@@ -153,6 +156,42 @@ def host_costs(gated: bool, n: int = 64, reps: int = 12) -> dict:
     return out
 
 
+def floor_all_sum(kind: str):
+    """An all_sum that exchanges nothing (wrong values: a floor, never a result), to put in
+    mx.distributed.all_sum's place in a sharded rank: what tensor parallelism costs the host when
+    the all-reduce costs (identity) nothing, (kernel) one bare mx.fast.cuda_kernel call, a copy of
+    256 threads, (custom) that call inside an mx.custom_function with a vjp, as any differentiable
+    collective made through MLX's Python API has; the gate's all_sum is the last plus its own."""
+    import mlx.core as mx
+
+    if kind not in ("identity", "kernel", "custom"):
+        raise ValueError(f"DECODE_FLOOR={kind!r}: identity, kernel or custom")
+    if kind == "identity":
+        return lambda x, *, group=None, stream=None: x
+    copy = mx.fast.cuda_kernel(
+        name="decode_bench_floor_copy", input_names=["y"], output_names=["out"],
+        source="const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;\nout[i] = y[i];\n")
+
+    def kernel(x):
+        if x.size % 256:
+            raise ValueError(f"the floor's copy kernel needs a multiple of 256 elements, not {x.size}")
+        return copy(inputs=[x], grid=(x.size, 1, 1), threadgroup=(256, 1, 1), output_shapes=[x.shape],
+                    output_dtypes=[x.dtype])[0]
+
+    if kind == "kernel":
+        return lambda x, *, group=None, stream=None: kernel(x)
+
+    @mx.custom_function
+    def differentiable(x):
+        return kernel(x)
+
+    @differentiable.vjp
+    def differentiable(primals, cotangent, output):
+        return cotangent
+
+    return lambda x, *, group=None, stream=None: differentiable(x)
+
+
 class HostTimes:
     """The model, with the host's time per token measured: building its graph (the model call)
     and handing it to the GPU (mx.async_eval). What is left of a token's time is the wait for it."""
@@ -244,6 +283,8 @@ def rank_main(args) -> None:
         mlx_compat.install()
         group = mx.distributed.init()
         model.shard(group)
+        if os.environ.get("DECODE_FLOOR"):  # after install(): mlx.nn's layers call it by name
+            mx.distributed.all_sum = floor_all_sum(os.environ["DECODE_FLOOR"])
         rank, info = group.rank(), group.fastcoll_group.transport_info()
     t0 = time.perf_counter()
     mx.eval(model.parameters())
@@ -307,6 +348,10 @@ RUNS = {
     "gate_watch1": {"FASTCOLL_FAST_SYNC": "1", "FASTCOLL_TUNING": "gate_watch_ms=1"},
     # the host mode of the gate where the direct mode would apply (ranks of one host)
     "gate_host_mode": {"FASTCOLL_FAST_SYNC": "1", "FASTCOLL_TUNING": "gate_direct=0"},
+    # floors: sharded ranks whose all_sum exchanges nothing (floor_all_sum; their tokens are wrong)
+    "floor_identity": {"FASTCOLL_FAST_SYNC": "0", "DECODE_FLOOR": "identity"},
+    "floor_kernel": {"FASTCOLL_FAST_SYNC": "0", "DECODE_FLOOR": "kernel"},
+    "floor_custom": {"FASTCOLL_FAST_SYNC": "0", "DECODE_FLOOR": "custom"},
 }
 # A run named NAME_bound is NAME under `fastcoll-launch --bind-to cores`: each rank on cores of its
 # own, as each has a machine of its own in a real job.
@@ -321,6 +366,9 @@ def main() -> None:
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--out", default=str(ROOT / "bench" / "out"))
+    ap.add_argument("--fast-cpus", type=int, default=0, metavar="N",
+                    help="start each run on the N CPUs that run Python fastest just before it "
+                         "(bench/micro/cpu_map.py; a lent machine's CPUs differ by up to 1.8x)")
     ap.add_argument("--rank-main", dest="run", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -346,7 +394,19 @@ def main() -> None:
             env["FASTCOLL_TIMEOUT"] = "120"
             cmd = [sys.executable, "-m", "fastcoll.launch", "-n", str(args.world), "--timeout", str(args.timeout),
                    "--bind-to", "cores" if bound else "none", *cmd]
-        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cpus = None
+        if args.fast_cpus:
+            from bench.micro.cpu_map import cpu_map
+
+            speeds = cpu_map(passes=1)
+            cpus = sorted(speeds, key=speeds.get)[: args.fast_cpus]
+            print(f"--- {run}: on CPUs {cpus}, each {[round(speeds[c] / min(speeds.values()), 2) for c in cpus]}x "
+                  f"the fastest's time (all: {sorted(round(v / min(speeds.values()), 2) for v in speeds.values())})",
+                  flush=True)
+        from fastcoll.launch.agent import on_cpus  # a child starts with the mask of the thread that starts it
+
+        with on_cpus(cpus):
+            p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             text, _ = p.communicate(timeout=args.timeout + 30)
         except subprocess.TimeoutExpired:
@@ -355,14 +415,17 @@ def main() -> None:
         print(f"--- {run} (exit {p.returncode}) ---\n{text[-3000:]}", flush=True)
         if result.exists() and p.returncode == 0:
             results[run] = json.loads(result.read_text())
+            results[run]["cpus"] = cpus
     print(f"\nDecode, llama {args.shape} shape, bf16, random weights, {args.tokens} tokens (median of the last "
           f"{args.tokens - WARMUP - 1} gaps), mlx_lm.generate.generate_step, greedy:\n")
-    print("| run | ranks | ms per token (median) | p90 | tokens/s |")
-    print("| --- | --- | --- | --- | --- |")
+    single = results.get("single", {}).get("ms_per_token", {}).get("median")
+    print("| run | ranks | ms per token (median) | p90 | tokens/s | against single |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for run, r in results.items():
         m = r["ms_per_token"]
+        ratio = f"{m['median'] / single:.2f}x" if single else "-"
         print(f"| {run} | {1 if run == 'single' else args.world} | {m['median']:.2f} | {m['p90']:.2f} | "
-              f"{1000 / m['median']:.1f} |")
+              f"{1000 / m['median']:.1f} | {ratio} |")
     host = results.get("host", {}).get("tokens")
     for run, r in results.items():
         if r["run"].startswith("gate") and host is not None:

@@ -47,7 +47,7 @@ def all_reduce(x: Any, op: str = "sum", group: Group | None = None, async_op: bo
     """
     g = _begin(group, timeout, drain=False)  # a gated all_reduce must not drain first
     if g._job.gate is not None:  # (tested first: the common case pays one attribute read)
-        gate = g._gate_for(x, op) if arrays.is_mlx(x) else None
+        gate = g._gate_for(x, op)
         if gate is not None:
             return _gated_all_reduce(g, gate, x, op, async_op, timeout)
         g._drain_gate()

@@ -265,7 +265,7 @@ class Group:
         nothing to exchange (the gate would only add its fixed costs), and sub-groups keep the
         host path."""
         gate = self._job.gate
-        if gate is None or self._prefix or self.size() == 1 or not gate.accepts(x, op):
+        if gate is None or self._prefix or self.config.world_size == 1 or not gate.accepts(x, op):
             return None
         return gate
 

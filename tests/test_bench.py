@@ -120,3 +120,27 @@ def test_quick_run(tmp_path: Path) -> None:
         assert f"**{name} skipped**" in md
     if "plots skipped" not in r.stdout:
         assert (out / "latency.png").stat().st_size > 0 and (out / "busbw.png").stat().st_size > 0
+
+
+def test_decode_floor_all_sum() -> None:
+    """decode_bench's floors stand in for mx.distributed.all_sum with its signature; a floor it
+    does not know is an error that names it (the kernel floors need a CUDA GPU, run on the H200)."""
+    mx = pytest.importorskip("mlx.core")
+    from bench.decode_bench import floor_all_sum
+
+    x = mx.arange(4)
+    assert floor_all_sum("identity")(x, group=None, stream=None) is x
+    with pytest.raises(ValueError, match="DECODE_FLOOR='nccl'"):
+        floor_all_sum("nccl")
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity"), reason="cpu_map pins itself: Linux only")
+def test_cpu_map_times_every_cpu_and_unpins() -> None:
+    import os
+
+    from bench.micro.cpu_map import cpu_map
+
+    before = os.sched_getaffinity(0)
+    speeds = cpu_map(passes=1)
+    assert set(speeds) == before and all(s > 0 for s in speeds.values())
+    assert os.sched_getaffinity(0) == before  # not left pinned to the last CPU it timed

@@ -277,9 +277,39 @@ def test_per_call_timeout_bounds_a_stall_mid_payload(launch, transport, world):
         assert 0.45 <= elapsed <= 1.0, f"rank {r} took {elapsed}s\n{show(results)}"
         if r == 0:  # the root only sends
             assert "sending to rank 1" in message, message
-        else:  # rank 2 only receives, from rank 1
+        elif message.startswith("rank 0: "):
+            # rank 2 heard the root's timeout before its own ran out, and raised that
+            # (docs/failures.md: a timeout's notice stops every waiting rank at once); the next
+            # test opens that window on purpose
+            assert "rank 0 timed out sending to rank 1" in message, message
+        else:  # rank 2's own timeout: it only receives, from rank 1
             assert "timed out sending" not in message and "send timed out" not in message, message
             assert "rank 1" in message, message
+
+
+@pytest.mark.parametrize("transport", ["tcp", "zmq", "shm"])
+def test_a_receiver_told_of_the_roots_timeout_raises_it_at_once(launch, transport):
+    # The window the test above can land in, held open: rank 2's own limit (5 s) is far behind
+    # the root's (0.5 s), so the root's notice always reaches it first. Rank 2 must raise the
+    # root's timeout then, naming who stopped, and not wait out its own limit.
+    job = launch(3, WORKER, "stall-broadcast", transport=transport, timeout="10",
+                 per_rank_env=lambda r: {"HARDENING_CALL_TIMEOUT": "5" if r == 2 else "0.5"})
+    deadline = time.monotonic() + 20
+    others = [p for r, p in enumerate(job.procs) if r != 1]
+    while time.monotonic() < deadline and any(p.poll() is None for p in others):
+        time.sleep(0.05)
+    job.kill()  # the stopped rank
+    results = outcome(job, 10)
+    code, lines, _, _ = results[2]
+    assert code == 3, show(results)
+    cls, elapsed, message = error_of(lines)
+    assert cls == "CollectiveTimeoutError", show(results)
+    assert elapsed <= 2.0, f"rank 2 took {elapsed}s: it waited for its own limit\n{show(results)}"
+    assert message.startswith("rank 0: ") and "rank 0 timed out sending to rank 1" in message, message
+    # and rank 2's notice reached the root in time for it to name the rank that stopped (before,
+    # rank 2 heard nothing for 5 s, and the root blamed its own network)
+    _, _, root = error_of(results[0][1])
+    assert "rank 1 (host" in root and "stopped answering" in root and "no rank answered" not in root, root
 
 
 # --- 4. Ctrl-C reaches the caller, and the peers raise at once ---------------------------------

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import PROGS, ROOT, assert_ok, free_port, rank_env
+from conftest import PROGS, ROOT, free_port, rank_env
 from fastcoll.config import Config, first_slurm_node, parse_address
 
 WORKER = os.path.join(PROGS, "launcher_env_worker.py")

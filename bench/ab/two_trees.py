@@ -27,11 +27,12 @@ DEFAULT = ["--ops", "all_reduce,all_gather,reduce_scatter,broadcast", "--world",
            "--systems", "fastcoll-tcp,fastcoll-tcp/noshm,fastcoll-zmq", "--rounds", "1", "--no-plots"]
 
 
-def checkout(rev: str, into: str) -> str:
-    """A copy of revision `rev` ("." : the working tree) in a folder under `into`."""
+def checkout(rev: str, into: str, role: str) -> str:
+    """A copy of revision `rev` ("." : the working tree) in folder `role` under `into` (one per
+    role, so that a revision can be compared with itself)."""
     if rev == ".":
         return ROOT
-    path = os.path.join(into, rev.replace("/", "_"))
+    path = os.path.join(into, role)
     os.makedirs(path)
     archive = subprocess.run(["git", "-C", ROOT, "archive", rev], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", path], input=archive, check=True)
@@ -59,7 +60,7 @@ def main() -> None:
     args = argv[cut + 1:] or DEFAULT
     seen: dict[tuple, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        trees = {"before": checkout(a.before, tmp), "after": checkout(a.after, tmp)}
+        trees = {role: checkout(rev, tmp, role) for role, rev in (("before", a.before), ("after", a.after))}
         for i in range(a.rounds):
             for name, tree in trees.items():
                 for key, s in run(tree, args, os.path.join(tmp, f"{name}{i}")).items():

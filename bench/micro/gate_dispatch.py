@@ -24,7 +24,6 @@ import cProfile
 import io
 import pstats
 import sys
-import timeit
 import types
 from pathlib import Path
 

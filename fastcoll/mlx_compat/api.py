@@ -106,6 +106,8 @@ def is_available(backend: str = "any") -> bool:
 
 def _resolve(group: Any) -> _FastcollGroup | None:
     """The fastcoll group to use, or None for one of MLX's own groups of one."""
+    if type(group) is Group:  # mlx.nn's sharded layers pass ours: a decode step asks dozens a token
+        return group._group
     if isinstance(group, _MLX_GROUP):
         if group.size() == 1:
             return None
@@ -159,7 +161,7 @@ def all_min(x: Any, *, group: Any = None, stream: Any = None) -> mx.array:
 def _reduce(op: str, x: Any, group: Any, name: str) -> mx.array:
     x = _as_array(x, name)
     g = _resolve(group)
-    if _single(g):
+    if g is None or g.size() == 1:
         return x
     return differentiable(op, g)(x)
 

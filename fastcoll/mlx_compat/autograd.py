@@ -33,8 +33,14 @@ def eager(fn, *args, **kwargs):
         raise
 
 
+# dtypes that fastcoll does not reduce as MLX's backends do (host_reduce's special cases)
+_SPECIAL = frozenset((mx.bool_, mx.complex64))
+
+
 def host_reduce(x: mx.array, op: str, g: Group) -> mx.array:
     dtype = x.dtype
+    if dtype not in _SPECIAL:  # first: tensor-parallel decode calls this dozens of times a token
+        return eager(fastcoll.all_reduce, x, op, g)
     if dtype == mx.bool_:
         # MLX's backends reduce bools as logical or (sum, max) and and (min).
         y = eager(fastcoll.all_reduce, x.astype(mx.uint8), op="min" if op == "min" else "max", group=g)
@@ -47,7 +53,7 @@ def host_reduce(x: mx.array, op: str, g: Group) -> mx.array:
         for i in range(1, g.size()):
             acc = pick(acc, parts[i])
         return acc
-    return eager(fastcoll.all_reduce, x, op=op, group=g)
+    return eager(fastcoll.all_reduce, x, op=op, group=g)  # complex64 sums
 
 
 _functions: dict[tuple, Any] = {}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import array
 import collections
 import fcntl
+import functools
 import math
 import select
 import socket
@@ -58,10 +59,11 @@ def _send_timeout(me: int, peer: int | None) -> CollectiveTimeoutError:
     return diagnosis.timed_out(f"rank {me} timed out sending to {who}, which stopped taking data", peer)
 
 
-def _write(link: Any, data: Any, deadline: Callable[[], float], me: int, peer: int) -> None:
+def _write(link: Any, data: Any, deadline: Callable[[], float], me: int, peer: int,
+           between: Callable[[], None] | None = None) -> None:
     """All of `data` on `link`, however slowly the peer reads, until deadline() passes (read
     again after each slice that saw no room); then CollectiveTimeoutError, with the stream cut
-    in the middle of the message."""
+    in the middle of the message. `between()` runs after each slice that saw no room."""
     view = data if isinstance(data, memoryview) else memoryview(data)
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
@@ -72,6 +74,8 @@ def _write(link: Any, data: Any, deadline: Callable[[], float], me: int, peer: i
         except (BlockingIOError, socket.timeout):  # a slice went by without room
             if time.monotonic() >= deadline():
                 raise _send_timeout(me, peer) from None
+            if between is not None:
+                between()
 
 
 class _Reader:
@@ -140,9 +144,10 @@ class _Reader:
         self.start += wire.PREFIX.size + n
         return h
 
-    def read_into(self, out: memoryview, deadline: float = math.inf) -> None:
+    def read_into(self, out: memoryview, deadline: float = math.inf, idle: Callable[[], None] | None = None) -> None:
         """Exactly len(out) payload bytes: first what is buffered, then straight from the socket,
-        until `deadline` (CollectiveTimeoutError then: the peer stopped in mid-message)."""
+        until `deadline` (CollectiveTimeoutError then: the peer stopped in mid-message). `idle()`
+        runs after each slice that brought nothing (it may raise to end the wait)."""
         out = out.cast("B") if out.format != "B" or out.ndim != 1 else out
         n = out.nbytes
         k = min(self.end - self.start, n)
@@ -158,6 +163,8 @@ class _Reader:
                     raise diagnosis.timed_out(
                         f"rank {self.me} timed out receiving from rank {self.peer}, which stopped "
                         f"sending in the middle of a message ({k} of {n} bytes arrived)", self.peer) from None
+                if idle is not None:
+                    idle()
                 continue
             except OSError as e:
                 raise _lost(self.peer, e) from None
@@ -172,7 +179,9 @@ class _Sender:
     It waits on a slow peer for as long as it takes: the caller bounds the call (flush() takes
     the call's deadline). Only once the job aborts (`abort`) or closes does the message going
     out get a bound of its own, after which the thread says the last words (the ABORT) on the
-    links of its channel."""
+    links of its channel. A link with no message half-written on it hears them at once, between
+    two slices of the message that waits (a peer that stopped must not keep the others from
+    learning of the abort)."""
 
     def __init__(self, me: int = 0, cut: set | None = None):
         self._me = me
@@ -185,6 +194,7 @@ class _Sender:
         self._current_peer: int | None = None  # whom the message going out now is for
         self._stop_at = math.inf  # when the message going out now is given up (abort, close)
         self._last: tuple[bytes, list[tuple[int, Any]]] | None = None  # see abort()
+        self._told: set = set()  # links that heard the last words already (_tell_the_others)
         self._aborted = False
         self._thread = threading.Thread(target=self._loop, name="fastcoll-sender", daemon=True)
         self._thread.start()
@@ -242,11 +252,12 @@ class _Sender:
                 self._say_last_words(*last)
                 continue
             peer, sock, frame, payload = item
+            between = functools.partial(self._tell_the_others, sock)
             try:
                 if peer not in self.broken:
-                    _write(sock, frame, self._bound, self._me, peer)
+                    _write(sock, frame, self._bound, self._me, peer, between)
                     if payload is not None:
-                        _write(sock, payload, self._bound, self._me, peer)
+                        _write(sock, payload, self._bound, self._me, peer, between)
             except CollectiveTimeoutError:  # given up after an abort: the stream is cut here
                 self._cut.add(sock)
             except OSError as e:  # reported by TcpTransport.flush, after what the peer sent is read
@@ -256,19 +267,34 @@ class _Sender:
                 self._outstanding -= 1
                 self._cond.notify_all()
 
-    def _say_last_words(self, frame: bytes, links: list[tuple[int, Any]]) -> None:
+    def _say_last_words(self, frame: bytes, links: list[tuple[int, Any]], busy: Any = None) -> None:
         """`frame` (the ABORT) on every link whose stream is whole, however slowly the peer
-        reads, until the bound; then shut each for writing (which also wakes a peer's reads)."""
+        reads, until the bound; then shut each for writing (which also wakes a peer's reads).
+        With `busy` (the link a message is half-written on): every other link, once, and none
+        is shut yet."""
         for peer, link in links:
-            if link not in self._cut and peer not in self.broken:
+            if link is busy:
+                continue
+            if link not in self._told and link not in self._cut and peer not in self.broken:
                 try:
                     _write(link, frame, self._bound, self._me, peer)
                 except (OSError, FastcollError):
                     pass  # the peer is gone, or stopped: the shutdown still tells it
+            if busy is not None:
+                self._told.add(link)
+                continue
             try:
                 link.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
+
+    def _tell_the_others(self, busy: Any) -> None:
+        """Between two slices of a message waiting on `busy`: if the job has aborted, the last
+        words on every other link now."""
+        with self._cond:
+            last = self._last
+        if last is not None:
+            self._say_last_words(*last, busy=busy)
 
     def close(self, until: float = 0.0) -> None:
         """Stop once the last words (if any) are said, waiting for them until `until` at most."""
@@ -300,6 +326,8 @@ class TcpTransport(Transport):
         self._spin_reads = spin_reads
         self._yield_reads = yield_reads
         self._readers = {key: _Reader(link, key[0], rank) for key, link in self._links.items()}
+        # each link's idle() for a stalled payload read, made once: a small message reads one too
+        self._heed = {key: functools.partial(self._heed_notices, key) for key in self._links}
         self._pending: dict[Link, Header | FastcollError] = {}
         self._fd_link = {link.fileno(): key for key, link in self._links.items()}
         self._poll = select.poll()
@@ -448,43 +476,58 @@ class TcpTransport(Transport):
             if self.interrupted:
                 raise FastcollError(self.interrupted)
             for fd, _ in events:
-                other = self._fd_link[fd]
-                r = self._readers[other]
-                try:
-                    # Not blocking: a shared-memory connection's doorbell may come after its
-                    # data was already read, and poll() must go on watching the others.
-                    r.fill(DONTWAIT)
-                except FastcollError as e:
-                    self._gave_up.add(other[0])
-                    if other == link:
-                        raise
-                    # Lost while this rank waits on another peer: what that peer owed this
-                    # collective has arrived (it came before the end of its stream), so the
-                    # collective may still complete; the loss is raised when it is next needed.
-                    self._pending[other] = e
-                    self._unwatch(fd)
-                    continue
-                h = r.parse()
-                if h is None:
-                    continue
-                if h.kind == CLOSE and other[0] != peer:
-                    # A clean finalize elsewhere is an error only for whoever still needs that peer.
-                    self._closed_peers.add(other[0])
-                    self._unwatch(fd)
-                    continue
-                if other == link:
-                    return self._take(other, h)
-                if timeout_notice(h):  # a peer's wait ran out: stop waiting, compare waits
-                    self._gave_up.add(other[0])
-                    raise abort_error(h, other[0], peer)
-                # A message on another socket that runs ahead: keep its header, read its
-                # payload when that message's turn comes, and stop watching it till then.
-                # That holds for an ABORT too: that peer finished what this rank awaits from
-                # it before it gave up, so the collective under way may still complete; the
-                # abort is raised when this rank next needs that peer. (Everyone else heard
-                # it as well, so whoever this rank waits for answers or aborts in turn.)
-                self._pending[other] = h
-                self._unwatch(fd)
+                h = self._look(fd, link)
+                if h is not None:
+                    return self._take(link, h)
+
+    def _look(self, fd: int, link: Link) -> Header | None:
+        """Read what the watched link behind `fd` has while this rank waits for `link`: the
+        header `link` brought, if that is the one, else None, having kept or acted on what
+        another link brought (raises at a peer's timeout notice)."""
+        other = self._fd_link[fd]
+        r = self._readers[other]
+        try:
+            # Not blocking: a shared-memory connection's doorbell may come after its data was
+            # already read, and poll() must go on watching the others.
+            r.fill(DONTWAIT)
+        except FastcollError as e:
+            self._gave_up.add(other[0])
+            if other == link:
+                raise
+            # Lost while this rank waits on another peer: what that peer owed this collective
+            # has arrived (it came before the end of its stream), so the collective may still
+            # complete; the loss is raised when it is next needed.
+            self._pending[other] = e
+            self._unwatch(fd)
+            return None
+        h = r.parse()
+        if h is None:
+            return None
+        if h.kind == CLOSE and other[0] != link[0]:
+            # A clean finalize elsewhere is an error only for whoever still needs that peer.
+            self._closed_peers.add(other[0])
+            self._unwatch(fd)
+            return None
+        if other == link:
+            return h
+        if timeout_notice(h):  # a peer's wait ran out: stop waiting, compare waits
+            self._gave_up.add(other[0])
+            raise abort_error(h, other[0], link[0])
+        # A message on another socket that runs ahead: keep its header, read its payload when
+        # that message's turn comes, and stop watching it till then. That holds for an ABORT
+        # too: that peer finished what this rank awaits from it before it gave up, so the
+        # collective under way may still complete; the abort is raised when this rank next
+        # needs that peer. (Everyone else heard it as well, so whoever this rank waits for
+        # answers or aborts in turn.)
+        self._pending[other] = h
+        self._unwatch(fd)
+        return None
+
+    def _heed_notices(self, reading: Link) -> None:
+        """While a payload from `reading` has stalled: look at every other watched link, so that
+        a peer whose wait ran out stops this wait too, as it stops a wait for a header."""
+        for fd in [fd for fd in self._watched if self._fd_link[fd] != reading]:
+            self._look(fd, reading)
 
     def _keep_unread(self, peer: int, chunk: int, header: Header) -> None:
         # As for a message that runs ahead: keep its header and stop watching the socket, whose
@@ -494,7 +537,8 @@ class TcpTransport(Transport):
         self._unwatch(self._links[link].fileno())
 
     def _read_payload(self, peer: int, chunk: int, out: memoryview, deadline: float = math.inf) -> None:
-        self._readers[(peer, chunk % self._channels)].read_into(out, deadline)
+        link = (peer, chunk % self._channels)
+        self._readers[link].read_into(out, deadline, self._heed[link])
 
     def _send_abort(self, header: Header) -> None:
         frame = wire.pack(header)

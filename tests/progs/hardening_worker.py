@@ -164,15 +164,16 @@ def main() -> int:
         return 0
 
     if SCENARIO == "stall-broadcast":
-        # The victim stops 30 ms into a 256 MiB broadcast; the call's timeout (0.5 s) must bound
-        # every other rank's call, the rest of a payload included.
+        # The victim stops 30 ms into a 256 MiB broadcast; the call's timeout (0.5 s, or this
+        # rank's HARDENING_CALL_TIMEOUT) must bound every other rank's call, the rest of a
+        # payload included.
         x = np.full((256 << 20) // 4, 1.0 if r == 0 else 0.0, np.float32)
         fastcoll.barrier()
         if r == VICTIM:
             threading.Timer(0.03, os.kill, (os.getpid(), signal.SIGSTOP)).start()
         start = time.monotonic()
         try:
-            fastcoll.broadcast(x, root=0, timeout=0.5)
+            fastcoll.broadcast(x, root=0, timeout=float(os.environ.get("HARDENING_CALL_TIMEOUT", "0.5")))
         except fastcoll.FastcollError as e:
             error(e, start)
             return 3
