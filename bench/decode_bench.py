@@ -159,8 +159,8 @@ def host_costs(gated: bool, n: int = 64, reps: int = 12) -> dict:
 def floor_all_sum(kind: str):
     """An all_sum that exchanges nothing (wrong values: a floor, never a result), to put in
     mx.distributed.all_sum's place in a sharded rank: what tensor parallelism costs the host when
-    the all-reduce costs (identity) nothing, (kernel) one bare mx.fast.cuda_kernel call, a copy of
-    256 threads, (custom) that call inside an mx.custom_function with a vjp, as any differentiable
+    the all-reduce costs (identity) nothing, (kernel) one bare mx.fast.cuda_kernel call, a copy
+    with a thread per element in threadgroups of 256, (custom) that call inside an mx.custom_function with a vjp, as any differentiable
     collective made through MLX's Python API has; the gate's all_sum is the last plus its own."""
     import mlx.core as mx
 
@@ -424,7 +424,8 @@ def main() -> None:
     for run, r in results.items():
         m = r["ms_per_token"]
         ratio = f"{m['median'] / single:.2f}x" if single else "-"
-        print(f"| {run} | {1 if run == 'single' else args.world} | {m['median']:.2f} | {m['p90']:.2f} | "
+        ranks = 1 if run.split("@")[0].split("#")[0] == "single" else args.world
+        print(f"| {run} | {ranks} | {m['median']:.2f} | {m['p90']:.2f} | "
               f"{1000 / m['median']:.1f} | {ratio} |")
     host = results.get("host", {}).get("tokens")
     for run, r in results.items():
