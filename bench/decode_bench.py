@@ -375,6 +375,8 @@ def main() -> None:
     if args.run:
         rank_main(args)
         return
+    from fastcoll.launch.agent import on_cpus
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = {}
@@ -399,13 +401,11 @@ def main() -> None:
             from bench.micro.cpu_map import cpu_map
 
             speeds = cpu_map(passes=1)
+            best = min(speeds.values())
             cpus = sorted(speeds, key=speeds.get)[: args.fast_cpus]
-            print(f"--- {run}: on CPUs {cpus}, each {[round(speeds[c] / min(speeds.values()), 2) for c in cpus]}x "
-                  f"the fastest's time (all: {sorted(round(v / min(speeds.values()), 2) for v in speeds.values())})",
-                  flush=True)
-        from fastcoll.launch.agent import on_cpus  # a child starts with the mask of the thread that starts it
-
-        with on_cpus(cpus):
+            print(f"--- {run}: on CPUs {cpus}, each {[round(speeds[c] / best, 2) for c in cpus]}x "
+                  f"the fastest's time (all: {sorted(round(v / best, 2) for v in speeds.values())})", flush=True)
+        with on_cpus(cpus):  # a child starts with the CPU mask of the thread that starts it
             p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             text, _ = p.communicate(timeout=args.timeout + 30)

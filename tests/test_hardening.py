@@ -256,18 +256,24 @@ def test_no_token_and_no_job_identity_warns():
 # --- 3. A per-call timeout bounds a stall in the middle of a payload ---------------------------
 
 
-@pytest.mark.parametrize("transport,world", [("tcp", 2), ("zmq", 2), ("shm", 3), ("tcp", 3), ("zmq", 3)])
-def test_per_call_timeout_bounds_a_stall_mid_payload(launch, transport, world):
-    # Rank 1 stops 30 ms into a 256 MiB broadcast (FASTCOLL_TIMEOUT=5, timeout=0.5): the
-    # others' call used to last until the sockets' kernel timeout (FASTCOLL_TIMEOUT), and a
-    # receiver was told "send timed out". Now it ends at 0.5 s and names the direction.
-    job = launch(world, WORKER, "stall-broadcast", transport=transport, timeout="5")
+def _stalled_broadcast(launch, world: int, transport: str, **kw) -> list:
+    """The stall-broadcast scenario: every rank but the stopped one (rank 1) ends within 20 s,
+    then rank 1 is killed; each rank's outcome."""
+    job = launch(world, WORKER, "stall-broadcast", transport=transport, **kw)
     deadline = time.monotonic() + 20
     others = [p for r, p in enumerate(job.procs) if r != 1]
     while time.monotonic() < deadline and any(p.poll() is None for p in others):
         time.sleep(0.05)
     job.kill()  # the stopped rank
-    results = outcome(job, 10)
+    return outcome(job, 10)
+
+
+@pytest.mark.parametrize("transport,world", [("tcp", 2), ("zmq", 2), ("shm", 3), ("tcp", 3), ("zmq", 3)])
+def test_per_call_timeout_bounds_a_stall_mid_payload(launch, transport, world):
+    # Rank 1 stops 30 ms into a 256 MiB broadcast (FASTCOLL_TIMEOUT=5, timeout=0.5): the
+    # others' call used to last until the sockets' kernel timeout (FASTCOLL_TIMEOUT), and a
+    # receiver was told "send timed out". Now it ends at 0.5 s and names the direction.
+    results = _stalled_broadcast(launch, world, transport, timeout="5")
     for r, (code, lines, _, _) in enumerate(results):
         if r == 1:
             continue
@@ -292,14 +298,8 @@ def test_a_receiver_told_of_the_roots_timeout_raises_it_at_once(launch, transpor
     # The window the test above can land in, held open: rank 2's own limit (5 s) is far behind
     # the root's (0.5 s), so the root's notice always reaches it first. Rank 2 must raise the
     # root's timeout then, naming who stopped, and not wait out its own limit.
-    job = launch(3, WORKER, "stall-broadcast", transport=transport, timeout="10",
-                 per_rank_env=lambda r: {"HARDENING_CALL_TIMEOUT": "5" if r == 2 else "0.5"})
-    deadline = time.monotonic() + 20
-    others = [p for r, p in enumerate(job.procs) if r != 1]
-    while time.monotonic() < deadline and any(p.poll() is None for p in others):
-        time.sleep(0.05)
-    job.kill()  # the stopped rank
-    results = outcome(job, 10)
+    results = _stalled_broadcast(launch, 3, transport, timeout="10",
+                                 per_rank_env=lambda r: {"HARDENING_CALL_TIMEOUT": "5" if r == 2 else "0.5"})
     code, lines, _, _ = results[2]
     assert code == 3, show(results)
     cls, elapsed, message = error_of(lines)

@@ -161,7 +161,7 @@ def all_min(x: Any, *, group: Any = None, stream: Any = None) -> mx.array:
 def _reduce(op: str, x: Any, group: Any, name: str) -> mx.array:
     x = _as_array(x, name)
     g = _resolve(group)
-    if g is None or g.size() == 1:
+    if _single(g):
         return x
     return differentiable(op, g)(x)
 

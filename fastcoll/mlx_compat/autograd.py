@@ -39,21 +39,21 @@ _SPECIAL = frozenset((mx.bool_, mx.complex64))
 
 def host_reduce(x: mx.array, op: str, g: Group) -> mx.array:
     dtype = x.dtype
-    if dtype not in _SPECIAL:  # first: tensor-parallel decode calls this dozens of times a token
-        return eager(fastcoll.all_reduce, x, op, g)
-    if dtype == mx.bool_:
-        # MLX's backends reduce bools as logical or (sum, max) and and (min).
-        y = eager(fastcoll.all_reduce, x.astype(mx.uint8), op="min" if op == "min" else "max", group=g)
-        return y.astype(mx.bool_)
-    if dtype == mx.complex64 and op in ("max", "min"):
-        # fastcoll has no order on complex numbers; MLX's mx.maximum orders lexicographically.
-        parts = eager(fastcoll.all_gather, mx.expand_dims(x, 0), group=g)
-        pick = mx.maximum if op == "max" else mx.minimum
-        acc = parts[0]
-        for i in range(1, g.size()):
-            acc = pick(acc, parts[i])
-        return acc
-    return eager(fastcoll.all_reduce, x, op=op, group=g)  # complex64 sums
+    # One set lookup for the common dtypes: tensor-parallel decode calls this dozens of times a token.
+    if dtype in _SPECIAL:
+        if dtype == mx.bool_:
+            # MLX's backends reduce bools as logical or (sum, max) and and (min).
+            y = eager(fastcoll.all_reduce, x.astype(mx.uint8), op="min" if op == "min" else "max", group=g)
+            return y.astype(mx.bool_)
+        if op in ("max", "min"):  # complex64
+            # fastcoll has no order on complex numbers; MLX's mx.maximum orders lexicographically.
+            parts = eager(fastcoll.all_gather, mx.expand_dims(x, 0), group=g)
+            pick = mx.maximum if op == "max" else mx.minimum
+            acc = parts[0]
+            for i in range(1, g.size()):
+                acc = pick(acc, parts[i])
+            return acc
+    return eager(fastcoll.all_reduce, x, op, g)
 
 
 _functions: dict[tuple, Any] = {}
