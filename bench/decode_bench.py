@@ -3,14 +3,18 @@ here (no download): one process unsharded, two ranks on fastcoll's host path, tw
 the fence gate, in one run.
 
     python bench/decode_bench.py [--shape 8b] [--tokens 64] [--runs single,host,gate] [--out DIR]
-                                 [--fast-cpus N]
+                                 [--fast-cpus N] [--fast-main]
 
 The loop is `mlx_lm.generate.generate_step` (greedy), which builds the next token's graph while
 this one runs (mx.async_eval). Ranks start through `fastcoll-launch` and run
 `model.shard(group)` under `fastcoll.mlx_compat`, as a user would. Two ranks on one GPU need CUDA
 MPS running. Prints ms per token, tokens/s and the ratio to the single process for each run, and
 checks that the gate and the host path generated the same tokens. The `floor_*` runs are sharded
-ranks whose all_sum exchanges nothing (floor_all_sum): what any collective must at least cost.
+ranks whose all_sum exchanges nothing (floor_all_sum): what any collective must at least cost;
+`floor_gate` is the gate's whole path over a gather of each rank alone (solo_gate), so its ranks
+never wait for each other. `--fast-main` puts each process's main thread (the one that builds and
+submits every token) on a CPU of its own among those fastest just before the run, the single
+process's too, so that runs compare on CPUs of equal speed.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -192,6 +197,71 @@ def floor_all_sum(kind: str):
     return lambda x, *, group=None, stream=None: differentiable(x)
 
 
+def solo_gate(group) -> None:
+    """Make the job's fence gate one over a gather of this rank alone (the direct mode with one
+    rank: each gate's spin waits for this GPU's own arrival only). Every gated all_sum then takes
+    the gate's whole path, mlx_compat, fastcoll.all_reduce, the kernel and the watcher, but no rank
+    waits for another: the floor_gate run, what the gate costs a rank apart from the coupling."""
+    from fastcoll import cuda
+    from fastcoll.config import Config
+    from fastcoll.gate import Gate, direct
+    from fastcoll.gate.layout import ControlLayout
+    from fastcoll.gate.mlx_backend import MlxBackend
+
+    config = Config(fast_sync=True)
+    gather = direct.setup(lambda what, values: np.array([values], dtype=np.int64), 0, 1,
+                          config.gate_max_bytes, cuda.share_host_memory)
+    if gather is None:
+        raise RuntimeError("floor_gate: no gather segment for a gate of one rank here")
+    gate = Gate(MlxBackend(cuda, ControlLayout(config.gate_max_bytes, 1), advise=cuda.advise_page), config)
+    gate.use_direct(gather)
+    job = group.fastcoll_group._job  # (a benchmark's floor: the job runs without a gate of its own)
+    if job.gate is not None:
+        raise RuntimeError("floor_gate runs with FASTCOLL_FAST_SYNC=0")
+    job.gate = gate
+
+
+def watch_check(gate, how: str) -> list[float]:
+    """DECODE_GATE_CHECK, a diagnosis of the check every gated call makes (Group.check ->
+    Gate.check: one load of the control page, which the GPU's spin reads and writes): `skip` makes
+    it do nothing, `time` times each one. Returns the times (s), filled as calls are made."""
+    times: list[float] = []
+    plain = gate.check
+    if how == "skip":
+        gate.check = lambda: None
+    elif how == "time":
+        def timed() -> None:
+            t = time.perf_counter()
+            plain()
+            times.append(time.perf_counter() - t)
+
+        gate.check = timed
+    else:
+        raise ValueError(f"DECODE_GATE_CHECK={how!r}: skip or time")
+    return times
+
+
+def pin_main_thread(rank: int) -> list[int] | None:
+    """DECODE_MAIN_CPUS (decode_bench's --fast-main): this process's main thread alone onto the
+    CPU of its rank in that list, and every other thread of the process back onto all the CPUs
+    the process had (a thread inherits the mask of the thread that starts it, and MLX starts
+    some lazily). Called from the thread that decodes, once the warm-up has started every
+    thread. Returns the main thread's CPUs, or None without DECODE_MAIN_CPUS."""
+    cpus = os.environ.get("DECODE_MAIN_CPUS")
+    if not cpus:
+        return None
+    listed = [int(c) for c in cpus.split(",")]
+    everywhere = os.sched_getaffinity(os.getpid())  # the process's (its first thread's) mask
+    me = threading.get_native_id()
+    for task in Path("/proc/self/task").iterdir():
+        tid = int(task.name)
+        try:
+            os.sched_setaffinity(tid, {listed[rank % len(listed)]} if tid == me else everywhere)
+        except OSError:  # a thread that has just ended
+            pass
+    return sorted(os.sched_getaffinity(0))
+
+
 class HostTimes:
     """The model, with the host's time per token measured: building its graph (the model call)
     and handing it to the GPU (mx.async_eval). What is left of a token's time is the wait for it."""
@@ -248,6 +318,8 @@ class Threads:
             moves = next((int(float(l.split(":")[1])) for l in sched.splitlines() if l.startswith("se.nr_migrations")), -1)
             tick = os.sysconf("SC_CLK_TCK")
             out[task.name] = {"name": name, "cpu_s": (int(stat[11]) + int(stat[12])) / tick,
+                              "cpus_allowed": status.get("Cpus_allowed_list", "").strip(),
+                              "minflt": int(stat[7]), "majflt": int(stat[9]),
                               "waits": int(status.get("voluntary_ctxt_switches", 0)),
                               "preempted": int(status.get("nonvoluntary_ctxt_switches", 0)), "moves": moves,
                               "last_cpu": int(stat[36])}
@@ -256,11 +328,36 @@ class Threads:
     def summary(self, seconds: float) -> list:
         end, rows = self._read(), []
         for tid, e in end.items():
-            b = self._start.get(tid, {"cpu_s": 0, "waits": 0, "preempted": 0, "moves": 0})
+            b = self._start.get(tid, {"cpu_s": 0, "waits": 0, "preempted": 0, "moves": 0, "minflt": 0, "majflt": 0})
             rows.append({"tid": int(tid), "name": e["name"], "cpu_share": round((e["cpu_s"] - b["cpu_s"]) / seconds, 3),
                          "waits": e["waits"] - b["waits"], "preempted": e["preempted"] - b["preempted"],
-                         "moves": e["moves"] - b["moves"] if e["moves"] >= 0 else None, "last_cpu": e["last_cpu"]})
+                         "moves": e["moves"] - b["moves"] if e["moves"] >= 0 else None, "last_cpu": e["last_cpu"],
+                         "cpus_allowed": e["cpus_allowed"], "faults": e["minflt"] - b["minflt"] + e["majflt"] - b["majflt"]})
         return sorted(rows, key=lambda r: -r["cpu_share"])
+
+
+def cpu_ticks() -> dict[int, tuple[int, int]]:
+    """CPU -> (all ticks, ticks stolen by the hypervisor), from /proc/stat (Linux; {} elsewhere)."""
+    out = {}
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                name, *fields = line.split()
+                if name.startswith("cpu") and name != "cpu":
+                    ticks = [int(v) for v in fields[:8]]  # user nice system idle iowait irq softirq steal
+                    out[int(name[3:])] = (sum(ticks), ticks[7])
+    except OSError:
+        pass
+    return out
+
+
+def steal_share(before: dict, after: dict, cpus: list[int]) -> dict[int, float]:
+    """The share of each CPU's time that the hypervisor gave to someone else between two reads."""
+    out = {}
+    for c in cpus:
+        if c in before and c in after and after[c][0] > before[c][0]:
+            out[c] = round((after[c][1] - before[c][1]) / (after[c][0] - before[c][0]), 3)
+    return out
 
 
 def rank_main(args) -> None:
@@ -283,9 +380,14 @@ def rank_main(args) -> None:
         mlx_compat.install()
         group = mx.distributed.init()
         model.shard(group)
-        if os.environ.get("DECODE_FLOOR"):  # after install(): mlx.nn's layers call it by name
+        if os.environ.get("DECODE_FLOOR") == "gate":
+            solo_gate(group)
+        elif os.environ.get("DECODE_FLOOR"):  # after install(): mlx.nn's layers call it by name
             mx.distributed.all_sum = floor_all_sum(os.environ["DECODE_FLOOR"])
         rank, info = group.rank(), group.fastcoll_group.transport_info()
+    check_times = None
+    if os.environ.get("DECODE_GATE_CHECK") and args.run != "single":
+        check_times = watch_check(group.fastcoll_group._job.gate, os.environ["DECODE_GATE_CHECK"])
     t0 = time.perf_counter()
     mx.eval(model.parameters())
     load_s = time.perf_counter() - t0
@@ -303,7 +405,19 @@ def rank_main(args) -> None:
                           "--idle", "--threads", *how, "--format", "raw",
                           "-o", str(Path(args.result).with_suffix(".pyspy.txt"))])
 
-    res = decode(model, args.tokens, sample if spy and rank == 0 else None)
+    main_cpus = []
+
+    def warmed_up() -> None:  # every thread exists now: pin the main thread, then start py-spy
+        main_cpus.append(pin_main_thread(rank))
+        if spy and rank == 0:
+            sample()
+
+    res = decode(model, args.tokens, warmed_up)
+    res["main_thread_cpus"] = main_cpus[0] if main_cpus else None
+    if check_times:
+        res["gate_check_us"] = {"median": float(np.median(check_times)) * 1e6,
+                                "p99": float(np.percentile(check_times, 99)) * 1e6, "n": len(check_times)}
+        print(f"rank {rank} gate check: {res['gate_check_us']}", flush=True)
     if trace is not None:
         from bench.gate_where import gate_timeline
 
@@ -326,8 +440,9 @@ def rank_main(args) -> None:
           + (f"; host ms per token: {res['host_ms']}" if "host_ms" in res else ""), flush=True)
     if "threads" in res:
         busy = [t for t in res["threads"] if t["cpu_share"] >= 0.02]
-        print(f"rank {rank} threads (CPU share, waits, preempted, moves, last CPU): "
-              + "; ".join(f"{t['name']} {t['cpu_share']:.2f} {t['waits']} {t['preempted']} {t['moves']} {t['last_cpu']}"
+        print(f"rank {rank} threads (CPU share, waits, preempted, moves, last CPU, page faults): "
+              + "; ".join(f"{t['name']} {t['cpu_share']:.2f} {t['waits']} {t['preempted']} {t['moves']} {t['last_cpu']} "
+                          f"{t['faults']}"
                           for t in busy), flush=True)
     if trace is not None:
         tl = res["gate_timeline"]
@@ -352,6 +467,11 @@ RUNS = {
     "floor_identity": {"FASTCOLL_FAST_SYNC": "0", "DECODE_FLOOR": "identity"},
     "floor_kernel": {"FASTCOLL_FAST_SYNC": "0", "DECODE_FLOOR": "kernel"},
     "floor_custom": {"FASTCOLL_FAST_SYNC": "0", "DECODE_FLOOR": "custom"},
+    # diagnoses of the per-call check (watch_check): skipped, or timed
+    "gate_nocheck": {"FASTCOLL_FAST_SYNC": "1", "DECODE_GATE_CHECK": "skip"},
+    "gate_checktimed": {"FASTCOLL_FAST_SYNC": "1", "DECODE_GATE_CHECK": "time"},
+    # the gate's whole path in each rank, over a gather of that rank alone: no rank waits for another
+    "floor_gate": {"FASTCOLL_FAST_SYNC": "0", "DECODE_FLOOR": "gate"},
 }
 # A run named NAME_bound is NAME under `fastcoll-launch --bind-to cores`: each rank on cores of its
 # own, as each has a machine of its own in a real job.
@@ -369,6 +489,9 @@ def main() -> None:
     ap.add_argument("--fast-cpus", type=int, default=0, metavar="N",
                     help="start each run on the N CPUs that run Python fastest just before it "
                          "(bench/micro/cpu_map.py; a lent machine's CPUs differ by up to 1.8x)")
+    ap.add_argument("--fast-main", action="store_true",
+                    help="put each process's main thread alone on one of the CPUs that run Python "
+                         "fastest just before the run (one CPU a process; its other threads keep every CPU)")
     ap.add_argument("--rank-main", dest="run", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -397,14 +520,22 @@ def main() -> None:
             cmd = [sys.executable, "-m", "fastcoll.launch", "-n", str(args.world), "--timeout", str(args.timeout),
                    "--bind-to", "cores" if bound else "none", *cmd]
         cpus = None
-        if args.fast_cpus:
+        if args.fast_cpus or args.fast_main:
             from bench.micro.cpu_map import cpu_map
 
             speeds = cpu_map(passes=1)
             best = min(speeds.values())
-            cpus = sorted(speeds, key=speeds.get)[: args.fast_cpus]
-            print(f"--- {run}: on CPUs {cpus}, each {[round(speeds[c] / best, 2) for c in cpus]}x "
-                  f"the fastest's time (all: {sorted(round(v / best, 2) for v in speeds.values())})", flush=True)
+            ranked = sorted(speeds, key=speeds.get)
+            if args.fast_cpus:
+                cpus = ranked[: args.fast_cpus]
+            mains = ranked[: 1 if name == "single" else args.world]
+            if args.fast_main:
+                env["DECODE_MAIN_CPUS"] = ",".join(map(str, mains))
+            chosen = cpus if args.fast_cpus else mains
+            print(f"--- {run}: {'on CPUs' if args.fast_cpus else 'main threads on CPUs'} {chosen}, each "
+                  f"{[round(speeds[c] / best, 2) for c in chosen]}x the fastest's time "
+                  f"(all: {sorted(round(v / best, 2) for v in speeds.values())})", flush=True)
+        ticks = cpu_ticks() if args.fast_main else {}
         with on_cpus(cpus):  # a child starts with the CPU mask of the thread that starts it
             p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
@@ -413,6 +544,13 @@ def main() -> None:
             p.kill()
             text, _ = p.communicate()
         print(f"--- {run} (exit {p.returncode}) ---\n{text[-3000:]}", flush=True)
+        if args.fast_main:
+            stolen = steal_share(ticks, cpu_ticks(), sorted(ticks))
+            after = cpu_map(passes=1)
+            print(f"--- {run}: afterwards the main threads' CPUs {mains} take "
+                  f"{[round(after[c] / min(after.values()), 2) for c in mains]}x the fastest's time; "
+                  f"stolen by the hypervisor during the run: { {c: stolen.get(c) for c in mains} } "
+                  f"(the most on any CPU: {max(stolen.values(), default=0)})", flush=True)
         if result.exists() and p.returncode == 0:
             results[run] = json.loads(result.read_text())
             results[run]["cpus"] = cpus

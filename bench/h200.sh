@@ -7,7 +7,7 @@
 # On the lent GPU machine, after `bash .device/b/install.sh` (see docs/gate.md) and with
 # PYTHONPATH=/tmp/site:$PWD. `before ROOT` runs the previous version's benchmark from ROOT; `pyspy`
 # samples decode with py-spy --native (PYSPY names its binary). DECODE_RUNS and DECODE_TOKENS choose
-# decode_bench's runs and tokens, DECODE_FAST_CPUS its --fast-cpus; RANKS_ROWS the ranks part's rows. `cpumap` maps how fast each CPU
+# decode_bench's runs and tokens, DECODE_FAST_CPUS its --fast-cpus, DECODE_FAST_MAIN=1 its --fast-main; RANKS_ROWS the ranks part's rows. `cpumap` maps how fast each CPU
 # runs Python now (bench/micro/cpu_map.py).
 set -u
 out=$1
@@ -39,7 +39,7 @@ while [ $# -gt 0 ]; do
     cpumap) python3 bench/micro/cpu_map.py 2>&1 | tee -a "$out/log.txt" ;;
     decode) mps on; run 500 env DECODE_HOST_TIMES=1 DECODE_HOST_COSTS=1 DECODE_THREADS=1 python3 bench/decode_bench.py \
       --shape 8b --runs "${DECODE_RUNS:-single,host,gate,gate_bound}" --tokens "${DECODE_TOKENS:-48}" --out "$out" \
-      ${DECODE_FAST_CPUS:+--fast-cpus "$DECODE_FAST_CPUS"} ;;
+      ${DECODE_FAST_CPUS:+--fast-cpus "$DECODE_FAST_CPUS"} ${DECODE_FAST_MAIN:+--fast-main} ;;
     pyspy) mps on; run 300 env DECODE_PYSPY="${PYSPY:-py-spy}" DECODE_PYSPY_NATIVE=1 python3 bench/decode_bench.py \
       --shape 8b --runs single,gate --tokens 1000 --out "$out/pyspy" ;;
     before)

@@ -144,3 +144,43 @@ def test_cpu_map_times_every_cpu_and_unpins() -> None:
     speeds = cpu_map(passes=1)
     assert set(speeds) == before and all(s > 0 for s in speeds.values())
     assert os.sched_getaffinity(0) == before  # not left pinned to the last CPU it timed
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity"), reason="pinning threads: Linux only")
+def test_fast_main_pins_the_main_thread_alone() -> None:
+    """decode_bench --fast-main: the thread that calls pin_main_thread goes onto its rank's CPU;
+    every other thread of the process (one started after the caller was narrowed, too) keeps
+    every CPU the process had."""
+    import subprocess
+    import sys
+
+    script = r"""
+import os, threading, time
+from bench.decode_bench import pin_main_thread
+everywhere = os.sched_getaffinity(0)
+cpu = max(everywhere)
+os.environ["DECODE_MAIN_CPUS"] = f"{min(everywhere)},{cpu}"
+os.sched_setaffinity(0, {cpu})  # as if MLX had started a thread from a narrowed one
+stop = threading.Event()
+t = threading.Thread(target=stop.wait)
+t.start()
+os.sched_setaffinity(0, everywhere)
+assert pin_main_thread(1) == [cpu]
+assert os.sched_getaffinity(t.native_id) == everywhere, os.sched_getaffinity(t.native_id)
+stop.set()
+t.join()
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                       cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_steal_share_is_the_stolen_part_of_each_cpus_ticks() -> None:
+    from bench.decode_bench import cpu_ticks, steal_share
+
+    before = {0: (1000, 10), 1: (1000, 0)}
+    after = {0: (1200, 60), 1: (1000, 0)}  # CPU 1: no ticks between the reads, so no share
+    assert steal_share(before, after, [0, 1, 2]) == {0: 0.25}
+    ticks = cpu_ticks()
+    assert all(total >= stolen >= 0 for total, stolen in ticks.values())

@@ -232,3 +232,61 @@ def test_the_watcher_looks_as_often_as_fastcoll_tuning_says():
             assert [g._watcher._nap_s for g in gates] == [nap] * N
         finally:
             close(gates, devices)
+
+
+class _Gates:
+    """The watcher's view of a HostHalf whose gates pass (`moving`) or have stopped."""
+
+    def __init__(self, looks: int, moving: bool):
+        self.looks, self.moving, self.acks, self.failed = looks, moving, 0, None
+
+    def pending(self) -> bool:
+        self.looks -= 1
+        return self.looks >= 0
+
+    def completed(self) -> int:
+        self.acks += self.moving  # one more gate passed since the last look, or none
+        return self.acks
+
+    def check(self) -> None:
+        pass
+
+    def fail(self, e: BaseException) -> None:
+        self.failed = e
+
+
+class _Segment:
+    """A gather segment's lines as the watcher reads them: rank 0 is there, rank 1 is behind."""
+
+    rank = 0
+    layout = L.GatherLayout(64, N)
+
+    def pid(self, p: int) -> int:
+        return 1000 + p
+
+    def flag(self, p: int) -> int:
+        return 10**6 if p == 0 else 0
+
+
+@pytest.mark.parametrize("moving", [True, False])
+def test_the_watcher_looks_at_peer_processes_only_once_the_gates_stop(moving):
+    """While gates pass, a look costs no system call; once they stop, every look asks whether
+    each peer's process is alive (and finds a dead one)."""
+    from fastcoll.gate.direct import Watcher
+
+    asked: list[int] = []
+    gates = _Gates(looks=20, moving=moving)
+    w = Watcher(gates, _Segment(), timeout=30.0, alive=lambda pid: asked.append(pid) or True, nap_s=0.001)
+    try:
+        w.wake()
+        deadline = time.monotonic() + WAIT
+        while gates.looks >= 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert gates.looks < 0, "the watcher did not look 20 times"
+        if moving:
+            assert asked == []
+        else:
+            assert asked[:3] == [1001] * 3 and len(asked) >= 15  # every look but the first
+        assert gates.failed is None
+    finally:
+        w.stop()

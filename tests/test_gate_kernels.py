@@ -66,6 +66,19 @@ def test_headers_are_a_prelude_each_over_the_same_helpers():
     assert {"fc_spin", "fc_poison", "fc_apply", "fc_reduce"} <= set(_functions(kernels.HELPERS))
 
 
+def test_each_language_names_every_gated_dtype_as_mlx_does():
+    """A kind's element type is a define of its header (kernels.constants), in the backend's
+    language: the names MLX's own kernels use (dtype_to_cuda_type, get_type_string)."""
+    from fastcoll.gate.select import GATE_DTYPES
+
+    assert set(cuda.TYPES) == set(metal.TYPES) == GATE_DTYPES
+    assert cuda.TYPES["bfloat16"] == "__nv_bfloat16" and metal.TYPES["bfloat16"] == "bfloat16_t"
+    for lang in (cuda, metal):
+        kind = kernels.constants(lang, "float16", 5, 4, 1000, 2**31 - 1)
+        assert kind == (f"#define FC_T {lang.TYPES['float16']}\n#define FC_COUNT 5\n#define FC_OP 4\n"
+                        "#define FC_MAX_ITERS 1000u\n#define FC_SIG 2147483647u\n")
+
+
 def test_the_spin_is_shared_and_has_no_backoff():
     spin = _block(kernels.HELPERS, "FC_DEVICE fc_uint fc_spin(")
     assert spin in kernels.header(cuda, "", LAYOUT) and spin in kernels.header(metal, "device", LAYOUT)
@@ -98,9 +111,11 @@ class _Recorder:
     LANGUAGE = "recorder"
     THREAD_INDEX = cuda.THREAD_INDEX
     X_SPACES = ("",)
+    TYPES = cuda.TYPES
 
     def __init__(self):
         self.launches: list[tuple[str, dict]] = []
+        self.kernels: dict[str, tuple[str, str]] = {}  # name -> (source, header)
 
     def prelude(self) -> str:
         return cuda.prelude()
@@ -110,6 +125,8 @@ class _Recorder:
 
     def make_kernel(self, name, input_names, output_names, source, header):
         import mlx.core as mx
+
+        self.kernels[name] = (source, header)
 
         def run(**kw):
             self.launches.append((name, kw))
@@ -128,10 +145,14 @@ def test_a_gate_is_one_kernel_of_one_threadgroup_whose_thread_0_alone_spins(nbyt
     backend = MlxBackend(lang, LAYOUT)
     x = mx.zeros((1, nbytes // 2), dtype=mx.bfloat16)
     out, token = backend.launch(x, "sum", 1000, backend.initial_token(0))
-    assert [name for name, _ in lang.launches] == ["fastcoll_gate_gate"]
-    kw = lang.launches[0][1]
+    name, kw = lang.launches[0]
+    assert len(lang.launches) == 1 and name.startswith(f"fastcoll_gate_gate_bfloat16_{nbytes // 2}_sum_")
     assert kw["grid"] == kw["threadgroup"]  # one threadgroup
-    assert ("MAX_ITERS", 1000) in kw["template"] and ("COUNT", nbytes // 2) in kw["template"]
+    # The kind's constants are in its kernel (lang.kernels), not arguments of each call
+    assert "template" not in kw
+    header = lang.kernels[name][1]
+    assert f"#define FC_COUNT {nbytes // 2}\n" in header and "#define FC_MAX_ITERS 1000u\n" in header
+    assert "#define FC_T __nv_bfloat16\n" in header
     # Nothing per gate travels as an array of its own: x, the control page, the previous token.
     assert len(kw["inputs"]) == 3
     assert kw["output_shapes"] == [(1, nbytes // 2), (4,)]  # the result keeps x's shape
@@ -143,13 +164,10 @@ def test_a_gate_is_one_kernel_of_one_threadgroup_whose_thread_0_alone_spins(nbyt
     assert body.index("fc_barrier()", spin) < body.index("fc_reduce<", spin)  # all reduce after the spin
 
 
-_CUDA_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
-
-
 def _mlx_cuda_source(gather=None, only: str | None = None) -> str:
     """Every gate kernel as mx.fast.cuda_kernel would build it (mlx/backend/cuda/custom_kernel.cpp:
     the header, then `__global__ void name(const T* input, ..., T* output, ...)` whose body starts
-    with the template constants), for each gated dtype and op; the direct mode's with `gather`.
+    with the kind's constants defined before it), for each gated dtype and op; the direct mode's with `gather`.
     With `only`, that kernel alone, under the header cut to what it reaches, as MLX gets it."""
     from fastcoll.gate import layout as L
 
@@ -159,7 +177,7 @@ def _mlx_cuda_source(gather=None, only: str | None = None) -> str:
     parts = ["#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cstdint>\n",
              header, "namespace mlx::core::cu {\n"]
     n = 0
-    for name, ctype in _CUDA_TYPES.items():
+    for name, ctype in cuda.TYPES.items():
         for op, code in L.OPS.items():
             if only is not None and (name, op) != ("bfloat16", "mean"):  # the header is what differs
                 continue
@@ -176,9 +194,12 @@ def _mlx_cuda_source(gather=None, only: str | None = None) -> str:
                 types = {"x": f"const {ctype}*", "dep": f"const {ctype}*", "out": f"{ctype}*"}
                 args = [f"{types.get(i, 'const uint32_t*')} {i}" for i in inputs]
                 args += [f"{types.get(o, 'uint32_t*')} {o}" for o in outputs]
-                lines = [f"  using T = {ctype};"] + [f"  constexpr int {k} = {v};" for k, v in consts.items()]
                 n += 1
-                parts.append(f"__global__ void k{n}_{which}({', '.join(args)}) {{\n" + "\n".join(lines) + body + "}\n")
+                if consts:  # each kind's header defines its constants (one file here: redefined)
+                    parts.append("#undef FC_T\n#undef FC_COUNT\n#undef FC_OP\n#undef FC_MAX_ITERS\n#undef FC_SIG\n"
+                                 + kernels.constants(cuda, name, consts["COUNT"], consts["OP"],
+                                                     consts["MAX_ITERS"], consts["SIG"]))
+                parts.append(f"__global__ void k{n}_{which}({', '.join(args)}) {{\n" + body + "}\n")
     parts.append("}\n")
     return "\n".join(parts)
 
@@ -236,7 +257,8 @@ def test_each_kernel_gets_the_helpers_it_reaches(lang, name, direct):
     from fastcoll.gate.layout import GatherLayout
 
     gather = GatherLayout(16 * 1024, 2) if direct else None
-    header = kernels.header(lang, lang.X_SPACES[0], LAYOUT, 0, gather, 0x7F0000001000 if direct else 0)
+    kind = kernels.constants(lang, "bfloat16", 4096, 0, 1000, 12345) if name == "gate" else ""  # as MlxBackend
+    header = kernels.header(lang, lang.X_SPACES[0], LAYOUT, 0, gather, 0x7F0000001000 if direct else 0, kind)
     body = kernels.compiled(kernels.source(lang, name)[2], direct=direct)
     full = kernels.compiled(header, direct=direct).splitlines()
     cut = kernels.compiled(header, body, direct=direct).splitlines()

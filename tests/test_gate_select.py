@@ -93,6 +93,7 @@ class _SilentGpu:
     LANGUAGE = "silent"
     THREAD_INDEX = ("threadIdx.x", "blockDim.x")
     X_SPACES = ("",)
+    TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 
     def __init__(self, broken: bool = False):
         self.broken = broken

@@ -17,6 +17,7 @@ from typing import Any, Callable
 LANGUAGE = "cuda"
 THREAD_INDEX = ("threadIdx.x", "blockDim.x")
 X_SPACES = ("",)  # one address space
+TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}  # as MLX's CUDA kernels name them
 
 
 @lru_cache(maxsize=1)

@@ -2,9 +2,9 @@
 how one is opened. Nothing else in the host half imports a backend.
 
 A backend is a package (fastcoll/metal/, fastcoll/cuda/) with LANGUAGE, THREAD_INDEX, X_SPACES,
-prelude(), x_space(size), make_kernel(...), unavailable(), advise_page(page) and
-share_host_memory(ptr, nbytes); the kernels themselves are the shared body in
-fastcoll/gate/kernels.py over the backend's prelude.
+TYPES (each gated dtype's name in the language), prelude(), x_space(size), make_kernel(...),
+unavailable(), advise_page(page) and share_host_memory(ptr, nbytes); the kernels themselves are
+the shared body in fastcoll/gate/kernels.py over the backend's prelude.
 """
 
 from __future__ import annotations

@@ -16,9 +16,12 @@ The host half only supervises, from a thread of its own (`Watcher`), while gates
 a peer whose process is gone (each rank's PID is in its line of the segment) is PeerLostError, a
 gate this rank's GPU reached but a peer did not within FASTCOLL_TIMEOUT is CollectiveTimeoutError
 naming that peer, and either releases every issued gate with an error status, as the host mode
-does. The per-gate Python work (a poll, an exchange, a release on the service thread) and its
-need of the GIL are gone, which is what makes the gate cheap beside a Python thread that builds
-the next token (mlx-lm's generation loop).
+does. While gates pass, a look reads two words of the control page; the peers' processes are
+looked at only once the gates have stopped (a dead peer stops them), since each look at a process
+is a system call that hands the GIL back and forth with the thread building the next token. The
+per-gate Python work (a poll, an exchange, a release on the service thread) and its need of the
+GIL are gone, which is what makes the gate cheap beside a Python thread that builds the next
+token (mlx-lm's generation loop).
 
 Where ranks span hosts, or the backend cannot share memory (Metal through MLX), the gate keeps
 the host mode: every rank decides alike, from an all_gather of what each could set up.
@@ -175,9 +178,19 @@ class Watcher:
         host, g = self._host, self._gather
         arrived_at: float | None = None  # when this rank reached the gate that waits
         waiting_for = None
+        passed = None  # the last gate passed (ACK) at the previous look
         while not self._stop.is_set() and host.pending():
-            next_seq = seq_add(host.completed(), 1)
+            done = host.completed()
             host.check()  # a failure the GPU recorded (spin bound, mismatch)
+            if done != passed:
+                # A gate passed since the last look: every rank arrived at it, so none is gone or
+                # late yet. The checks below cost two system calls a peer, each a handover of the
+                # GIL with the thread building the next token; they wait for a look that finds
+                # the gates stopped (a dead peer stops them at once).
+                passed, waiting_for = done, None
+                time.sleep(self._nap_s)
+                continue
+            next_seq = seq_add(done, 1)
             for p in range(g.layout.ranks):
                 pid = g.pid(p)
                 if p != g.rank and pid and not self._alive(pid):

@@ -239,9 +239,9 @@ FC_DEVICE void fc_reduce(FC_OUT T* out, fc_bytes_t recv, fc_uint tid, fc_uint nt
 
 # Each kernel: (input names, output names, body). @TID@ and @NTHREADS@ are the backend's
 # THREAD_INDEX expressions (MLX adds a thread attribute to the signature only where the body
-# names it, so they are written out, not hidden behind a macro). Template constants, set per
-# call by fastcoll/gate/mlx_backend.py: T (the dtype), COUNT (x's size in elements), OP
-# (layout.OPS), MAX_ITERS (FASTCOLL_FENCE_MAX_ITERS), SIG (layout.signature).
+# names it, so they are written out, not hidden behind a macro). The constants of one kind of
+# gate, defined in its header (`constants`): FC_T (the dtype), FC_COUNT (x's size in elements),
+# FC_OP (layout.OPS), FC_MAX_ITERS (FASTCOLL_FENCE_MAX_ITERS), FC_SIG (layout.signature).
 KERNELS: dict[str, tuple[list[str], list[str], str]] = {
     # One threadgroup of GATE_THREADS threads, of which one spins.
     "gate": (["x", "ctrl", "after"], ["out", "token"], r"""
@@ -255,21 +255,21 @@ KERNELS: dict[str, tuple[list[str], list[str], str]] = {
   const fc_uint tid = @TID@;
   const fc_uint nthreads = @NTHREADS@;
   const fc_uint seq = after[FC_TOKEN_SEQ] + 1u;
-  const fc_uint nbytes = COUNT * sizeof(T);
+  const fc_uint nbytes = FC_COUNT * sizeof(FC_T);
   fc_copy_in(fc_own_slot(words, seq, nbytes), x, nbytes, tid, nthreads);
   // Every thread's stores of x reach system scope before the threadgroup meets...
   fc_fence();
   fc_barrier();
   if (tid == 0) {
-    fc_arrive(words, seq, (fc_uint)SIG);  // ...and only then is the arrival published
-    gate_status = fc_wait(words, seq, after[FC_TOKEN_STATUS], (fc_uint)SIG, MAX_ITERS);
+    fc_arrive(words, seq, FC_SIG);  // ...and only then is the arrival published
+    gate_status = fc_wait(words, seq, after[FC_TOKEN_STATUS], FC_SIG, FC_MAX_ITERS);
   }
   // The spinning thread's acquire loads order the peers' (or the host's) stores of the slots
   // before this barrier, and the barrier orders them before every thread's loads below.
   fc_barrier();
   const fc_uint status = gate_status;
   if (status == FC_OK) {
-    fc_reduce<T, OP, COUNT, 8>(out, fc_slots(words, seq), tid, nthreads);
+    fc_reduce<FC_T, FC_OP, FC_COUNT, 8>(out, fc_slots(words, seq), tid, nthreads);
   } else {
     // No valid data: all-ones bytes (NaN), and the host raises the error at the next call.
     fc_poison(out, nbytes, tid, nthreads);
@@ -290,12 +290,22 @@ KERNELS: dict[str, tuple[list[str], list[str], str]] = {
 
 
 def header(lang: ModuleType, space: str, layout: ControlLayout, rank: int = 0,
-           gather: GatherLayout | None = None, gather_address: int = 0) -> str:
+           gather: GatherLayout | None = None, gather_address: int = 0, kind: str = "") -> str:
     """What precedes every kernel: the backend's prelude (x in address space `space`), the
     control page's `layout` (and, in the direct mode, the gather segment's, for `rank`, at GPU
-    address `gather_address`), and the shared helpers."""
-    defines = c_defines(layout, rank, gather, gather_address)
+    address `gather_address`), the constants of one kind of gate (`kind`, from `constants`), and
+    the shared helpers."""
+    defines = c_defines(layout, rank, gather, gather_address) + kind
     return lang.prelude().replace("@DEFINES@", defines).replace("@X_SPACE@", space) + HELPERS
+
+
+def constants(lang: ModuleType, dtype_name: str, count: int, op_code: int, max_iters: int, sig: int) -> str:
+    """The defines of one kind of gate, for its header: the element type in the backend's
+    language, x's size, the op, the spin's bound and the signature. They are the kernel's own
+    (one kernel a kind, which a model repeats) rather than template arguments, which MLX
+    formats and hashes at every call (bench/NOTES.md 45)."""
+    return (f"#define FC_T {lang.TYPES[dtype_name]}\n#define FC_COUNT {count}\n#define FC_OP {op_code}\n"
+            f"#define FC_MAX_ITERS {max_iters}u\n#define FC_SIG {sig}u\n")
 
 
 _END_COMMENT = re.compile(r"\s*//.*$")  # the kernels hold no string literals

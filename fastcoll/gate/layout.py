@@ -18,8 +18,9 @@ applies memory advice, so that no other buffer shares its pages. The kernels get
 offsets from `c_defines()`, so this module is the one source of truth for them.
 
 Nothing per gate travels in an array of its own: the sequence number comes to each gate's
-kernel in the previous gate's token (TOKEN_SEQ + 1), and the element count, op and spin bound
-are template constants of the kernel (one compile per shape and dtype, which a model repeats).
+kernel in the previous gate's token (TOKEN_SEQ + 1), and the element type and count, op, spin
+bound and signature are defines of the kernel's header (one kernel a kind of gate, which a model
+repeats: kernels.constants).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ TOKEN_SEQ = 0  # the gate's sequence number
 TOKEN_STATUS = 1  # its status: a spin timeout travels on, so later spins do not wait
 TOKEN_WORDS = 4
 
-# Reduction ops, as the kernels' OP template constant.
+# Reduction ops, as the kernels' FC_OP constant.
 OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "mean": 4}
 
 # Status codes in STATUS (host -> GPU) and in the gate kernel's token.

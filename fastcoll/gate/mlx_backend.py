@@ -104,11 +104,12 @@ class MlxBackend:
         return (out if x.ndim else out.reshape(())), token
 
     def _arguments(self, dtype: Any, shape: tuple, count: int, op: str, max_iters: int, sig: int) -> tuple:
-        """The kernel of one kind of gate and the keyword arguments of its calls, made once."""
+        """The kernel of one kind of gate (its constants compiled in) and the keyword arguments
+        of its calls, made once."""
         mx = self._mx
-        return self._kernel("gate", self._lang.x_space(count)), {
-            "template": [("T", dtype), ("COUNT", count), ("OP", L.OPS[op]), ("MAX_ITERS", max_iters),
-                         ("SIG", sig)],
+        name = dtype_name(dtype)
+        kind = kernels.constants(self._lang, name, count, L.OPS[op], max_iters, sig)
+        return self._kernel("gate", self._lang.x_space(count), kind, f"{name}_{count}_{op}_{sig:x}_{max_iters}"), {
             "output_shapes": [tuple(shape), (L.TOKEN_WORDS,)], "output_dtypes": [dtype, mx.uint32],
             "grid": (GATE_THREADS, 1, 1), "threadgroup": (GATE_THREADS, 1, 1)}
 
@@ -133,15 +134,18 @@ class MlxBackend:
         )
         return marked
 
-    def _kernel(self, which: str, space: str = "") -> Any:
-        key = f"{which}:{space}"
+    def _kernel(self, which: str, space: str = "", kind: str = "", kind_name: str = "") -> Any:
+        """Kernel `which` for x in address space `space`, with the constants `kind` (named
+        `kind_name` in the kernel's name: MLX's Metal backend finds a kernel by its name)."""
+        key = f"{which}:{space}:{kind_name}"
         k = self._kernels.get(key)
         if k is None:
             lang = self._lang
             inputs, outputs, source = kernels.source(lang, which)
-            name = f"fastcoll_gate_{which}" + (f"_{space}" if space else "") + ("_direct" if self._gather else "")
+            name = "_".join(part for part in ("fastcoll_gate", which, kind_name, space,
+                                              "direct" if self._gather else "") if part)
             header = kernels.header(lang, space or lang.X_SPACES[0], self.layout, self._rank, self._gather,
-                                    self._gather_address)
+                                    self._gather_address, kind)
             direct = self._gather is not None
             k = self._kernels[key] = lang.make_kernel(
                 name, inputs, outputs, kernels.compiled(source, direct=direct),

@@ -26,6 +26,7 @@ LANGUAGE = "metal"
 THREAD_INDEX = ("thread_position_in_threadgroup.x", "threads_per_threadgroup.x")
 # MLX binds inputs of fewer than 8 elements as `constant`, larger ones as `device`.
 X_SPACES = ("device", "constant")
+TYPES = {"float32": "float", "float16": "float16_t", "bfloat16": "bfloat16_t"}  # as MLX's Metal kernels name them
 _MAX_CONSTANT_ARRAY_SIZE = 8
 
 
