@@ -8,6 +8,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from fastcoll import cuda
 from fastcoll.config import Config
 from fastcoll.gate import Gate, probe
 from fastcoll.gate.layout import ControlLayout
@@ -93,7 +94,7 @@ class _SilentGpu:
     LANGUAGE = "silent"
     THREAD_INDEX = ("threadIdx.x", "blockDim.x")
     X_SPACES = ("",)
-    TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
+    TYPES = cuda.TYPES
 
     def __init__(self, broken: bool = False):
         self.broken = broken
