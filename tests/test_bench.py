@@ -162,7 +162,7 @@ cpu = max(everywhere)
 os.environ["DECODE_MAIN_CPUS"] = f"{min(everywhere)},{cpu}"
 os.sched_setaffinity(0, {cpu})  # as if MLX had started a thread from a narrowed one
 stop = threading.Event()
-t = threading.Thread(target=stop.wait)
+t = threading.Thread(target=stop.wait, daemon=True)  # a failed assert ends the process at once
 t.start()
 os.sched_setaffinity(0, everywhere)
 assert pin_main_thread(1) == [cpu]
