@@ -202,23 +202,15 @@ def solo_gate(group) -> None:
     rank: each gate's spin waits for this GPU's own arrival only). Every gated all_sum then takes
     the gate's whole path, mlx_compat, fastcoll.all_reduce, the kernel and the watcher, but no rank
     waits for another: the floor_gate run, what the gate costs a rank apart from the coupling."""
-    from fastcoll import cuda
+    from bench.gate_bench import one_rank_direct_gate
     from fastcoll.config import Config
-    from fastcoll.gate import Gate, direct
-    from fastcoll.gate.layout import ControlLayout
-    from fastcoll.gate.mlx_backend import MlxBackend
 
-    config = Config(fast_sync=True)
-    gather = direct.setup(lambda what, values: np.array([values], dtype=np.int64), 0, 1,
-                          config.gate_max_bytes, cuda.share_host_memory)
-    if gather is None:
-        raise RuntimeError("floor_gate: no gather segment for a gate of one rank here")
-    gate = Gate(MlxBackend(cuda, ControlLayout(config.gate_max_bytes, 1), advise=cuda.advise_page), config)
-    gate.use_direct(gather)
     job = group.fastcoll_group._job  # (a benchmark's floor: the job runs without a gate of its own)
     if job.gate is not None:
         raise RuntimeError("floor_gate runs with FASTCOLL_FAST_SYNC=0")
-    job.gate = gate
+    job.gate = one_rank_direct_gate(Config(fast_sync=True))
+    if job.gate is None:
+        raise RuntimeError("floor_gate: no gather segment for a gate of one rank here")
 
 
 def watch_check(gate, how: str) -> list[float]:

@@ -225,6 +225,23 @@ def host_path_1rank(y):
     return y
 
 
+def one_rank_direct_gate(config):
+    """A CUDA gate in the direct mode over a gather segment of this process alone: each gate's
+    spin waits for this GPU's own arrival only. None where no segment can be set up."""
+    import fastcoll.cuda as cuda
+    from fastcoll.gate import Gate, direct
+    from fastcoll.gate.layout import ControlLayout
+    from fastcoll.gate.mlx_backend import MlxBackend
+
+    gather = direct.setup(lambda what, values: np.array([values], dtype=np.int64), 0, 1,
+                          config.gate_max_bytes, cuda.share_host_memory)
+    if gather is None:
+        return None
+    gate = Gate(MlxBackend(cuda, ControlLayout(config.gate_max_bytes, 1), advise=cuda.advise_page), config)
+    gate.use_direct(gather)
+    return gate
+
+
 def cmd_profile(args) -> None:
     """One rank, one GPU: where a gate's time goes, release latency and correctness, tokens."""
     import mlx.core as mx
@@ -337,15 +354,10 @@ def cmd_profile(args) -> None:
     gate.check()
     # The direct mode with one rank: the GPU's own FLAG is all its spin waits for, so this is the
     # gate's kernels with no host turn at all (fastcoll/gate/direct.py).
-    from fastcoll.gate import direct
-
-    gather = direct.setup(lambda what, values: np.array([values], dtype=np.int64), 0, 1, 64 * 1024,
-                          cuda.share_host_memory)
-    res["direct_1rank_available"] = gather is not None
-    if gather is not None:
-        solo = Gate(MlxBackend(cuda, ControlLayout(64 * 1024, 1), advise=cuda.advise_page),
-                    Config(fast_sync=True, gate_host_min_bytes=1, gate_max_bytes=64 * 1024, fence_max_iters=MAX_ITERS))
-        solo.use_direct(gather)
+    solo = one_rank_direct_gate(Config(fast_sync=True, gate_host_min_bytes=1, gate_max_bytes=64 * 1024,
+                                       fence_max_iters=MAX_ITERS))
+    res["direct_1rank_available"] = solo is not None
+    if solo is not None:
         step("token_direct_8k", tokens, gated(solo), args.tokens, mx.bfloat16, ROW)
         step("token_direct_8k_pipelined", tokens, gated(solo), args.tokens, mx.bfloat16, ROW, True)
         step("token_direct_64b", tokens, gated(solo), args.tokens, mx.float32, 16)
