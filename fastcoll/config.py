@@ -345,10 +345,19 @@ def _number(env: Mapping[str, str], name: str, default, kind, minimum=None):
     return value
 
 
+# What an on/off setting (FASTCOLL_SHM, ...) accepts, in any case; the README lists the same.
+FLAG_OFF = ("0", "off", "false", "no")
+FLAG_ON = ("1", "on", "true", "yes")
+
+
 def _flag(env: Mapping[str, str], name: str, default: bool = False) -> bool:
-    text = env.get(name, "1" if default else "0").strip().lower()
-    if text in ("", "0", "false", "no", "off"):
+    """An on/off setting: FLAG_ON or FLAG_OFF; unset or empty gives the default."""
+    text = env.get(name, "").strip().lower()
+    if not text:
+        return default
+    if text in FLAG_OFF:
         return False
-    if text in ("1", "true", "yes", "on"):
+    if text in FLAG_ON:
         return True
-    raise ValueError(f"{name} must be 0 or 1, not {text!r}")
+    words = ", ".join(f"{on}/{off}" for on, off in zip(FLAG_ON[1:], FLAG_OFF[1:]))
+    raise ValueError(f"{name} must be 0 or 1 (or {words}), not {env[name]!r}")

@@ -39,6 +39,11 @@ def init(config: Config | None = None) -> Group:
         if _default is not None:
             return _default
         config = Config.from_env() if config is None else config
+        if config.trace:  # at once, not at finalize() after the whole job ran
+            # Imported here, so that `python -m fastcoll.trace` finds it not yet imported.
+            from fastcoll.trace import check_path
+
+            check_path(config.trace, config.rank)
         _apply_log_level(config.log)
         gate = None
         if config.fast_sync:

@@ -71,6 +71,20 @@ def test_failing_rank_stops_job_with_its_code(launches):
     assert survivors(launches.marker) == []
 
 
+def test_the_first_rank_to_fail_is_reported_not_the_first_noticed(launches, tmp_path):
+    """Rank 1 exits 3; rank 0, which the launcher looks at first, exits 1 a moment (20 ms)
+    later because of it. Every time, the launcher must name rank 1 and exit 3 (before it was
+    fixed it named rank 0 in about half of these runs)."""
+    for run in range(20):
+        code, out, err, _ = launches.run(
+            ["-n", "2", *launches.rank_args("first-fails", "1", "3", "1", "0.02",
+                                            str(tmp_path / f"lock{run}"))])
+        assert (code, run) == (3, run), err.decode()
+        assert b"rank 1 (host localhost) exited with code 3; stopping the other 1 rank(s)" in err, err.decode()
+        assert b"rank 0 (host localhost) exited" not in err, err.decode()
+    assert survivors(launches.marker) == []
+
+
 def test_rank_killed_by_signal(launches):
     code, out, err, took = launches.run(
         ["-n", "3", *launches.rank_args("kill-if", "1", str(int(signal.SIGKILL)))]
@@ -177,6 +191,50 @@ def test_usage_errors(launches, args, message):
     code, out, err, _ = launches.run(args)
     assert code == 2
     assert message in err, err.decode()
+
+
+@pytest.mark.parametrize("name, value, says", [
+    ("FASTCOLL_TRANSPORT", "tpc", "FASTCOLL_TRANSPORT must be one of 'tcp', 'zmq', not 'tpc'"),
+    ("FASTCOLL_TIMEOUT", "abc", "FASTCOLL_TIMEOUT must be a number of seconds, not 'abc'"),
+    ("FASTCOLL_SHM", "maybe", "FASTCOLL_SHM must be 0 or 1 (or on/off, true/false, yes/no), not 'maybe'"),
+    ("FASTCOLL_CONNECTIONS", "0", "FASTCOLL_CONNECTIONS must be at least 1, not '0'"),
+    ("FASTCOLL_LOG", "loud", "FASTCOLL_LOG must be one of warning, info, debug, not 'loud'"),
+    ("FASTCOLL_TUNING", "spin=1", "FASTCOLL_TUNING: 'spin=1' is not name=value with a name among direct_max_bytes,"),
+    ("FASTCOLL_TRACE", "/nonexistent/dir/t.json", "FASTCOLL_TRACE must be path.json in an existing directory "
+     "this rank may write to; the directory /nonexistent/dir does not exist (FASTCOLL_TRACE='/nonexistent/dir/t.json')"),
+])
+@pytest.mark.parametrize("given", ["environment", "--env"])
+def test_bad_settings_are_refused_in_one_line_before_any_rank_starts(launches, monkeypatch, name, value,
+                                                                      says, given):
+    """A FASTCOLL_* value that init() would refuse, in the launcher's environment or --env: one
+    line, init()'s own words, exit code 2, and no rank started."""
+    extra = ["--env", f"{name}={value}"] if given == "--env" else []
+    if given == "environment":
+        monkeypatch.setenv(name, value)
+    code, out, err, took = launches.run(["-n", "2", *extra, *launches.rank_args("env")])
+    assert code == 2 and out == b"", err.decode()
+    assert err.decode().startswith(f"fastcoll-launch: {says}") and err.count(b"\n") == 1, err.decode()
+    assert survivors(launches.marker, wait=0) == []
+
+
+def test_the_agent_checks_the_trace_path_before_it_starts_the_rank(tmp_path):
+    """What a remote host's agent does with a bad FASTCOLL_TRACE (run here, without ssh): one
+    line, exit status 2, and the rank never runs."""
+    import socket
+    import subprocess
+
+    from fastcoll.launch.remote import agent_command, agent_payload
+
+    request = {"mode": "run", "argv": [sys.executable, "-c", "print('the rank ran')"],
+               "env": {"FASTCOLL_TRACE": "none/t.json", "FASTCOLL_RANK": "1"}, "cwd": str(tmp_path),
+               "grace": 1.0, "marker": "<mark>", "heartbeat": 0}
+    p = subprocess.run(agent_command(None, None, sys.executable, "test"), input=agent_payload(request),
+                       capture_output=True, timeout=30)
+    assert p.returncode == 2 and p.stdout == b"", p
+    assert p.stderr.decode().splitlines() == [
+        f"fastcoll-launch: on {socket.gethostname()}: FASTCOLL_TRACE must be path.json in an existing "
+        f"directory this rank may write to; the directory {tmp_path}/none does not exist "
+        "(FASTCOLL_TRACE='none/t.json')", "<mark>exit 2"]
 
 
 def test_check_on_this_machine(launches):

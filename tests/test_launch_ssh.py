@@ -231,6 +231,22 @@ def test_remote_failure_stops_every_rank(sshd, launches):
     assert _agents_left() == []
 
 
+def test_a_remote_ranks_trace_path_is_checked_on_its_host(sshd, launches, tmp_path):
+    """The launcher checks FASTCOLL_TRACE's directory for its own ranks only; a remote rank's
+    agent checks it on that host before starting the rank, in one line, and the job stops."""
+    trace = f"{tmp_path}/none/t.json"
+    code, out, err, took = launches.run(
+        [*sshd.ssh_option, "--hosts", "fc-a,fc-b", "--coordinator", "127.0.0.1",
+         "--env", f"FASTCOLL_TRACE={trace}", *launches.rank_args("env")], timeout=60)
+    assert code == 2 and out == b"", err.decode()
+    said = (f"fastcoll-launch: on {socket.gethostname()}: FASTCOLL_TRACE must be path.json in an existing "
+            f"directory this rank may write to; the directory {tmp_path}/none does not exist "
+            f"(FASTCOLL_TRACE={trace!r})")
+    assert said.encode() in err, err.decode()
+    assert survivors(launches.marker) == []
+    assert _agents_left() == []
+
+
 def test_sigint_stops_remote_ranks(sshd, launches):
     proc = launches.start([*sshd.ssh_option, "--hosts", "fc-a,fc-b", "--coordinator",
                            "127.0.0.1", *launches.rank_args("sleep")])
@@ -244,7 +260,8 @@ def test_sigint_stops_remote_ranks(sshd, launches):
 
 @pytest.mark.parametrize("host, words", [
     ("fc-badkey", b"host fc-badkey refused the ssh key"),
-    ("fc-down", b"host fc-down is unreachable over ssh"),
+    ("fc-down", b"host fc-down refused the ssh connection: no ssh server listens there. Start it "
+                b"(macOS: System Settings > General > Sharing > Remote Login; Linux: the sshd service)"),
 ])
 def test_ssh_failure_names_the_host(sshd, launches, host, words):
     code, out, err, took = launches.run(
@@ -272,7 +289,8 @@ def test_check_passes_and_fails_with_a_table(sshd, launches):
                                      timeout=60)
     text = out.decode()
     assert code == 1, text + err.decode()
-    assert re.search(r"^fc-down\s+FAIL.*unreachable over ssh", text, re.M), text
+    assert re.search(r"^fc-down\s+FAIL.*refused the ssh connection: no ssh server listens there", text,
+                     re.M), text
     assert re.search(r"^fc-b\s+ok.*FAIL: listed address 10.255.255.1 is not this host's", text,
                      re.M), text
     assert "some hosts FAILED" in text
@@ -309,3 +327,24 @@ def test_max_restarts_over_ssh(sshd, launches):
     assert runs["0"][0]["FASTCOLL_TOKEN"] != runs["1"][0]["FASTCOLL_TOKEN"]
     assert survivors(launches.marker) == []
     assert _agents_left() == []
+
+
+@pytest.mark.parametrize("said, advice", [
+    ("ssh: connect to host 127.0.0.1 port 22: Connection refused",
+     "host mac2 refused the ssh connection: no ssh server listens there. Start it (macOS: System Settings > "
+     "General > Sharing > Remote Login; Linux: the sshd service), or, if it listens on another port, name the "
+     "port in ~/.ssh/config (Host mac2 / Port N) or with --ssh 'ssh -p N' "
+     "[ssh: ssh: connect to host 127.0.0.1 port 22: Connection refused]"),
+    ("ssh: connect to host 10.0.0.9 port 22: Connection timed out",
+     "host mac2 is unreachable over ssh: check its name or address and the network between here and there, "
+     "then that `ssh mac2 true` works [ssh: ssh: connect to host 10.0.0.9 port 22: Connection timed out]"),
+    ("kex_exchange_identification: Connection closed by remote host",
+     "host mac2 closed the ssh connection before the login finished: check that `ssh mac2 true` works (a "
+     "firewall, or sshd's MaxStartups, can drop connections) "
+     "[ssh: kex_exchange_identification: Connection closed by remote host]"),
+])
+def test_an_ssh_failure_comes_with_advice(said, advice):
+    """No sshd needed: the sentence for what ssh said when it could not reach a host."""
+    from fastcoll.launch.remote import explain_ssh_failure
+
+    assert explain_ssh_failure("mac2", 255, [said.encode() + b"\r\n"], "python3") == advice

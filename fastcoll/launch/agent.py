@@ -94,6 +94,11 @@ def run_mode(request: dict) -> int:
                          f"{e.strerror} (pass --cwd)\n")
         status("exit 127")
         return 127
+    problem = trace_problem(env.get("FASTCOLL_TRACE", ""), env.get("FASTCOLL_RANK", "0"))
+    if problem:
+        sys.stderr.write(f"fastcoll-launch: on {host}: {problem}\n")
+        status("exit 2")
+        return 2
     share = request.get("cpu_share")
     try:
         cpus = cpu_share(int(share[0]), int(share[1])) if share else None
@@ -184,6 +189,25 @@ def run_mode(request: dict) -> int:
         return 128 - code
     status(f"exit {code}")
     return code
+
+
+def trace_problem(path: str, rank: str) -> str | None:
+    """Why rank `rank` could not write its trace of FASTCOLL_TRACE=`path` here (relative to the
+    current directory), or None: fastcoll.trace.check_path's rule, which this file cannot
+    import (fastcoll need not be installed where it runs; a test keeps the two alike)."""
+    if not path:
+        return None
+    root, ext = os.path.splitext(path)
+    target = os.path.abspath(f"{root}.rank{rank}{ext or '.json'}")
+    folder = os.path.dirname(target)
+    rule = "FASTCOLL_TRACE must be path.json in an existing directory this rank may write to"
+    if not os.path.isdir(folder):
+        return f"{rule}; the directory {folder} does not exist (FASTCOLL_TRACE={path!r})"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"{rule}; the directory {folder} is not writable (FASTCOLL_TRACE={path!r})"
+    if os.path.isdir(target):
+        return f"{rule}; {target} is a directory (FASTCOLL_TRACE={path!r})"
+    return None
 
 
 class BindError(RuntimeError):

@@ -26,6 +26,7 @@ from fastcoll.launch.output import OutputMux
 from fastcoll.launch.procs import HEARTBEAT, LOST_AFTER, LocalRank, RankProcess, RemoteRank
 from fastcoll.launch.remote import RemoteError, remote_free_port
 from fastcoll.launch.routes import data_warnings, ssh_address
+from fastcoll.launch.settings import check_settings
 from fastcoll.launch.supervise import Supervisor
 
 log = logging.getLogger("fastcoll.launch")
@@ -174,6 +175,7 @@ def _main(argv: Sequence[str] | None) -> int:
                 remote_port=lambda h: remote_free_port(ssh, h.name, python),
                 bind=args.bind_to,
             )
+            check_settings(plan, os.environ)  # init()'s rules, before any rank starts
         except (PlanError, RemoteError, ValueError) as e:
             parser.exit(USAGE_ERROR if isinstance(e, PlanError) else 255, f"fastcoll-launch: {e}\n")
         log.debug("job of %d rank(s), coordinator %s, attempt %d", plan.size, plan.coordinator, attempt)

@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Mapping, Protocol
 
+from fastcoll.launch import ranksite
 from fastcoll.launch.agent import BindError, cpu_share, on_cpus
 from fastcoll.launch.job import RankPlan
 from fastcoll.launch.output import OutputMux, pump
@@ -44,6 +45,9 @@ class RankProcess(Protocol):
 
     def poll(self) -> int | None:
         """The exit status (128+N for signal N) once the rank has ended, else None."""
+
+    def ended_at(self) -> float | None:
+        """When the rank ended (time.monotonic()), as soon as that is known, else None."""
 
     def signal(self, sig: int) -> None:
         """Send `sig` to the rank's whole process group."""
@@ -94,6 +98,8 @@ class LocalRank:
         self._signalled = False
         env = dict(environ)
         env.update(plan.env)
+        # First on its path: a hint for mx.distributed programs run without the compat layer.
+        env["PYTHONPATH"] = ranksite.python_path(env.get("PYTHONPATH", ""))
         mux.open_log(plan.rank)
         if not os.path.isdir(cwd):
             raise StartError(f"rank {plan.rank}: the working directory {cwd} does not exist", 127)
@@ -123,10 +129,26 @@ class LocalRank:
             pump(self._proc.stdout, lambda d: mux.line(self.rank, d)),
             pump(self._proc.stderr, lambda d: mux.line(self.rank, d, err=True)),
         ]
+        # A thread waits for the exit, so that its time is known to the millisecond, not to
+        # the supervisor's poll: the first rank to fail is the one to report.
+        self._ended: float | None = None
+        self._ended_lock = threading.Lock()
+        threading.Thread(target=self._wait, name=f"rank {self.rank} wait", daemon=True).start()
+
+    def _wait(self) -> None:
+        with self._ended_lock:  # held from before the exit: ended_at() waits for the stamp
+            self._proc.wait()
+            self._ended = time.monotonic()
+
+    def ended_at(self) -> float | None:
+        if self._proc.returncode is None:
+            return None
+        with self._ended_lock:
+            return self._ended
 
     def poll(self) -> int | None:
-        code = self._proc.poll()
-        if code is None:
+        code = self._proc.returncode
+        if code is None or self.ended_at() is None:
             return None
         # Let its last lines (a traceback, often) out before anyone reports how it ended; a
         # grandchild holding the pipes open only costs this short wait.
@@ -200,6 +222,8 @@ class RemoteRank:
         self._heartbeat = heartbeat
         self._silent_after = lost_after
         self._heard = time.monotonic()  # the last line of any kind from the agent
+        self._ended: float | None = None  # when its exit status arrived, or ssh's end was seen
+        self._awaited = False  # poll() waited once for ssh to follow the status line
         self._polled = self._heard  # the supervisor's last poll()
         self._stderr_done = threading.Event()
         self._inbox: queue.Queue[bytes | None] = queue.Queue()
@@ -275,16 +299,34 @@ class RemoteRank:
                 self._mux.line(self.rank, line, err=True)
             self._prestart.clear()
         elif len(words) == 2 and words[0] in (b"exit", b"signal") and words[1].isdigit():
+            self._ended = time.monotonic()
             self._status = (words[0].decode(), int(words[1]))
             for line in self._prestart:  # the agent's own complaint (e.g. no such --cwd)
                 self._mux.line(self.rank, line, err=True)
             self._prestart.clear()
 
+    def ended_at(self) -> float | None:
+        return self._ended
+
     def poll(self) -> int | None:
+        code = self._poll()
+        if code is not None and self._ended is None:
+            self._ended = time.monotonic()
+        return code
+
+    def _poll(self) -> int | None:
         if self._lost is not None:
             self._proc.poll()  # reap the ssh client cut_off() killed
             return SSH_FAILED
         code = self._proc.poll()
+        if code is None and self._status is not None and not self._awaited:
+            # The agent exits right after its status line: end this rank in the same sweep as
+            # a rank that ended after it, so that the first to fail is the one reported.
+            self._awaited = True
+            try:
+                code = self._proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                pass
         if code is None:
             now = time.monotonic()
             if now - self._polled > self._heartbeat:

@@ -69,9 +69,17 @@ def explain_ssh_failure(host: str, code: int | None, lines: Sequence[bytes], pyt
         why = f"the host key of {host} is not known: run `ssh {host} true` once to accept it"
     elif "could not resolve hostname" in low or "name or service not known" in low:
         why = f"cannot resolve host name {host}"
-    elif any(s in low for s in ("connection refused", "timed out", "no route to host",
-                                "network is unreachable", "connection closed", "reset by peer")):
-        why = f"host {host} is unreachable over ssh"
+    elif "connection refused" in low:
+        why = (f"host {host} refused the ssh connection: no ssh server listens there. Start it "
+               "(macOS: System Settings > General > Sharing > Remote Login; Linux: the sshd "
+               f"service), or, if it listens on another port, name the port in ~/.ssh/config "
+               f"(Host {host} / Port N) or with --ssh 'ssh -p N'")
+    elif any(s in low for s in ("timed out", "no route to host", "network is unreachable")):
+        why = (f"host {host} is unreachable over ssh: check its name or address and the "
+               f"network between here and there, then that `ssh {host} true` works")
+    elif any(s in low for s in ("connection closed", "reset by peer")):
+        why = (f"host {host} closed the ssh connection before the login finished: check that "
+               f"`ssh {host} true` works (a firewall, or sshd's MaxStartups, can drop connections)")
     elif code in (126, 127) or "not found" in low or "no such file" in low:
         why = (f"cannot start Python on {host}: the launcher runs {python} there; pass "
                "--python with the interpreter's path on that host")

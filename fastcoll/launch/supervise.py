@@ -93,12 +93,9 @@ class Supervisor:
                 elif not killed:
                     self._mux.message(f"received {name} again; killing all ranks now")
                     stop.started_at = now - self._grace
-            for p in procs:
+            for p, code in self._ended(procs, codes):
                 if p.rank in codes:
-                    continue
-                code = p.poll()
-                if code is None:
-                    continue
+                    continue  # given up with its host by _lost_host just now
                 codes[p.rank] = code
                 log.debug("rank %d ended: %d", p.rank, code)
                 if p.lost() is not None:  # its host is gone: say so, whether or not stopping
@@ -147,6 +144,24 @@ class Supervisor:
         return self._summary(procs, codes, stop)
 
     @staticmethod
+    def _ended(procs: Sequence[RankProcess], codes: dict[int, int]) -> list[tuple[RankProcess, int]]:
+        """The ranks that ended since the last look, with their codes, in the order they ended.
+
+        Once one is found, every other rank is looked at again: one that ended just before it
+        but was looked at first is found too, so the first rank to fail is the one reported,
+        not the first one noticed (a rank that loses a peer often exits a moment after it)."""
+        found: dict[int, tuple[RankProcess, int]] = {}
+        for _ in range(2):
+            for p in procs:
+                if p.rank not in codes and p.rank not in found:
+                    code = p.poll()
+                    if code is not None:
+                        found[p.rank] = (p, code)
+            if not found:
+                break
+        return sorted(found.values(), key=lambda pc: _when(pc[0]))
+
+    @staticmethod
     def _lost_host(p: RankProcess, procs: list[RankProcess], codes: dict[int, int]) -> str:
         """'lost contact with host H (ranks ...): why', giving up with `p` every other rank of
         its host that has missed a beat too (each rank has its own ssh session)."""
@@ -175,3 +190,9 @@ class Supervisor:
             return 0
         log.debug("exit codes by rank: %s", dict(sorted(codes.items())))
         return stop.code
+
+
+def _when(p: RankProcess) -> float:
+    """When `p` ended, for ordering; after every known time if unknown."""
+    at = p.ended_at()
+    return float("inf") if at is None else at

@@ -11,6 +11,9 @@ Actions:
   spam LINES           write LINES long lines to stdout and stderr, each in two pieces
   junk                 write binary junk, then a last line with no newline
   tokencheck           print whether the token appears on any process's command line
+  first-fails RANK CODE LATER DELAY LOCK   rank RANK exits with CODE; every other rank waits
+                       for that exit (RANK's flock on LOCK is released), then exits with LATER
+                       DELAY seconds after it: a rank that fails because a peer died
   fail-first RANK CODE print the FASTCOLL_* variables as JSON; then, on the first attempt
                        (FASTCOLL_RESTART_COUNT=0), rank RANK exits with CODE and the others `sleep`
 """
@@ -48,6 +51,26 @@ def _token_on_command_lines(token: bytes) -> bool:
         except OSError:
             pass
     return False
+
+
+def _first_fails(rank: int, first: int, code: int, later: int, delay: float, lock: str) -> None:
+    import fcntl
+
+    if rank == first:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.close(os.open(lock + ".held", os.O_WRONLY | os.O_CREAT))
+        time.sleep(0.2)  # the others are waiting on the lock by now
+        os._exit(code)  # the kernel releases the lock as the process ends
+    deadline = time.monotonic() + 20
+    while not os.path.exists(lock + ".held"):
+        if time.monotonic() > deadline:
+            sys.exit(f"rank {rank}: rank {first} never took {lock}")
+        time.sleep(0.005)
+    fd = os.open(lock, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # returns once rank `first` has exited
+    time.sleep(delay)
+    os._exit(later)
 
 
 def main() -> None:
@@ -109,6 +132,8 @@ def main() -> None:
                 time.sleep(0.3)
                 sys.exit(int(args[1]))
             _sleep(marker)
+    elif action == "first-fails":
+        _first_fails(rank, int(args[0]), int(args[1]), int(args[2]), float(args[3]), args[4])
     elif action == "tokencheck":
         token = os.environ["FASTCOLL_TOKEN"].encode()
         print("token-on-command-line:", _token_on_command_lines(token), flush=True)
