@@ -134,10 +134,12 @@ def main(argv=None) -> int:
     ok = mx.distributed.all_min(mx.array([int(logits_ok), int(tokens_equal)], dtype=mx.int32))
     logits_all, tokens_all = (int(v) for v in np.array(ok))
     if rank == 0:
+        # Worded as examples/allreduce.py words it: what carries the messages, shared memory too.
+        transport = group.fastcoll_group.transport_info() if size > 1 else "none (world of one)"
         print(
             f"tp_inference: world {size}, llama hidden={a.hidden} layers={a.layers} heads={a.heads}/{a.kv_heads} "
             f"intermediate={a.intermediate} vocab={a.vocab}, {params / 1e6:.1f}M parameters (float32), "
-            f"transport {fastcoll.init().config.transport}"
+            f"transport {transport}"
         )
         print(f"logits max |sharded - single| = {diff:.3g} (tolerance {tol:.3g}): {'OK' if logits_all else 'MISMATCH'}")
         if single_tokens is not None:

@@ -140,3 +140,74 @@ def test_run_unmodified_program_under_the_launcher():
     assert code == 0, err
     for r in range(2):
         assert f"plain rank {r} of 2: sum 3 via fastcoll.mlx_compat argv ['x', '--flag']" in out, out
+    assert "world of one" not in err, err  # the launcher's hint stays quiet under the compat layer
+
+
+@pytest.mark.parametrize("how", ["script", "module"])
+def test_launcher_hints_an_mx_distributed_program_without_the_compat_layer(tmp_path, how):
+    """`fastcoll-launch -n 2 python prog.py` for a program that uses mx.distributed alone: every
+    rank is a world of one (MLX's own backends do not read fastcoll's settings) and is told how to
+    run it; the environment's own sitecustomize still runs, and sys.path is the program's own."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text("import os\nos.environ['THEIRS'] = 'ran'\n")
+    (tmp_path / "plainprog.py").write_text(
+        "import os, sys\nimport mlx.core as mx\ng = mx.distributed.init()\n"
+        "print('size', g.size(), 'theirs', os.environ.get('THEIRS'), 'hook', any('ranksite' in p for p in sys.path))\n")
+    env = _clean_env()
+    env["PYTHONPATH"] += os.pathsep + str(tmp_path / "site")
+    program, shown = (["plainprog.py"], "plainprog.py") if how == "script" else (["-m", "plainprog"], "-m plainprog")
+    argv = [sys.executable, "-m", "fastcoll.launch", "-n", "2", "--timeout", "60", sys.executable, *program]
+    code, out, err = run_session(argv, env, 90, cwd=str(tmp_path))
+    assert code == 0, err
+    assert sorted(out.splitlines()) == [f"[{r}] size 1 theirs ran hook False" for r in range(2)], out
+    for r in range(2):
+        assert (f"[{r}] mx.distributed.init() gave rank {r} a world of one, though fastcoll-launch started 2 "
+                f"ranks: MLX's own backends do not read fastcoll's settings. Run the program under fastcoll's "
+                f"compat layer: fastcoll-launch ... python -m fastcoll.mlx_compat {shown} ARGS\n") in err, err
+
+
+def test_runner_imports_beside_the_script_as_python_does(tmp_path):
+    """`python -m fastcoll.mlx_compat DIR/app.py` puts DIR first on sys.path, as `python
+    DIR/app.py` does, so the script imports the module beside it; a missing script is one line."""
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "helper.py").write_text("VALUE = 42\n")
+    (tmp_path / "app" / "main.py").write_text(
+        "import sys\nimport mlx.core as mx\nimport helper\n"
+        "print(helper.VALUE, sys.path[0], sys.argv, mx.distributed.init.__module__)\n")
+    plain = subprocess.run([sys.executable, "app/main.py", "a"], cwd=tmp_path, env=_clean_env(),
+                           capture_output=True, text=True, timeout=60)
+    ours = subprocess.run([sys.executable, "-m", "fastcoll.mlx_compat", "app/main.py", "a"],
+                          cwd=tmp_path, env=_clean_env(), capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 0 and ours.returncode == 0, plain.stderr + ours.stderr
+    value, path, argv, _ = plain.stdout.split(" ", 3)
+    assert ours.stdout.split(" ", 3)[:3] == [value, path, argv] == ["42", str(tmp_path / "app"), "['app/main.py',"]
+    assert ours.stdout.split()[-1] == "fastcoll.mlx_compat.api"  # and mx.distributed is fastcoll's
+    missing = subprocess.run([sys.executable, "-m", "fastcoll.mlx_compat", "app/nope.py"], cwd=tmp_path,
+                             env=_clean_env(), capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2
+    assert missing.stderr == "python -m fastcoll.mlx_compat: can't open file 'app/nope.py': no such file or directory\n"
+
+
+def test_init_checks_all_gather_factory_as_mlx_does():
+    """mx.distributed.init's all_gather_factory: TypeError unless callable, ValueError with a
+    backend other than "jaccl"; accepted with "jaccl". mlx_compat.init must answer alike."""
+    code = (
+        "import json\n"
+        "import mlx.core as mx\n"
+        "from fastcoll import mlx_compat\n"
+        "def outcome(init, backend, factory):\n"
+        "    try:\n"
+        "        return init(backend=backend, all_gather_factory=factory).size()\n"
+        "    except Exception as e:\n"
+        "        return type(e).__name__\n"
+        "f = lambda rank, size: (lambda src, n: src)\n"
+        "cases = [('ring', f), ('any', f), ('mpi', f), ('jaccl', 3), ('any', 'x'), ('jaccl', f)]\n"
+        "mlx = [outcome(mx.distributed.init, b, c) for b, c in cases]\n"
+        "ours = [outcome(mlx_compat.init, b, c) for b, c in cases + [('fastcoll', f)]]\n"
+        "print(json.dumps([mlx, ours]))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], env=_clean_env(), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    mlx, ours = json.loads(p.stdout)
+    assert mlx == ["ValueError", "ValueError", "ValueError", "TypeError", "TypeError", 1], mlx
+    assert ours == mlx + ["ValueError"]

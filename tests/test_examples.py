@@ -65,6 +65,9 @@ def test_tp_inference(world):
     assert res["logits_ok"] == "1" and res["tokens_equal"] == "1", out
     assert re.search(r"logits max \|sharded - single\| = \S+ \(tolerance \S+\): OK", out), out
     assert "tokens equal: True" in out
+    # What carries the messages, worded as examples/allreduce.py words it (Group.transport_info).
+    carrier = "tcp, shared memory on 1 of 1 connections" if world == 2 else "none (world of one)"
+    assert re.search(rf"\(float32\), transport {re.escape(carrier)}", out), out
     assert re.search(r"tokens/s \(median of \d+\): sharded over \d rank\(s\) [\d.]+, single process [\d.]+", out), out
 
 

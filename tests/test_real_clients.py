@@ -1,7 +1,8 @@
 """Real clients of mx.distributed, unchanged, on fastcoll, each against its single-process result:
 
-- mlx-lm's own HTTP server (`python -m fastcoll.mlx_compat -m mlx_lm.server`, started by
-  fastcoll-launch on two ranks), tensor-parallel and with --pipeline, answering several
+- mlx-lm's own HTTP server (`python -m fastcoll.mlx_compat -m mlx_lm server`, started by
+  fastcoll-launch on two ranks with docs/mlx.md's command), tensor-parallel and with --pipeline,
+  answering several
   concurrent requests, on a qwen2 made here (tests/progs/lm_model.py: random weights, a tokenizer
   trained with the tokenizers package, no download);
 - mlx.nn.fully_shard training and a quantized model sharded with shard_linear
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -122,16 +124,24 @@ def ask_concurrently(port: int) -> list[str]:
 @pytest.fixture(scope="module")
 def single_process_answers(models, tmp_path_factory):
     port = free_port()
-    argv = [sys.executable, "-m", "mlx_lm.server", "--model", models["plain"], "--port", str(port)]
+    argv = [sys.executable, "-m", "mlx_lm", "server", "--model", models["plain"], "--port", str(port)]
     with server(argv, port, tmp_path_factory.mktemp("single") / "server.log"):
         return ask_concurrently(port)
+
+
+def documented_server(model: str, port: int) -> list[str]:
+    """docs/mlx.md's command that serves a model on two ranks, with its DIR and P filled in."""
+    with open(os.path.join(ROOT, "docs", "mlx.md")) as f:
+        m = re.search(r"`(fastcoll-launch -n 2 python -m fastcoll\.mlx_compat -m mlx_lm[^`]*)`", f.read())
+    assert m, "docs/mlx.md no longer shows how to start mlx-lm's server on two ranks"
+    words = {"fastcoll-launch": [sys.executable, "-m", "fastcoll.launch"], "DIR": [model], "P": [str(port)]}
+    return [w for word in m.group(1).split() for w in words.get(word, [word])]
 
 
 @pytest.mark.parametrize("mode", ["tensor", "pipeline"])
 def test_mlx_lm_server_on_two_ranks(models, single_process_answers, mode, tmp_path):
     port = free_port()
-    argv = [sys.executable, "-m", "fastcoll.launch", "-n", "2", "python", "-m", "fastcoll.mlx_compat",
-            "-m", "mlx_lm.server", "--model", models["plain"], "--port", str(port)]
+    argv = documented_server(models["plain"], port)
     if mode == "pipeline":
         argv.append("--pipeline")
     with server(argv, port, tmp_path / "server.log"):
@@ -139,6 +149,8 @@ def test_mlx_lm_server_on_two_ranks(models, single_process_answers, mode, tmp_pa
         again = ask_concurrently(port)  # the server keeps serving
     assert answers == single_process_answers, (answers, single_process_answers)
     assert again == single_process_answers
+    log = (tmp_path / "server.log").read_text()
+    assert "deprecated" not in log.lower(), log[-4000:]  # the documented command is the current one
 
 
 def test_fully_shard_training_and_a_quantized_sharded_model(launch, models):

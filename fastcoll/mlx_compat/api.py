@@ -83,13 +83,21 @@ def init(strict: bool = False, backend: str = "any", *, all_gather_factory: Any 
 
     Every backend name MLX knows ("any", "ring", "mpi", "nccl", "jaccl") and "fastcoll" mean
     fastcoll here. With nothing in the environment this is a group of one, unless `strict`,
-    which then raises RuntimeError as MLX does. `all_gather_factory` (JACCL only) is ignored.
+    which then raises RuntimeError as MLX does. `all_gather_factory` is checked as MLX checks it
+    (TypeError unless callable, ValueError with a backend other than "jaccl"); fastcoll needs no
+    side channel, so it is never called.
     """
+    if all_gather_factory is not None and not callable(all_gather_factory):
+        raise TypeError(
+            "init(): all_gather_factory must be a callable (rank, size) -> f(src: bytes, "
+            f"n_bytes: int) -> bytes, or None, not {type(all_gather_factory).__name__}")
     if backend not in BACKENDS:
         raise ValueError(
             "[distributed] The only valid values for backend are "
             f"{', '.join(repr(b) for b in BACKENDS)} but {backend!r} was provided."
         )
+    if all_gather_factory is not None and backend != "jaccl":
+        raise ValueError("all_gather_factory is only supported with backend='jaccl'.")
     group = fastcoll.init()
     if strict and group.size() == 1 and group.config.launcher == "none":
         raise RuntimeError(
