@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 
 from fastcoll import arrays, dtypes, lifecycle
-from fastcoll.algorithms import Call, blocks, direct, select
+from fastcoll.algorithms import Call, block, blocks, select
 from fastcoll.config import check_timeout
+from fastcoll.engine import Op
 from fastcoll.group import Group, done
 
 
@@ -23,15 +24,6 @@ from fastcoll.group import Group, done
 def _sig(kind: str, *parts: Any) -> str:
     """'all_reduce(sum,float32,(4, 8))': what every rank must agree on, sent in each header."""
     return kind + "(" + ",".join(map(str, parts)) + ")"
-
-
-def _reduce_into(call: Call, src: np.ndarray, buf: np.ndarray, name: str, op: str, config: Any) -> None:
-    """buf = the all-reduce of src (two flat host buffers), on the service thread. Also the
-    fence gate's exchange."""
-    combine = call.traced(dtypes.reducer(name, op))
-    select.choose("all_reduce", src.nbytes, call.size, config).all_reduce(call, src, buf, combine)
-    if op == "mean":
-        dtypes.finish_mean(name, buf, call.size)
 
 
 def all_reduce(x: Any, op: str = "sum", group: Group | None = None, async_op: bool = False, timeout: float | None = None) -> Any:
@@ -56,13 +48,9 @@ def all_reduce(x: Any, op: str = "sum", group: Group | None = None, async_op: bo
     if g.size() == 1:
         return done(x, async_op)
     out, buf = arrays.output(h.name, h.shape, h.mlx)
-    config = g.config
-
-    def body(call: Call) -> Any:
-        _reduce_into(call, h.flat, buf, h.name, op, config)
-        return out
-
-    return g._run(_sig("all_reduce", op, h.name, h.shape), body, timeout, async_op)
+    step = Op("all_reduce", select.algorithm("all_reduce", buf.nbytes, g.size(), g.config), h.flat, buf,
+              h.name, op, result=out)
+    return g._run(_sig("all_reduce", op, h.name, h.shape), step, timeout, async_op)
 
 
 def _gated_all_reduce(g: Group, gate: Any, x: Any, op: str, async_op: bool, timeout: float | None) -> Any:
@@ -107,16 +95,10 @@ def all_gather(x: Any, group: Group | None = None, async_op: bool = False, timeo
     n = g.size()
     shape = (n,) if len(h.shape) == 0 else (n * h.shape[0],) + tuple(h.shape[1:])
     out, buf = arrays.output(h.name, shape, h.mlx)
-    bounds = blocks(buf.size, n)
-    a, b = bounds[g.rank()]
+    a, b = block(buf.size, n, g.rank())
     buf[a:b] = h.flat
-    algorithm = select.choose("all_gather", buf.nbytes, n, g.config)
-
-    def body(call: Call) -> Any:
-        algorithm.all_gather(call, buf, bounds)
-        return out
-
-    return g._run(_sig("all_gather", h.name, h.shape), body, timeout, async_op)
+    step = Op("all_gather", select.algorithm("all_gather", buf.nbytes, n, g.config), dst=buf, result=out)
+    return g._run(_sig("all_gather", h.name, h.shape), step, timeout, async_op)
 
 
 def reduce_scatter(x: Any, op: str = "sum", group: Group | None = None, async_op: bool = False, timeout: float | None = None) -> Any:
@@ -134,18 +116,10 @@ def reduce_scatter(x: Any, op: str = "sum", group: Group | None = None, async_op
     if n == 1:
         return done(x, async_op)
     shape = (h.shape[0] // n,) + tuple(h.shape[1:])
-    bounds = blocks(h.flat.size, n)
     out, obuf = arrays.output(h.name, shape, h.mlx)
-    algorithm = select.choose("reduce_scatter", h.flat.nbytes, n, g.config)
-
-    def body(call: Call) -> Any:
-        combine = call.traced(dtypes.reducer(h.name, op))
-        obuf[...] = algorithm.reduce_scatter(call, h.flat, bounds, combine)
-        if op == "mean":
-            dtypes.finish_mean(h.name, obuf, n)
-        return out
-
-    return g._run(_sig("reduce_scatter", op, h.name, h.shape), body, timeout, async_op)
+    step = Op("reduce_scatter", select.algorithm("reduce_scatter", h.flat.nbytes, n, g.config), h.flat, obuf,
+              h.name, op, result=out)
+    return g._run(_sig("reduce_scatter", op, h.name, h.shape), step, timeout, async_op)
 
 
 def broadcast(x: Any, root: int = 0, group: Group | None = None, async_op: bool = False, timeout: float | None = None) -> Any:
@@ -160,20 +134,16 @@ def broadcast(x: Any, root: int = 0, group: Group | None = None, async_op: bool 
         out, buf = x, h.flat
     else:
         out, buf = arrays.output(h.name, h.shape, h.mlx)
-    algorithm = select.choose("broadcast", buf.nbytes, n, g.config)
-
-    def body(call: Call) -> Any:
-        algorithm.broadcast(call, buf, root)
-        return out
-
-    return g._run(_sig("broadcast", root, h.name, h.shape), body, timeout, async_op)
+    step = Op("broadcast", select.algorithm("broadcast", buf.nbytes, n, g.config), dst=buf, root=root,
+              result=out)
+    return g._run(_sig("broadcast", root, h.name, h.shape), step, timeout, async_op)
 
 
 def barrier(group: Group | None = None, timeout: float | None = None) -> None:
     """Return once every rank of the group has called barrier()."""
     g = _begin(group, timeout)
     if g.size() > 1:
-        g._run("barrier()", direct.barrier, timeout)
+        g._run("barrier()", Op("barrier"), timeout)
 
 
 def send(x: Any, dst: int, group: Group | None = None, timeout: float | None = None, async_op: bool = False) -> Any:
@@ -186,13 +156,7 @@ def send(x: Any, dst: int, group: Group | None = None, timeout: float | None = N
     _check_rank(dst, g, "dst", self_ok=False)
     h = arrays.to_host(x)
     sig = _sig("send", g.rank(), dst, h.name, h.shape)
-
-    def body(call: Call) -> None:
-        for i, (a, b) in enumerate(_p2p_pieces(h.flat, call)):
-            call.send(dst, i, h.flat[a:b])
-        call.flush()
-
-    return g._run(sig, body, timeout, async_op, p2p=("send", dst))
+    return g._run(sig, Op("send", src=h.flat, root=dst), timeout, async_op, p2p=("send", dst))
 
 
 def recv(shape: Any, dtype: Any, src: int, group: Group | None = None, timeout: float | None = None,
@@ -210,13 +174,7 @@ def recv(shape: Any, dtype: Any, src: int, group: Group | None = None, timeout: 
     name, mlx = _dtype_name(dtype)
     out, buf = arrays.output(name, shape, mlx)
     sig = _sig("send", src, g.rank(), name, shape)
-
-    def body(call: Call) -> Any:
-        for i, (a, b) in enumerate(_p2p_pieces(buf, call)):
-            call.recv(src, i, buf[a:b])
-        return out
-
-    return g._run(sig, body, timeout, async_op, p2p=("recv", src))
+    return g._run(sig, Op("recv", dst=buf, root=src, result=out), timeout, async_op, p2p=("recv", src))
 
 
 def isend(x: Any, dst: int, group: Group | None = None, timeout: float | None = None) -> Any:
@@ -227,11 +185,6 @@ def isend(x: Any, dst: int, group: Group | None = None, timeout: float | None = 
 def irecv(shape: Any, dtype: Any, src: int, group: Group | None = None, timeout: float | None = None) -> Any:
     """recv(shape, dtype, src, async_op=True): a Work whose wait() returns the array."""
     return recv(shape, dtype, src, group, timeout, async_op=True)
-
-
-def _p2p_pieces(flat: np.ndarray, call: Call) -> list[tuple[int, int]]:
-    step = call.piece_items(flat.itemsize)
-    return [(a, min(a + step, flat.size)) for a in range(0, flat.size, step)] or [(0, 0)]
 
 
 def _dtype_name(dtype: Any) -> tuple[str, bool]:

@@ -51,6 +51,10 @@ DEFAULT_SPIN_READS = 10
 # and wake-up of poll(). Four ranks on 2 cores, 4 B all-reduce: 592 us without, 395 us with 20
 # (bench/NOTES.md, entry 11). Only while a small message is awaited.
 DEFAULT_YIELD_READS = 20
+# The native engine's wait (fastcoll/engine/csrc/fc_wait.c): it spins this long on what it waits
+# for, then yields the CPU between looks for as long again, then sleeps in poll() until woken.
+DEFAULT_SPIN_US = 50
+DEFAULT_YIELD_US = 200
 
 LOG_LEVELS = ("warning", "info", "debug")
 
@@ -83,6 +87,7 @@ class Config:
     gate_max_bytes: int = DEFAULT_GATE_MAX_BYTES
     gate_profile: bool = False
     trace: str | None = None
+    native: bool = True  # FASTCOLL_NATIVE: the native engine where every rank has it (fastcoll/engine/)
     launcher: str = "none"
     # The job this rank belongs to, as its launcher names it ("Slurm job 12 step 0"; "" where
     # the launcher names none): the rendezvous refuses ranks of another job (job_identity).
@@ -101,6 +106,8 @@ class Config:
     gate_host_min_bytes: int = DEFAULT_GATE_HOST_MIN_BYTES
     spin_reads: int = DEFAULT_SPIN_READS
     yield_reads: int = DEFAULT_YIELD_READS
+    spin_us: int = DEFAULT_SPIN_US
+    yield_us: int = DEFAULT_YIELD_US
 
     def __post_init__(self) -> None:
         if self.transport not in transport.TRANSPORTS:
@@ -148,6 +155,7 @@ class Config:
             ),
             gate_profile=_flag(env, "FASTCOLL_GATE_PROFILE"),
             trace=env.get("FASTCOLL_TRACE") or None,
+            native=_flag(env, "FASTCOLL_NATIVE", default=True),
             launcher=launcher,
             job=job_identity(env, launcher),
             log=log,
@@ -156,7 +164,7 @@ class Config:
 
 
 TUNING = ("direct_max_bytes", "direct_max_bytes_two_ranks", "piece_bytes", "doubling", "gate_direct",
-          "gate_watch_ms", "gate_host_min_bytes", "spin_reads", "yield_reads")
+          "gate_watch_ms", "gate_host_min_bytes", "spin_reads", "yield_reads", "spin_us", "yield_us")
 
 
 def _tuning(text: str) -> dict:

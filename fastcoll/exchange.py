@@ -21,8 +21,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from fastcoll import arrays, dtypes, lifecycle
-from fastcoll.algorithms import Call, blocks, direct, select
+from fastcoll.algorithms import Call, blocks, select
 from fastcoll.collectives import _begin, _check_rank, _sig
+from fastcoll.engine import Op
 from fastcoll.errors import CollectiveTimeoutError, MismatchError
 from fastcoll.group import Group, done
 
@@ -86,14 +87,8 @@ def all_to_all(x: Any, group: Group | None = None, async_op: bool = False, timeo
     if n == 1:
         return done(x, async_op)
     out, buf = arrays.output(h.name, h.shape, h.mlx)
-    bounds = blocks(h.flat.size, n)
-    algorithm = select.choose("all_to_all", h.flat.nbytes, n, g.config)
-
-    def body(call: Call) -> Any:
-        algorithm.all_to_all(call, h.flat, buf, bounds, bounds)
-        return out
-
-    return g._run(_sig("all_to_all", h.name, h.shape), body, timeout, async_op)
+    step = Op("all_to_all", select.algorithm("all_to_all", h.flat.nbytes, n, g.config), h.flat, buf, result=out)
+    return g._run(_sig("all_to_all", h.name, h.shape), step, timeout, async_op)
 
 
 def all_to_all_v(
@@ -134,14 +129,9 @@ def all_to_all_v(
         known = _exchange_counts(g, send, timeout)
     _check_bound("all_to_all_v", sum(known), row, dtypes.host_dtype(h.name).itemsize)
     out, buf = arrays.output(h.name, (sum(known),) + rest, h.mlx)
-    send_bounds, recv_bounds = _cut(send, row), _cut(known, row)
-    algorithm = select.choose("all_to_all", h.flat.nbytes, n, g.config)
-
-    def body(call: Call) -> Any:
-        algorithm.all_to_all(call, h.flat, buf, send_bounds, recv_bounds)
-        return out, list(known)
-
-    return g._run(_sig("all_to_all_v", h.name, rest), body, timeout, async_op)
+    step = Op("all_to_all", select.algorithm("all_to_all", h.flat.nbytes, n, g.config), h.flat, buf,
+              bounds=_cut(send, row), recv_bounds=_cut(known, row), result=(out, list(known)))
+    return g._run(_sig("all_to_all_v", h.name, rest), step, timeout, async_op)
 
 
 def _exchange_counts(g: Group, send: list[int], timeout: float | None) -> list[int]:
@@ -151,12 +141,12 @@ def _exchange_counts(g: Group, send: list[int], timeout: float | None) -> list[i
     got = np.empty(n, dtype=np.int64)
     bounds = blocks(n, n)
 
-    def body(call: Call) -> None:
-        direct.all_to_all(call, src, got, bounds, bounds)
+    def check() -> None:
         if (got < 0).any():
             raise MismatchError(f"all_to_all_v: a rank reported a negative count: {got.tolist()}")
 
-    g._run("all_to_all_v.counts(int64)", body, timeout)
+    g._run("all_to_all_v.counts(int64)", Op("all_to_all", "direct", src, got, bounds=bounds, recv_bounds=bounds,
+                                            after=check), timeout)
     return [int(c) for c in got]
 
 
@@ -198,13 +188,9 @@ def all_gather_v(
     bounds = _cut(known, row)
     a, b = bounds[g.rank()]
     buf[a:b] = h.flat
-    algorithm = select.choose("all_gather", buf.nbytes, n, g.config)
-
-    def body(call: Call) -> Any:
-        algorithm.all_gather(call, buf, bounds)
-        return out, list(known)
-
-    return g._run(_sig("all_gather_v", h.name, rest), body, timeout, async_op)
+    step = Op("all_gather", select.algorithm("all_gather", buf.nbytes, n, g.config), dst=buf, bounds=bounds,
+              result=(out, list(known)))
+    return g._run(_sig("all_gather_v", h.name, rest), step, timeout, async_op)
 
 
 def gather(x: Any, root: int = 0, group: Group | None = None, async_op: bool = False, timeout: float | None = None) -> Any:
@@ -222,14 +208,9 @@ def gather(x: Any, root: int = 0, group: Group | None = None, async_op: bool = F
         return done(x.reshape(1) if len(h.shape) == 0 else x, async_op)
     shape = (n,) if len(h.shape) == 0 else (n * h.shape[0],) + tuple(h.shape[1:])
     out, buf = arrays.output(h.name, shape, h.mlx) if g.rank() == root else (None, None)
-    bounds = blocks(n * h.flat.size, n)
-    algorithm = select.choose("gather", n * h.flat.nbytes, n, g.config)
-
-    def body(call: Call) -> Any:
-        algorithm.gather(call, buf, h.flat, bounds, root)
-        return out
-
-    return g._run(_sig("gather", root, h.name, h.shape), body, timeout, async_op)
+    step = Op("gather", select.algorithm("gather", n * h.flat.nbytes, n, g.config), h.flat, buf, root=root,
+              result=out)
+    return g._run(_sig("gather", root, h.name, h.shape), step, timeout, async_op)
 
 
 def scatter(x: Any, root: int = 0, group: Group | None = None, async_op: bool = False, timeout: float | None = None) -> Any:
@@ -249,15 +230,9 @@ def scatter(x: Any, root: int = 0, group: Group | None = None, async_op: bool = 
         return done(x, async_op)
     shape = (h.shape[0] // n,) + tuple(h.shape[1:])
     out, buf = arrays.output(h.name, shape, h.mlx)
-    bounds = blocks(math.prod(h.shape), n)
     src = h.flat if g.rank() == root else None
-    algorithm = select.choose("scatter", buf.nbytes * n, n, g.config)
-
-    def body(call: Call) -> Any:
-        algorithm.scatter(call, src, buf, bounds, root)
-        return out
-
-    return g._run(_sig("scatter", root, h.name, h.shape), body, timeout, async_op)
+    step = Op("scatter", select.algorithm("scatter", buf.nbytes * n, n, g.config), src, buf, root=root, result=out)
+    return g._run(_sig("scatter", root, h.name, h.shape), step, timeout, async_op)
 
 
 def _shape_only(x: Any) -> arrays.Host:
@@ -283,15 +258,9 @@ def reduce(x: Any, root: int = 0, op: str = "sum", group: Group | None = None, a
     if n == 1:
         return done(x, async_op)
     out, buf = arrays.output(h.name, h.shape, h.mlx) if g.rank() == root else (None, None)
-    algorithm = select.choose("reduce", h.flat.nbytes, n, g.config)
-
-    def body(call: Call) -> Any:
-        algorithm.reduce(call, h.flat, buf, root, call.traced(dtypes.reducer(h.name, op)))
-        if buf is not None and op == "mean":
-            dtypes.finish_mean(h.name, buf, n)
-        return out
-
-    return g._run(_sig("reduce", op, root, h.name, h.shape), body, timeout, async_op)
+    step = Op("reduce", select.algorithm("reduce", h.flat.nbytes, n, g.config), h.flat, buf, h.name, op,
+              root=root, result=out)
+    return g._run(_sig("reduce", op, root, h.name, h.shape), step, timeout, async_op)
 
 
 # How long a monitored barrier that has timed out on one peer still listens to the others: their

@@ -40,10 +40,11 @@ from typing import Any, Callable
 import numpy as np
 
 from fastcoll import diagnosis, testhooks
-from fastcoll.algorithms import Call, blocks, select
+from fastcoll.algorithms import block, select
 from fastcoll.config import Config, check_timeout
+from fastcoll.engine import Engine, Op, Task
 from fastcoll.errors import CollectiveTimeoutError, FastcollError, MismatchError
-from fastcoll.service import Service, Work
+from fastcoll.service import Work
 
 log = logging.getLogger("fastcoll")
 
@@ -54,17 +55,16 @@ _get_ident = threading.get_ident
 class _Job:
     """What every group made from one `init()` shares."""
 
-    def __init__(self, config: Config, transport: Any, gate: Any, hosts: list[str] | None = None):
+    def __init__(self, config: Config, engine: Engine | None, gate: Any, hosts: list[str] | None = None):
         self.config = config
-        self.transport = transport
+        self.engine = engine  # None for a world of one
         self.gate = gate
         self.hosts = hosts or []  # each rank's host name, for error messages
-        self.service = Service() if transport is not None else None
         self.lock = threading.Lock()  # orders the calls of every group of this rank
         self.error: FastcollError | None = None
         self.closed = False
         self.tracer = None
-        if config.trace and transport is not None:
+        if config.trace and engine is not None:
             from fastcoll.trace import Tracer
 
             self.tracer = Tracer(config.trace, config.rank)
@@ -80,7 +80,7 @@ class _Job:
         if self.gate is not None:
             self.gate.abort(error)  # release every issued gate, so no GPU spins on
         testhooks.point("abort")
-        self.transport.abort(error)
+        self.engine.abort(error)
         if isinstance(error, CollectiveTimeoutError) and self.config.world_size > 1:
             self.error = self._explained(error, self.config.timeout if limit is None else limit, waited)
         log.error("rank %d: %s: %s", self.config.rank, type(self.error).__name__, self.error)
@@ -96,7 +96,7 @@ class _Job:
         if getattr(error, "from_peer", False) and sender is not None:
             reports[sender] = getattr(error, "sender_waits", None)
         lost: set[int] = set()
-        self.transport.notices(time.monotonic() + diagnosis.window(limit), reports, lost)
+        self.engine.notices(time.monotonic() + diagnosis.window(limit), reports, lost)
         _, why = diagnosis.explain(me, self.config.world_size, reports, lost, self.hosts, late)
         explained = CollectiveTimeoutError(f"{error}; whom the ranks that can still talk wait for: {why}")
         explained.from_peer = getattr(error, "from_peer", False)
@@ -116,10 +116,8 @@ class _Job:
                 except Exception as e:  # finalize goes on; the error was recorded for check()
                     log.warning("rank %d: gated results failed at finalize: %s", self.config.rank, e)
             self.gate.close()
-        if self.service is not None:
-            self.service.close(timeout=self.config.timeout)
-        if self.transport is not None:
-            self.transport.close()
+        if self.engine is not None:
+            self.engine.close(timeout=self.config.timeout)
         self.write_trace()
 
     def write_trace(self) -> None:
@@ -136,8 +134,8 @@ class Group:
     `fastcoll.init()` makes the job's group; use `split` for sub-groups.
     """
 
-    def __init__(self, config: Config, transport: Any = None, gate: Any = None, hosts: list[str] | None = None):
-        self._job = _Job(config, transport, gate, hosts)
+    def __init__(self, config: Config, engine: Engine | None = None, gate: Any = None, hosts: list[str] | None = None):
+        self._job = _Job(config, engine, gate, hosts)
         self._view(config, tuple(range(config.world_size)), "")
 
     def _view(self, config: Config, ranks: tuple[int, ...], prefix: str) -> None:
@@ -166,10 +164,11 @@ class Group:
         return f"<fastcoll.Group rank={self.rank()} size={self.size()} transport={self.config.transport}>"
 
     def transport_info(self) -> str:
-        """What carries this group's messages: 'tcp', 'tcp, shared memory on 1 of 1
-        connections', 'zmq', or 'none' for a world of one."""
-        t = self._job.transport
-        return "none" if t is None else t.describe()
+        """What carries this group's messages and which engine moves them: 'tcp; native engine',
+        'tcp, shared memory on 1 of 1 connections; native engine', 'zmq; python engine', or
+        'none' for a world of one."""
+        engine = self._job.engine
+        return "none" if engine is None else engine.describe()
 
     def split(self, color: int, key: int = -1, timeout: float | None = None) -> "Group":
         """Split into sub-groups by `color`; every rank of this group must call it.
@@ -228,14 +227,11 @@ class Group:
         """Every rank's `values` (the same count on each), as rows of an int64 table."""
         n, k = self.size(), len(values)
         buf = np.empty(n * k, dtype=np.int64)
-        buf[self.rank() * k : (self.rank() + 1) * k] = values
-        bounds = blocks(buf.size, n)
-
-        def body(call: Call) -> None:
-            select.choose("all_gather", buf.nbytes, n, self.config).all_gather(call, buf, bounds)
-
+        a, b = block(buf.size, n, self.rank())
+        buf[a:b] = values
+        op = Op("all_gather", select.algorithm("all_gather", buf.nbytes, n, self.config), dst=buf)
         self._drain_gate()
-        self._run(f"{what}(int64,{k})", body, timeout)
+        self._run(f"{what}(int64,{k})", op, timeout)
         return buf.reshape(n, k)
 
     def check(self) -> None:
@@ -279,13 +275,13 @@ class Group:
     def _run(
         self,
         sig: str,
-        body: Callable[[Call], Any],
+        body: Op | Callable[[Any], Any],
         timeout: float | None = None,
         async_op: bool = False,
         p2p: tuple[str, int] | None = None,
     ) -> Any:
-        """Run body(call) on the service thread as this group's next collective; its result or,
-        with async_op, a Work.
+        """Run `body` (an Op, or a schedule body(call) over the message interface) as this
+        group's next collective; its result or, with async_op, a Work.
 
         Collectives are numbered in one sequence that every rank of the group shares; a
         point-to-point message (`p2p` = ("send", dst) or ("recv", src)) in a sequence of that
@@ -293,7 +289,6 @@ class Group:
         self.check()
         limit = self.config.timeout if timeout is None else check_timeout(timeout, "timeout")
         job = self._job
-        service = job.service
         if self._prefix:
             sig = self._prefix + sig
         with job.lock:
@@ -305,24 +300,20 @@ class Group:
             else:
                 seq = self._p2p_seq.get(p2p, 0)
                 self._p2p_seq[p2p] = seq + 1
-            queued = job.tracer.now() if job.tracer is not None else 0
-            # Claiming the run lock while still holding the order lock keeps call order.
-            inline = not async_op and service.claim_if_idle()
-            if not inline:
-                work = service.submit(functools.partial(
-                    self._execute, seq, sig, body, limit, timeout is None, queued))
-        if inline:
-            try:
-                return self._execute(seq, sig, body, limit, timeout is None, queued)
-            finally:
-                service.release()
+            task = Task(seq, sig, limit, self.config.rank, self.config.world_size, self._ranks, body,
+                        self._recorded, functools.partial(self._failed, sig, limit, timeout is None),
+                        self.config.piece_bytes, job.tracer, job.tracer.now() if job.tracer is not None else 0)
+            # Taken while still holding the order lock, which keeps call order.
+            work = job.engine.enqueue(task, async_op)
+        if work is None:
+            return job.engine.run_inline(task)
         if async_op:
             return work
         try:
             return work.wait()
         except BaseException:
-            if not work.is_completed():  # Ctrl-C while the service thread runs it: end it there
-                job.transport.interrupt(f"rank {self.rank()} was interrupted during {sig}")
+            if not work.is_completed():  # Ctrl-C while the queue runs it: end it there
+                job.engine.interrupt(f"rank {self.rank()} was interrupted during {sig}")
             raise
 
     def _thread_tag(self, thread: threading.Thread) -> str:
@@ -341,37 +332,30 @@ class Group:
             self._threads[name] = thread
         return f" in thread {name[:64]!r}"
 
-    def _execute(self, seq: int, sig: str, body: Callable[[Call], Any], limit: float,
-                 from_env: bool, queued: int = 0) -> Any:
+    def _recorded(self) -> FastcollError | None:
+        """A fresh copy of the error that broke the job, if one did (an engine raises it)."""
+        err = self._job.error
+        return None if err is None else type(err)(str(err))
+
+    def _failed(self, sig: str, limit: float, from_env: bool, e: BaseException, started: float) -> None:
+        """A call failed with `e` on this rank: break the job (the peers are told) and raise what
+        the caller gets; for an interrupt (Ctrl-C), return so that the engine re-raises it."""
         job = self._job
-        if job.error is not None:
-            raise type(job.error)(str(job.error))
-        tracer = job.tracer
-        config = self.config
-        call = Call(job.transport, seq, sig, time.monotonic() + limit, config.rank, config.world_size,
-                    self._ranks, config.piece_bytes, tracer)
-        try:
-            if tracer is None:
-                return body(call)
-            tracer.span("queue", queued, seq=seq)
-            with tracer.phase(sig, seq=seq):
-                return body(call)
-        except FastcollError as e:
+        if isinstance(e, FastcollError):
             if isinstance(e, CollectiveTimeoutError) and not getattr(e, "from_peer", False):
                 setting = f"FASTCOLL_TIMEOUT={limit:g}" if from_env else f"timeout={limit:g}"
                 e = diagnosis.timed_out(
                     f"{e} (it waited {limit:g} s, the call's limit: {setting}; raise it to wait longer)",
                     getattr(e, "waiting_for", None))
-            raise job.fail(e, limit, waited=time.monotonic() - (call.deadline - limit)) from None
-        except Exception as e:
+            raise job.fail(e, limit, waited=time.monotonic() - started) from None
+        if isinstance(e, Exception):
             # Arguments were checked before the call was queued, so this is a bug; the peers may
             # be mid-message, so it must still break the group on every rank, not hang it.
             err = FastcollError(f"internal error in {sig}: {e!r}")
             job.fail(err)
             raise err from e
-        except BaseException:  # Ctrl-C mid-collective: tell the peers rather than leave them waiting
-            job.fail(FastcollError(f"rank {self.rank()} was interrupted during {sig}"))
-            raise
+        # Ctrl-C mid-collective: tell the peers rather than leave them waiting
+        job.fail(FastcollError(f"rank {self.rank()} was interrupted during {sig}"))
 
 
 class SubGroup(Group):

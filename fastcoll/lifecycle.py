@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any
 
-from fastcoll import transport
+from fastcoll import engine
 from fastcoll.config import Config
 from fastcoll.errors import CollectiveTimeoutError, FastcollError
 from fastcoll.group import Group
@@ -60,7 +60,7 @@ def _connect(config: Config, gate: Any) -> Group:
     deadline = time.monotonic() + config.timeout
     caps = {"transport": config.transport, "gate": gate is not None, "host": host_id()}
     try:
-        t, table = transport.connect(config, caps, deadline)
+        eng, table = engine.connect(config, caps, deadline)
     except CollectiveTimeoutError as e:
         if gate is not None:
             gate.close()
@@ -76,7 +76,7 @@ def _connect(config: Config, gate: Any) -> Group:
         gate.close()
         gate = None
     hosts = [str(c.get("host", "")).partition("/")[0] for c in table.caps]  # host ids: name/boot id
-    group = Group(config, t, gate, hosts)
+    group = Group(config, eng, gate, hosts)
     if gate is not None:
         try:
             gate.connect(lambda what, values: group._gather_ints(what, values, None), config.rank,

@@ -20,7 +20,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from fastcoll.algorithms import Call, select
+from fastcoll.algorithms import select
+from fastcoll.engine import Op
 from fastcoll.collectives import _begin, _check_rank
 from fastcoll.exchange import _cut
 from fastcoll.errors import MismatchError
@@ -109,19 +110,12 @@ def broadcast_object(obj: Any, root: int = 0, group: Group | None = None, timeou
     if g.size() == 1:
         return unpack(data, "broadcast_object")
     size = np.array([len(data)], dtype=np.int64)
-    config = g.config
-
-    def sizes(call: Call) -> None:
-        select.choose("broadcast", 8, call.size, config).broadcast(call, size, root)
-        _sizes_ok(size, "broadcast_object")
-
-    g._run(f"broadcast_object.size({root})", sizes, timeout)
+    n = g.size()
+    g._run(f"broadcast_object.size({root})", Op("broadcast", select.algorithm("broadcast", 8, n, g.config), dst=size,
+                                                root=root, after=lambda: _sizes_ok(size, "broadcast_object")), timeout)
     buf = np.frombuffer(data, dtype=np.uint8).copy() if me else np.empty(int(size[0]), dtype=np.uint8)
-
-    def body(call: Call) -> None:
-        select.choose("broadcast", buf.nbytes, call.size, config).broadcast(call, buf, root)
-
-    g._run(f"broadcast_object({root},{buf.nbytes})", body, timeout)
+    step = Op("broadcast", select.algorithm("broadcast", buf.nbytes, n, g.config), dst=buf, root=root)
+    g._run(f"broadcast_object({root},{buf.nbytes})", step, timeout)
     return unpack(memoryview(buf), "broadcast_object")
 
 
@@ -140,12 +134,8 @@ def all_gather_object(obj: Any, group: Group | None = None, timeout: float | Non
     bounds = _cut([int(s) for s in sizes], 1)
     a, b = bounds[g.rank()]
     buf[a:b] = np.frombuffer(data, dtype=np.uint8)
-    config = g.config
-
-    def body(call: Call) -> None:
-        select.choose("all_gather", buf.nbytes, n, config).all_gather(call, buf, bounds)
-
-    g._run(f"all_gather_object(uint8,{buf.nbytes})", body, timeout)
+    step = Op("all_gather", select.algorithm("all_gather", buf.nbytes, n, g.config), dst=buf, bounds=bounds)
+    g._run(f"all_gather_object(uint8,{buf.nbytes})", step, timeout)
     mv = memoryview(buf)
     return [unpack(mv[a:b], "all_gather_object") for a, b in bounds]
 

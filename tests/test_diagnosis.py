@@ -15,6 +15,7 @@ from fastcoll.config import Config
 from fastcoll.diagnosis import explain
 from fastcoll.errors import CollectiveTimeoutError
 from fastcoll.group import Group
+from fastcoll.engine.python import PythonEngine
 from fastcoll.transport.inproc import mesh
 
 HOSTS = ["host1", "host2", "host3", "host4"]
@@ -58,7 +59,7 @@ def test_ranks_of_a_ring_name_the_silent_one_not_their_neighbour():
     n, silent = 4, 2
     transports = mesh(n)
     groups = [Group(Config(rank=r, world_size=n, timeout=0.6, direct_max_bytes=0, direct_max_bytes_two_ranks=0,
-                           doubling=False), transports[r], None, HOSTS) for r in range(n)]
+                           doubling=False), PythonEngine(transports[r]), None, HOSTS) for r in range(n)]
     errors: dict[int, BaseException | None] = {}
 
     def rank(r: int) -> None:
@@ -88,7 +89,7 @@ def test_ranks_of_a_ring_name_the_silent_one_not_their_neighbour():
 def test_two_ranks_name_the_one_that_is_silent(silent):
     n = 2
     transports = mesh(n)
-    groups = [Group(Config(rank=r, world_size=n, timeout=0.3), transports[r], None, HOSTS) for r in range(n)]
+    groups = [Group(Config(rank=r, world_size=n, timeout=0.3), PythonEngine(transports[r]), None, HOSTS) for r in range(n)]
     me = 1 - silent
     try:
         with pytest.raises(CollectiveTimeoutError, match=f"rank {silent} \\(host {HOSTS[silent]}\\) stopped answering: it stopped, or the network between it and rank {me}"):

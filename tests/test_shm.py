@@ -191,7 +191,7 @@ def test_ranks_of_one_host_use_shared_memory_unless_told_not_to(launch, flag, ex
     assert_ok(results)
     for r in results:
         doc = json.loads(r.out.strip().splitlines()[-1])
-        assert doc["links"] == expected and doc["info"] == info, r.out
+        assert doc["links"] == expected and doc["info"].split("; ")[0] == info, r.out
     if os.path.isdir("/dev/shm"):
         assert _segments() - before == set()
 

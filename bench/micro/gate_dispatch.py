@@ -38,6 +38,7 @@ from fastcoll import mlx_compat  # noqa: E402
 from fastcoll.config import Config  # noqa: E402
 from fastcoll.gate import Gate  # noqa: E402
 from fastcoll.gate.layout import ControlLayout  # noqa: E402
+from fastcoll.engine.python import PythonEngine  # noqa: E402
 from fastcoll.group import Group  # noqa: E402
 
 from bench.micro.python_cost import Echo, best  # noqa: E402
@@ -80,7 +81,7 @@ def main() -> None:
     args = ap.parse_args()
     config = Config(rank=0, world_size=2, fast_sync=True)
     gate = direct_gate(config)
-    g = Group(config, Echo(), gate=gate)
+    g = Group(config, PythonEngine(Echo()), gate=gate)
     mlx_compat.install()
     mg = mlx_compat.api.Group(g)
     x = mx.zeros((1, 1, 4096), dtype=mx.bfloat16)

@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import fastcoll  # noqa: E402
 from fastcoll.config import Config  # noqa: E402
+from fastcoll.engine.python import PythonEngine  # noqa: E402
 from fastcoll.group import Group  # noqa: E402
 from fastcoll.transport import shm, tcp  # noqa: E402
 from fastcoll.transport.base import Transport, data_header  # noqa: E402
@@ -61,7 +62,7 @@ def best(fn, n: int) -> float:
 
 def main() -> None:
     x = np.ones(1, np.float32)
-    g = Group(Config(rank=0, world_size=2), Echo())
+    g = Group(Config(rank=0, world_size=2), PythonEngine(Echo()))
     print(f"all_reduce of 4 B, in-process echo transport: {best(lambda: fastcoll.all_reduce(x, group=g), 20000):.2f} us")
 
     if not shm.available():

@@ -94,6 +94,13 @@ def blocks(n_items: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
+def block(n_items: int, parts: int, i: int) -> tuple[int, int]:
+    """Block i of `blocks(n_items, parts)`, without making the others."""
+    base, extra = divmod(n_items, parts)
+    start = i * base + min(i, extra)
+    return start, start + base + (1 if i < extra else 0)
+
+
 def pieces(a: int, b: int, step: int) -> list[tuple[int, int]]:
     """Element range [a, b) cut into pieces of at most `step` items; an empty range is one empty
     piece, so that both sides of a block count its messages alike (the ring, the direct and

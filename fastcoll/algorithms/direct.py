@@ -158,3 +158,19 @@ def reduce(call: Call, src: np.ndarray, buf: np.ndarray | None, root: int, reduc
     reduce(parts[0], parts[1], buf)
     for p in range(2, n):
         reduce(buf, parts[p], buf)
+
+
+# ----- point to point (each buffer in pieces of piece_bytes, numbered from 0) -----
+
+
+def send(call: Call, src: np.ndarray, peer: int) -> None:
+    """src (flat) to `peer`, which receives it with `recv`; returns once it has left this rank."""
+    for k, (a, b) in enumerate(pieces(0, src.size, call.piece_items(src.itemsize))):
+        call.send(peer, k, src[a:b])
+    call.flush()
+
+
+def recv(call: Call, out: np.ndarray, peer: int) -> None:
+    """out (flat) becomes what `peer` sent with `send`."""
+    for k, (a, b) in enumerate(pieces(0, out.size, call.piece_items(out.itemsize))):
+        call.recv(peer, k, out[a:b])

@@ -30,6 +30,9 @@ _KNOWN = frozenset(COLLECTIVES)
 _DOUBLING = frozenset(c for c in COLLECTIVES if hasattr(doubling, c))
 _ROOT_DIRECT = frozenset(("gather", "scatter"))
 _SIZED = _KNOWN - _ROOT_DIRECT  # the collectives whose algorithm depends on the size
+# The algorithms by the name an Op carries (fastcoll/engine/ops.py).
+ALGORITHMS = {"direct": direct, "doubling": doubling, "ring": ring, "pairwise": pairwise, "chain": chain}
+_NAMES = {module: name for name, module in ALGORITHMS.items()}
 
 
 def choose(collective: str, nbytes: int, size: int, config: Any) -> ModuleType:
@@ -48,3 +51,8 @@ def choose(collective: str, nbytes: int, size: int, config: Any) -> ModuleType:
     if collective in _ROOT_DIRECT:
         return direct
     raise ValueError(f"no algorithm serves {collective!r}")
+
+
+def algorithm(collective: str, nbytes: int, size: int, config: Any) -> str:
+    """The name (a key of ALGORITHMS) of the algorithm `choose` picks: what an Op carries."""
+    return _NAMES[choose(collective, nbytes, size, config)]

@@ -83,6 +83,11 @@ class Transport(abc.ABC):
     def close(self) -> None:
         """Release every socket."""
 
+    def connections(self) -> list[tuple[int, int, str, object, object]]:
+        """Each connection as (peer, channel, kind, this end's address, the peer's); none for a
+        transport without connections of its own."""
+        return []
+
     def describe(self) -> str:
         """What carries this rank's messages, in a few words ('tcp', 'zmq', ...)."""
         return type(self).__name__.removesuffix("Transport").lower()
@@ -100,15 +105,9 @@ class Transport(abc.ABC):
         if tracer is not None:
             tracer.span("wait", t0, peer=peer)
         if h.seq != seq or h.sig != sig:
-            raise MismatchError(
-                f"rank {self.rank} called {describe(seq, sig)} but rank {peer} called {describe(h.seq, h.sig)}"
-                + _threads_hint(sig, h.sig)
-            )
+            raise other_call(self.rank, peer, seq, sig, h.seq, h.sig)
         if h.chunk != chunk or h.nbytes != nbytes:
-            raise MismatchError(
-                f"rank {self.rank} expected chunk {chunk} of {nbytes} bytes of {describe(seq, sig)} "
-                f"from rank {peer}, which sent chunk {h.chunk} of {h.nbytes} bytes"
-            )
+            raise other_chunk(self.rank, peer, seq, sig, chunk, nbytes, h.chunk, h.nbytes)
         if nbytes:
             t0 = tracer.now() if tracer is not None else 0
             self._read_payload(peer, chunk, out, deadline)
@@ -168,6 +167,21 @@ class Transport(abc.ABC):
                 raise  # a peer's abort notice, not this short wait running out
         raise err
 
+
+
+def other_call(me: int, peer: int, seq: int, sig: str, their_seq: int, their_sig: str) -> MismatchError:
+    """The error when `peer` sent a message of another call than this rank's."""
+    return MismatchError(
+        f"rank {me} called {describe(seq, sig)} but rank {peer} called {describe(their_seq, their_sig)}"
+        + _threads_hint(sig, their_sig))
+
+
+def other_chunk(me: int, peer: int, seq: int, sig: str, chunk: int, nbytes: int, their_chunk: int,
+                their_nbytes: int) -> MismatchError:
+    """The error when `peer` sent another message of this rank's call than the one expected."""
+    return MismatchError(
+        f"rank {me} expected chunk {chunk} of {nbytes} bytes of {describe(seq, sig)} "
+        f"from rank {peer}, which sent chunk {their_chunk} of {their_nbytes} bytes")
 
 
 def _threads_hint(mine: str, theirs: str) -> str:

@@ -166,7 +166,10 @@ class ShmLink:
     # A sleeper looks at its ring again this often, in case a doorbell was never sent.
     recheck_s = RECHECK_SECONDS
 
-    def __init__(self, sock: socket.socket, tx: Ring, rx: Ring):
+    def __init__(self, sock: socket.socket, tx: Ring, rx: Ring, segment: tuple | None = None):
+        # (mapping, tx offset, rx offset, capacity): where the rings lie, for an engine that
+        # takes the link over (fastcoll/engine/native.py)
+        self.segment = segment
         # A blocking socket: each call on it passes MSG_DONTWAIT where it must not wait (with a
         # Python-level timeout left from the handshake, a DONTWAIT recv would raise a timeout).
         sock.settimeout(None)
@@ -358,8 +361,9 @@ def _segment_size(capacity: int) -> int:
     return _PREAMBLE + 2 * (_CONTROL + capacity)
 
 
-def _rings(mem: mmap.mmap, capacity: int, lower: bool) -> tuple[Ring, Ring]:
-    """(tx, rx) for the lower rank or the higher one: ring 0 carries lower -> higher."""
+def _rings(mem: mmap.mmap, capacity: int, lower: bool) -> tuple[Ring, Ring, tuple]:
+    """(tx, rx, segment) for the lower rank or the higher one: ring 0 carries lower -> higher;
+    segment is (mem, tx offset, rx offset, capacity)."""
     view = memoryview(mem)
     # Map every page now (a read of one byte per page): the first large message would otherwise
     # take its page faults mid-collective, and the rank's resident size would creep up later.
@@ -368,7 +372,9 @@ def _rings(mem: mmap.mmap, capacity: int, lower: bool) -> tuple[Ring, Ring]:
     first = Ring(view[_PREAMBLE : _PREAMBLE + size], capacity)
     second = Ring(view[_PREAMBLE + size : _PREAMBLE + 2 * size], capacity)
     view.release()
-    return (first, second) if lower else (second, first)
+    if lower:
+        return first, second, (mem, _PREAMBLE, _PREAMBLE + size, capacity)
+    return second, first, (mem, _PREAMBLE + size, _PREAMBLE, capacity)
 
 
 def pair(capacity: int = RING_BYTES) -> tuple[ShmLink, ShmLink]:

@@ -54,7 +54,7 @@ def _lost(peer: int, e: BaseException) -> FastcollError:
     return PeerLostError(f"connection to rank {peer} failed: {e}")
 
 
-def _send_timeout(me: int, peer: int | None) -> CollectiveTimeoutError:
+def send_timeout(me: int, peer: int | None) -> CollectiveTimeoutError:
     who = "a peer" if peer is None else f"rank {peer}"
     return diagnosis.timed_out(f"rank {me} timed out sending to {who}, which stopped taking data", peer)
 
@@ -73,7 +73,7 @@ def _write(link: Any, data: Any, deadline: Callable[[], float], me: int, peer: i
             done += link.send(view[done:])
         except (BlockingIOError, socket.timeout):  # a slice went by without room
             if time.monotonic() >= deadline():
-                raise _send_timeout(me, peer) from None
+                raise send_timeout(me, peer) from None
             if between is not None:
                 between()
 
@@ -229,7 +229,7 @@ class _Sender:
             while self._outstanding:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise _send_timeout(self._me, self._current_peer)
+                    raise send_timeout(self._me, self._current_peer)
                 self._cond.wait(left)
 
     def _bound(self) -> float:
@@ -350,6 +350,9 @@ class TcpTransport(Transport):
         if not shared:
             return "tcp"
         return f"tcp, shared memory on {shared} of {len(self._links)} connections"
+
+    def connections(self) -> list[tuple[int, int, str, object, object]]:
+        return [(p, ch, link.kind) + ends(link.sock) for (p, ch), link in sorted(self._links.items())]
 
     def send(self, peer: int, header: Header, payload: memoryview | None, deadline: float | None = None) -> None:
         frame = wire.pack(header)
@@ -601,6 +604,23 @@ class TcpTransport(Transport):
 def connect(config: Any, caps: dict[str, Any], deadline: float) -> tuple[TcpTransport, rendezvous.Table]:
     """Listen, rendezvous, connect to every peer, upgrade the links to ranks of this host to
     shared memory, and return the transport with the rendezvous table."""
+    links, table = establish(config, caps, deadline)
+    return over(config, links), table
+
+
+def over(config: Any, links: dict[int, list[Any]]) -> TcpTransport:
+    """The transport over links that `establish` made (closed if it cannot be made)."""
+    try:
+        return TcpTransport(config.rank, config.world_size, links, config.timeout,
+                            spin_reads=config.spin_reads, yield_reads=config.yield_reads)
+    except BaseException:
+        close_links(links)
+        raise
+
+
+def establish(config: Any, caps: dict[str, Any], deadline: float) -> tuple[dict[int, list[Any]], rendezvous.Table]:
+    """The links to every peer (FASTCOLL_CONNECTIONS each; shared memory to the ranks of this
+    host where it can be had) and the rendezvous table; an engine takes the links over."""
     listener = AuthListener(bind_hosts(config), 0, config.token)
     try:
         caps = {**caps, "connections": config.connections}  # (caps["host"]: lifecycle's host_id())
@@ -614,14 +634,28 @@ def connect(config: Any, caps: dict[str, Any], deadline: float) -> tuple[TcpTran
         testhooks.point("tcp-mesh-done")
         links = shm.upgrade(config.rank, links, config.shm, deadline, table.same_host(config.rank))
         testhooks.point("setup-done")
-        transport = TcpTransport(config.rank, config.world_size, links, config.timeout,
-                                 spin_reads=config.spin_reads, yield_reads=config.yield_reads)
     except BaseException:  # nothing is kept open when the job cannot start
-        for ls in links.values():
-            for link in ls:
-                link.close()
+        close_links(links)
         raise
-    return transport, table
+    return links, table
+
+
+def ends(sock: socket.socket) -> tuple[object, object]:
+    """(this end's address, the peer's) of a connected socket; None for an end already gone."""
+    out = []
+    for name in (sock.getsockname, sock.getpeername):
+        try:
+            out.append(name())
+        except OSError:
+            out.append(None)
+    return out[0], out[1]
+
+
+def close_links(links: dict[int, list[Any]]) -> None:
+    """Close every link of a job that could not start."""
+    for ls in links.values():
+        for link in ls:
+            link.close()
 
 
 def _mesh(config: Any, listener: AuthListener, addresses: list[str], deadline: float) -> dict[int, list[socket.socket]]:

@@ -11,8 +11,8 @@ import numpy as np
 import fastcoll
 
 g = fastcoll.init()
-links = g._job.transport._links  # (peer, channel) -> link
-ends = sorted({s.sock.getsockname()[0] if p > g.rank() else s.sock.getpeername()[0] for (p, ch), s in links.items()})
+# (peer, channel, kind, this end's address, the peer's) of every connection
+ends = sorted({(mine if p > g.rank() else theirs)[0] for p, ch, kind, mine, theirs in g._job.engine.connections()})
 x = np.arange(3_000_000, dtype=np.float32) * (g.rank() + 1)  # 12 MB: the ring, in pieces
 y = fastcoll.all_reduce(x)
 want = np.arange(3_000_000, dtype=np.float32) * sum(range(1, g.size() + 1))

@@ -18,7 +18,7 @@ def main() -> None:
         x = np.arange(count, dtype=np.float32) + g.rank()
         y = fastcoll.all_reduce(x)
         check(np.array_equal(y, n * np.arange(count, dtype=np.float32) + sum(range(n))), f"all_reduce of {count}")
-    kinds = sorted({link.kind for link in g._job.transport._links.values()})  # "shm" or "tcp"
+    kinds = sorted({kind for _, _, kind, _, _ in g._job.engine.connections()})  # "shm" or "tcp"
     info = g.transport_info()
     fastcoll.finalize()
     print(json.dumps({"rank": g.rank(), "links": kinds, "info": info}))

@@ -1,0 +1,65 @@
+"""Engines: what moves a job's bytes once the Python layer has checked and described a call.
+
+`connect(config, caps, deadline)` sets the job's data plane up: the transport's rendezvous and
+connections (fastcoll/transport/), then the engine that owns them. The native engine
+(fastcoll/engine/native.py over the compiled `fastcoll.engine._native`) runs where every rank has
+it and asks for it (FASTCOLL_NATIVE, on by default) over TCP and shared memory; everywhere else
+the pure-Python engine (fastcoll/engine/python.py) does, which is also the reference.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+from fastcoll import transport
+from fastcoll.engine.base import Engine, Task
+from fastcoll.engine.ops import Op
+from fastcoll.engine.python import PythonEngine
+
+log = logging.getLogger("fastcoll")
+
+# FASTCOLL_TRANSPORT values whose connections the native engine can own.
+NATIVE_TRANSPORTS = ("tcp",)
+
+__all__ = ["Engine", "Op", "Task", "connect", "native_available"]
+
+
+def native_available() -> str | None:
+    """None where the native engine can run here, else why not."""
+    try:
+        from fastcoll.engine import native
+    except ImportError as e:  # the extension was not built (no compiler at install time)
+        return f"the extension fastcoll.engine._native is not built ({e})"
+    return native.unavailable()
+
+
+def connect(config: Any, caps: dict[str, Any], deadline: float) -> tuple[Engine, Any]:
+    """Rendezvous with every rank and connect; the job's engine and the rendezvous table. Every
+    rank runs the native engine, or none does (each says in its `caps` whether it can)."""
+    wanted = config.native and config.transport in NATIVE_TRANSPORTS
+    why_not = native_available() if wanted else None
+    if why_not is not None:
+        _fall_back(why_not)
+    caps = {**caps, "native": wanted and why_not is None}
+    if config.transport not in NATIVE_TRANSPORTS:
+        t, table = transport.connect(config, caps, deadline)
+        return PythonEngine(t), table
+    from fastcoll.transport import tcp
+
+    links, table = tcp.establish(config, caps, deadline)
+    if caps["native"] and all(c.get("native") for c in table.caps):
+        from fastcoll.engine.native import NativeEngine
+
+        return NativeEngine.over(config, links), table
+    if caps["native"]:
+        log.info("rank %d: the pure-Python engine runs: not every rank can run the native one", config.rank)
+    return PythonEngine(tcp.over(config, links)), table
+
+
+def _fall_back(why: str) -> None:
+    """Say, once per job and even where logging is not configured, that the Python engine runs."""
+    message = f"fastcoll runs its pure-Python engine (slower on small messages): {why}; set FASTCOLL_NATIVE=0 to choose it quietly"
+    log.warning(message)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)

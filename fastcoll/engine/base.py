@@ -1,0 +1,87 @@
+"""The engine interface: the one way from the Python layer to the data plane.
+
+A group hands each call to its job's engine as a `Task` (which collective, its place in the
+group's sequence, its time limit and how a failure is reported). The engine decides where the
+call runs (on the caller's thread when nothing is queued, else behind the queued calls, in call
+order) and moves its bytes. Two engines implement it: `python` (fastcoll/engine/python.py, the
+algorithms of fastcoll/algorithms/ over a Python transport: the reference) and `native`
+(fastcoll/engine/native.py, a compiled extension whose own thread runs without the GIL).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from fastcoll.engine.ops import Op
+from fastcoll.errors import FastcollError
+from fastcoll.service import Work
+from fastcoll.transport.base import Transport
+
+
+@dataclass(slots=True)
+class Task:
+    """One call as its group hands it to the engine.
+
+    `body` is an Op, or a Python schedule `body(call)` over the message interface (the calls
+    whose steps need Python between messages: monitored_barrier, traced calls). `broken()` is
+    the job's recorded error, if any; `fail(error, started)` breaks the job for an error raised
+    while the call ran (started: when its time limit began) and raises what the caller gets."""
+
+    seq: int
+    sig: str
+    limit: float
+    rank: int
+    size: int
+    ranks: Sequence[int]
+    body: Op | Callable[[Any], Any]
+    broken: Callable[[], FastcollError | None]
+    fail: Callable[[BaseException, float], None]
+    piece_bytes: int = 1 << 20
+    tracer: Any = None
+    queued: int = 0  # when it was submitted, on the tracer's clock
+
+
+class Engine(abc.ABC):
+    """The data plane of one job on this rank."""
+
+    name: str = ""
+    # The message interface (fastcoll/transport/base.py): what Python schedules and the
+    # diagnosis of a timeout use.
+    transport: Transport
+
+    @abc.abstractmethod
+    def enqueue(self, task: Task, async_op: bool) -> Work | None:
+        """Take `task` as this rank's next call (the caller holds the order lock). None: run it
+        on this thread now with `run_inline` (nothing was queued or running; the run lock is
+        this thread's until then). Otherwise a Work that finishes when the queue has run it."""
+
+    @abc.abstractmethod
+    def run_inline(self, task: Task) -> Any:
+        """Run a task that `enqueue` gave back to this thread; its result, or raise."""
+
+    def abort(self, error: FastcollError) -> None:
+        """Tell every peer this rank gave up (the peers raise an error of the same class)."""
+        self.transport.abort(error)
+
+    def notices(self, deadline: float, reports: dict, lost: set) -> None:
+        """After a timeout: collect the peers' notices of whom they wait for (Transport.notices)."""
+        self.transport.notices(deadline, reports, lost)
+
+    def interrupt(self, why: str) -> None:
+        """From another thread: end the call under way with FastcollError(why) at its next wait."""
+        self.transport.interrupt(why)
+
+    def connections(self) -> list[tuple[int, int, str, Any, Any]]:
+        """Each connection as (peer, channel, kind ("tcp" or "shm"), this end's address, the
+        peer's), for diagnostics and tests."""
+        return self.transport.connections()
+
+    def describe(self) -> str:
+        """What carries the messages and which engine moves them, for Group.transport_info()."""
+        return f"{self.transport.describe()}; {self.name} engine"
+
+    @abc.abstractmethod
+    def close(self, timeout: float) -> None:
+        """Run what is queued (for at most `timeout` seconds), tell the peers, release everything."""

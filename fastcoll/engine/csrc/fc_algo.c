@@ -1,0 +1,97 @@
+/* The algorithm registry, the call primitives the algorithms share, and block arithmetic. */
+#include "fc_algo.h"
+
+#include <stdlib.h>
+
+#include "fc_reduce.h"
+
+/* The registry: one entry an algorithm, indexed by enum fc_algo_id. */
+static const fc_algorithm *const ALGORITHMS[FC_A_COUNT] = {
+    [FC_A_DIRECT] = &fc_algo_direct,
+    [FC_A_DOUBLING] = &fc_algo_doubling,
+    [FC_A_RING] = &fc_algo_ring,
+    [FC_A_PAIRWISE] = &fc_algo_pairwise,
+    [FC_A_CHAIN] = &fc_algo_chain,
+};
+
+/* The largest piece any message carries (fastcoll/wire.py's MAX_PIECE_BYTES). */
+#define MAX_PIECE_BYTES ((size_t)4 << 20)
+
+int fc_can_run(int algo, int kind)
+{
+    return algo >= 0 && algo < FC_A_COUNT && kind >= 0 && kind < FC_K_COUNT && ALGORITHMS[algo]->run[kind];
+}
+
+int fc_run(fc_call *c, const fc_op *op)
+{
+    if (!fc_can_run(op->algo, op->kind)) {
+        fc_err_set(c->err, FC_E_INTERNAL, -1);
+        fc_err_text(c->err, "no such algorithm for this collective", 37);
+        return -1;
+    }
+    c->itemsize = op->itemsize ? op->itemsize : 1;
+    if (ALGORITHMS[op->algo]->run[op->kind](c, op))
+        return -1;
+    int reduced = op->kind == FC_K_ALL_REDUCE || op->kind == FC_K_REDUCE_SCATTER || op->kind == FC_K_REDUCE;
+    if (reduced && op->redop == FC_MEAN && op->dst)
+        fc_finish_mean(op->dtype, op->dst, op->dst_count, c->size);
+    return 0;
+}
+
+int fc_send(fc_call *c, int peer, int64_t chunk, const uint8_t *p, size_t count)
+{
+    return fc_engine_send(c->e, c->ranks[peer], FC_DATA, c->seq, c->sig, c->sig_len, chunk, p,
+                          count * c->itemsize, c->err);
+}
+
+int fc_recv(fc_call *c, int peer, int64_t chunk, uint8_t *p, size_t count)
+{
+    return fc_engine_recv(c->e, c->ranks[peer], c->seq, c->sig, c->sig_len, chunk, p, count * c->itemsize,
+                          c->deadline, c->err);
+}
+
+int fc_flush(fc_call *c)
+{
+    return fc_engine_flush(c->e, c->deadline, c->err);
+}
+
+size_t fc_piece_items(const fc_call *c)
+{
+    size_t bytes = c->piece_bytes < MAX_PIECE_BYTES ? c->piece_bytes : MAX_PIECE_BYTES;
+    size_t items = bytes / (c->itemsize ? c->itemsize : 1);
+    return items ? items : 1;
+}
+
+void fc_combine(const fc_op *op, const uint8_t *a, const uint8_t *b, uint8_t *out, size_t count)
+{
+    fc_reduce(op->dtype, op->redop, a, b, out, count);
+}
+
+void *fc_scratch(fc_call *c, size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p)
+        fc_err_set(c->err, FC_E_NOMEM, -1);
+    return p;
+}
+
+void fc_block(size_t n, int parts, int i, int64_t *a, int64_t *b)
+{
+    size_t base = n / (size_t)parts, extra = n % (size_t)parts, k = (size_t)i;
+    *a = (int64_t)(k * base + (k < extra ? k : extra));
+    *b = *a + (int64_t)(base + (k < extra ? 1 : 0));
+}
+
+size_t fc_piece_count(int64_t a, int64_t b, size_t step)
+{
+    size_t n = (size_t)(b - a);
+    return n ? (n + step - 1) / step : 1;
+}
+
+void fc_piece(int64_t a, int64_t b, size_t step, size_t k, int64_t *pa, int64_t *pb)
+{
+    *pa = a + (int64_t)(k * step);
+    *pb = *pa + (int64_t)step < b ? *pa + (int64_t)step : b;
+    if (*pa > b)
+        *pa = *pb = b;
+}

@@ -1,0 +1,88 @@
+/* Collective algorithms in C: the schedules of fastcoll/algorithms/, step for step, so that the
+ * native engine sends the messages the pure-Python engine sends and combines contributions in
+ * the same order (every rank gets the same bits, and the same bits as the Python engine).
+ *
+ * An algorithm is one file that defines an fc_algorithm (a function per collective it runs,
+ * NULL for the others) and one entry in fc_algo.c's registry; its functions see one fc_call
+ * (the group's rank and size, send/recv/flush addressed by group rank) and one fc_op.
+ */
+#ifndef FC_ALGO_H
+#define FC_ALGO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fc_engine.h"
+
+/* The collectives (fastcoll/engine/ops.py's KINDS, in this order). */
+enum fc_kind {
+    FC_K_ALL_REDUCE = 0, FC_K_ALL_GATHER, FC_K_REDUCE_SCATTER, FC_K_BROADCAST, FC_K_BARRIER,
+    FC_K_ALL_TO_ALL, FC_K_GATHER, FC_K_SCATTER, FC_K_REDUCE, FC_K_SEND, FC_K_RECV, FC_K_COUNT
+};
+
+/* The algorithms (fastcoll/algorithms/select.py's ALGORITHMS, in this order). */
+enum fc_algo_id { FC_A_DIRECT = 0, FC_A_DOUBLING, FC_A_RING, FC_A_PAIRWISE, FC_A_CHAIN, FC_A_COUNT };
+
+/* One collective on flat buffers; counts and bounds in elements of `itemsize` bytes. */
+typedef struct fc_op {
+    int kind, algo, dtype, redop;
+    int root; /* a rooted collective's root; a send's or a receive's peer */
+    size_t itemsize;
+    const uint8_t *src;
+    size_t src_count;
+    uint8_t *dst;
+    size_t dst_count;
+    const int64_t *bounds;      /* (start, end) per rank */
+    const int64_t *recv_bounds; /* all_to_all: where each rank's block lands */
+} fc_op;
+
+/* One call as the algorithms see it. */
+typedef struct fc_call {
+    fc_engine *e;
+    int64_t seq;
+    const uint8_t *sig;
+    size_t sig_len;
+    fc_ns deadline;
+    int rank, size;
+    const int32_t *ranks; /* the job's rank of each group rank */
+    size_t piece_bytes;
+    size_t itemsize;
+    int64_t sent, received; /* the ring's messages to its right and from its left */
+    fc_err *err;
+} fc_call;
+
+typedef int (*fc_run_fn)(fc_call *c, const fc_op *op);
+
+typedef struct fc_algorithm {
+    const char *name;
+    fc_run_fn run[FC_K_COUNT];
+} fc_algorithm;
+
+extern const fc_algorithm fc_algo_direct, fc_algo_doubling, fc_algo_ring, fc_algo_pairwise, fc_algo_chain;
+
+/* Run `op` through its algorithm (and finish a mean). 0, or -1 with c->err set. */
+int fc_run(fc_call *c, const fc_op *op);
+/* Whether the registry has op's (algorithm, kind). */
+int fc_can_run(int algo, int kind);
+
+/* The primitives, by group rank; counts in elements of c->itemsize. */
+int fc_send(fc_call *c, int peer, int64_t chunk, const uint8_t *p, size_t count);
+int fc_recv(fc_call *c, int peer, int64_t chunk, uint8_t *p, size_t count);
+int fc_flush(fc_call *c);
+/* Elements a piece carries (fastcoll's Call.piece_items). */
+size_t fc_piece_items(const fc_call *c);
+/* out = a op b over count elements (the op's dtype and reduction). */
+void fc_combine(const fc_op *op, const uint8_t *a, const uint8_t *b, uint8_t *out, size_t count);
+/* Memory an algorithm needs (NULL: c->err is FC_E_NOMEM). */
+void *fc_scratch(fc_call *c, size_t bytes);
+
+/* range(n) cut into `parts` blocks whose sizes differ by at most one: block i is [*a, *b). */
+void fc_block(size_t n, int parts, int i, int64_t *a, int64_t *b);
+/* How many pieces of at most `step` items [a, b) is cut into (an empty range is one piece). */
+size_t fc_piece_count(int64_t a, int64_t b, size_t step);
+/* Piece k of [a, b): [*pa, *pb). */
+void fc_piece(int64_t a, int64_t b, size_t step, size_t k, int64_t *pa, int64_t *pb);
+
+#define FC_AT(buf, i, itemsize) ((buf) + (size_t)(i) * (itemsize))
+
+#endif

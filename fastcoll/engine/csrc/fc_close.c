@@ -1,0 +1,154 @@
+/* How the engine ends: the last words after an abort, the goodbye of a clean finalize, the
+ * linger that lets the peers read them, and closing the links. */
+#include "fc_engine.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#if !defined(FC_PORTABLE) && defined(__linux__)
+#include <linux/sockios.h> /* SIOCOUTQ: the bytes a socket holds that its peer has not acknowledged */
+#define UNACKED_IOCTL SIOCOUTQ
+#endif
+
+static void nap(fc_ns ns)
+{
+    struct timespec ts = {0, (long)ns};
+    nanosleep(&ts, NULL);
+}
+
+/* Push every link whose words are due (1: the notice not yet queued behind its half-written
+ * frame; 2: queued, not all out); 1 when every link has said them (3) or cannot (its peer gone). */
+static int say(fc_engine *e, const uint8_t *frame, size_t len)
+{
+    int done = 1;
+    for (int i = 0; i < e->size * e->channels; i++) {
+        fc_chan *c = &e->chans[i];
+        fc_link *l = &c->link;
+        if (c->words != 1 && c->words != 2)
+            continue;
+        if (l->out_count)
+            fc_link_push(l);
+        if (c->words == 1 && !l->out_count && !l->send_errno && fc_link_queue(l, frame, len, NULL, 0) == 0) {
+            c->words = 2;
+            fc_link_push(l);
+        }
+        if (l->send_errno || (c->words == 2 && !l->out_count))
+            c->words = 3;
+        else
+            done = 0;
+    }
+    return done;
+}
+
+/* Mark every open link whose peer still listens as due `frame`, keeping only its half-written
+ * frame (written in the middle of one, the notice would corrupt the stream). */
+static void due(fc_engine *e, int drop)
+{
+    for (int i = 0; i < e->size * e->channels; i++) {
+        fc_chan *c = &e->chans[i];
+        c->words = c->open && !c->link.send_errno && !e->finalized[fc_chan_peer(e, c)] ? 1 : 0;
+        if (c->words && drop)
+            fc_link_drop_unstarted(&c->link);
+    }
+}
+
+static void shut_all(fc_engine *e)
+{
+    for (int i = 0; i < e->size * e->channels; i++)
+        if (e->chans[i].open)
+            shutdown(e->chans[i].link.fd, SHUT_WR); /* also wakes a peer's reads */
+}
+
+/* Say `frame` on every link it is due on, until `until`; the links still busy then are cut. */
+static void say_until(fc_engine *e, const uint8_t *frame, size_t len, fc_ns until)
+{
+    while (!say(e, frame, len) && fc_now() < until)
+        nap(200 * 1000);
+    for (int i = 0; i < e->size * e->channels; i++)
+        if (e->chans[i].words == 1 || e->chans[i].words == 2)
+            e->chans[i].cut = 1;
+}
+
+int fc_engine_last_words(fc_engine *e, const uint8_t *frame, size_t len)
+{
+    atomic_store(&e->aborted, 1);
+    free(e->words_frame);
+    e->words_frame = malloc(len ? len : 1);
+    if (!e->words_frame)
+        return 1; /* no notice then: the shutdown still tells the peers */
+    memcpy(e->words_frame, frame, len);
+    e->words_len = len;
+    due(e, 1);
+    if (!say(e, frame, len))
+        return 0;
+    shut_all(e);
+    return 1;
+}
+
+void fc_engine_last_words_finish(fc_engine *e, fc_ns until)
+{
+    if (e->words_frame)
+        say_until(e, e->words_frame, e->words_len, until);
+    shut_all(e);
+}
+
+void fc_engine_say_goodbye(fc_engine *e, fc_ns flush_until, fc_ns until)
+{
+    fc_err err;
+    fc_engine_flush(e, flush_until, &err); /* what fails here was the peer's to report */
+    uint8_t frame[64];
+    size_t len = fc_wire_pack(frame, sizeof frame, FC_CLOSE, -1, NULL, 0, 0, 0);
+    due(e, 0);
+    say_until(e, frame, len, until);
+}
+
+#ifdef UNACKED_IOCTL
+static int unacked(int fd)
+{
+    int n = 0;
+    return ioctl(fd, UNACKED_IOCTL, &n) == 0 ? n : 0;
+}
+#endif
+
+void fc_engine_linger(fc_engine *e, fc_ns until)
+{
+#ifdef UNACKED_IOCTL
+    /* A peer that reads the notice only after this rank has exited would lose it: its own next
+     * send reaches a closed socket, whose reset discards what had not reached it yet. */
+    for (;;) {
+        int busy = 0;
+        for (int i = 0; i < e->size * e->channels && !busy; i++) {
+            fc_chan *c = &e->chans[i];
+            int peer = fc_chan_peer(e, c);
+            busy = c->open && !c->link.shm && !e->gave_up[peer] && !e->finalized[peer] && unacked(c->link.fd) > 0;
+        }
+        if (!busy || fc_now() >= until)
+            return;
+        nap(2 * 1000 * 1000);
+    }
+#else
+    /* No portable way to ask what a socket still holds: the shutdown said the notice; wait a
+     * moment for the peers to read it. Shared memory needs no wait (the rings outlive us). */
+    (void)e;
+    fc_ns wait = until - fc_now();
+    if (wait > 50 * 1000 * 1000LL)
+        wait = 50 * 1000 * 1000LL;
+    if (wait > 0)
+        nap(wait);
+#endif
+}
+
+void fc_engine_close_links(fc_engine *e)
+{
+    if (!e->chans)
+        return;
+    for (int i = 0; i < e->size * e->channels; i++) {
+        if (e->chans[i].open)
+            fc_link_close(&e->chans[i].link);
+        e->chans[i].open = 0;
+    }
+}

@@ -1,0 +1,329 @@
+/* The engine's messages: send, flush, and receive with the pure-Python transport's checks. */
+#include "fc_engine.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void fc_err_set(fc_err *err, int code, int peer)
+{
+    err->code = code;
+    err->peer = peer;
+    err->waiting_for = -1;
+    err->sys_errno = 0;
+    memset(err->n, 0, sizeof err->n);
+    err->text_len = 0;
+    err->text[0] = 0;
+}
+
+void fc_err_text(fc_err *err, const void *text, size_t len)
+{
+    if (len >= FC_TEXT_MAX)
+        len = FC_TEXT_MAX - 1;
+    if (len)
+        memcpy(err->text, text, len);
+    err->text[len] = 0;
+    err->text_len = (uint32_t)len;
+}
+
+int fc_engine_init(fc_engine *e, int rank, int size, int channels, fc_ns spin_ns, fc_ns yield_ns)
+{
+    memset(e, 0, sizeof *e);
+    if (size < 1 || channels < 1 || rank < 0 || rank >= size)
+        return -1;
+    e->rank = rank;
+    e->size = size;
+    e->channels = channels;
+    e->spin_ns = spin_ns;
+    e->yield_ns = yield_ns;
+    size_t n = (size_t)size * (size_t)channels;
+    e->chans = calloc(n, sizeof *e->chans);
+    e->finalized = calloc((size_t)size, 1);
+    e->gave_up = calloc((size_t)size, 1);
+    e->pfd = calloc(n, sizeof *e->pfd);
+    e->pfd_chan = calloc(n, sizeof *e->pfd_chan);
+    if (!e->chans || !e->finalized || !e->gave_up || !e->pfd || !e->pfd_chan) {
+        fc_engine_free(e);
+        return -1;
+    }
+    return 0;
+}
+
+int fc_engine_add_link(fc_engine *e, int peer, int ch, int fd, uint8_t *tx, uint8_t *rx, size_t cap)
+{
+    if (peer < 0 || peer >= e->size || peer == e->rank || ch < 0 || ch >= e->channels)
+        return -1;
+    fc_chan *c = &e->chans[peer * e->channels + ch];
+    if (c->open || fc_link_init(&c->link, fd, tx, rx, cap))
+        return -1;
+    c->open = 1;
+    c->watched = 1;
+    return 0;
+}
+
+void fc_engine_free(fc_engine *e)
+{
+    fc_engine_close_links(e);
+    free(e->chans);
+    free(e->finalized);
+    free(e->gave_up);
+    free(e->pfd);
+    free(e->pfd_chan);
+    free(e->words_frame);
+    e->words_frame = NULL;
+    e->chans = NULL;
+    e->finalized = e->gave_up = NULL;
+    e->pfd = NULL;
+    e->pfd_chan = NULL;
+}
+
+int fc_chan_parse(fc_engine *e, fc_chan *c, fc_err *err)
+{
+    fc_link *l = &c->link;
+    size_t have = fc_link_have(l);
+    if (have < FC_PREFIX)
+        return 0;
+    uint8_t prefix[FC_PREFIX];
+    fc_link_peek(l, prefix, FC_PREFIX, 0);
+    uint32_t body = fc_wire_body_length(prefix);
+    const char *why = NULL;
+    char bad[64];
+    if (!body) {
+        uint32_t n = (uint32_t)prefix[0] | (uint32_t)prefix[1] << 8 | (uint32_t)prefix[2] << 16 |
+                     (uint32_t)prefix[3] << 24;
+        snprintf(bad, sizeof bad, "header length %u outside 1..%d", n, FC_MAX_HEADER);
+        why = bad;
+    } else {
+        if (have < FC_PREFIX + (size_t)body)
+            return 0;
+        fc_link_peek(l, c->store, body, FC_PREFIX);
+        fc_link_take(l, NULL, FC_PREFIX + (size_t)body);
+        if (!fc_wire_unpack(c->store, body, &c->header, &why))
+            return 1;
+    }
+    fc_err_set(err, FC_E_MALFORMED, fc_chan_peer(e, c));
+    fc_err_text(err, why, strlen(why));
+    return -1;
+}
+
+/* ----- sending ----- */
+
+int fc_engine_send(fc_engine *e, int peer, int kind, int64_t seq, const uint8_t *sig, size_t sig_len,
+                   int64_t chunk, const void *payload, size_t n, fc_err *err)
+{
+    fc_chan *c = fc_chan_of(e, peer, chunk);
+    if (c->link.send_errno)
+        return 0; /* broken: fc_engine_flush reports it, once what the peer said is read */
+    uint8_t head[FC_PREFIX + FC_MAX_HEADER];
+    size_t len = fc_wire_pack(head, sizeof head, kind, seq, sig, sig_len, chunk, (int64_t)n);
+    if (!len) {
+        fc_err_set(err, FC_E_INTERNAL, peer);
+        fc_err_text(err, "a frame header longer than 4096 bytes", 37);
+        return -1;
+    }
+    if (fc_link_queue(&c->link, head, len, n ? payload : NULL, n)) {
+        fc_err_set(err, FC_E_NOMEM, peer);
+        return -1;
+    }
+    fc_link_push(&c->link);
+    return 0;
+}
+
+static int flushed(fc_engine *e, void *ctx, int *moved, fc_err *err)
+{
+    (void)ctx, (void)moved, (void)err;
+    for (int i = 0; i < e->size * e->channels; i++)
+        if (e->chans[i].link.out_count)
+            return 0;
+    return 1;
+}
+
+int fc_engine_flush(fc_engine *e, fc_ns deadline, fc_err *err)
+{
+    int r = fc_engine_wait(e, flushed, NULL, NULL, deadline, err);
+    if (r < 0)
+        return -1;
+    int n = e->size * e->channels;
+    if (r > 0) {
+        int stuck = -1;
+        for (int i = 0; i < n && stuck < 0; i++)
+            if (e->chans[i].link.out_count)
+                stuck = fc_chan_peer(e, &e->chans[i]);
+        fc_err_set(err, FC_E_TIMEOUT_SEND, stuck);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        if (e->chans[i].link.send_errno) {
+            fc_err_set(err, FC_E_BROKEN, fc_chan_peer(e, &e->chans[i]));
+            err->sys_errno = e->chans[i].link.send_errno;
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ----- receiving ----- */
+
+/* The header c->header as the receiver takes it: an ABORT or a CLOSE is an error. */
+static int take(fc_engine *e, fc_chan *c, fc_header *h, fc_err *err)
+{
+    int peer = fc_chan_peer(e, c);
+    *h = c->header;
+    if (h->kind == FC_ABORT) {
+        e->gave_up[peer] = 1;
+        fc_err_set(err, FC_E_ABORT, peer);
+        err->waiting_for = peer;
+        err->n[0] = h->chunk;
+        fc_err_text(err, h->sig, h->sig_len);
+        return -1;
+    }
+    if (h->kind == FC_CLOSE) {
+        e->finalized[peer] = 1;
+        c->watched = 0;
+        fc_err_set(err, FC_E_FINALIZED, peer);
+        return -1;
+    }
+    return 0;
+}
+
+static void lost(fc_err *err, fc_link *l, int peer, int mid)
+{
+    if (l->recv_errno) {
+        fc_err_set(err, FC_E_CONN, peer);
+        err->sys_errno = l->recv_errno;
+    } else {
+        fc_err_set(err, mid ? FC_E_CLOSED_MID : FC_E_CLOSED, peer);
+    }
+}
+
+static int header_step(fc_engine *e, void *ctx, int *moved, fc_err *err)
+{
+    fc_chan *c = ctx;
+    int got = fc_chan_parse(e, c, err);
+    if (got)
+        return got;
+    int pulled = c->link.shm ? (c->link.eof ? -1 : 0) : fc_link_pull(&c->link);
+    if (pulled > 0) {
+        *moved = 1;
+        return fc_chan_parse(e, c, err);
+    }
+    if (pulled < 0) { /* what the peer sent before it closed (an ABORT, a CLOSE) is read first */
+        got = fc_chan_parse(e, c, err);
+        if (!got)
+            lost(err, &c->link, fc_chan_peer(e, c), 0);
+        return got ? got : -1;
+    }
+    return 0;
+}
+
+int fc_engine_next_header(fc_engine *e, int peer, int64_t chunk, fc_ns deadline, fc_header *h, fc_err *err)
+{
+    fc_chan *c = fc_chan_of(e, peer, chunk);
+    if (c->lost) {
+        fc_err_set(err, c->lost, peer);
+        err->sys_errno = c->lost_errno;
+        return -1;
+    }
+    if (c->held) {
+        c->held = 0;
+        c->watched = 1;
+        return take(e, c, h, err);
+    }
+    if (e->finalized[peer]) {
+        fc_err_set(err, FC_E_FINALIZED, peer);
+        return -1;
+    }
+    int r = fc_engine_wait(e, header_step, c, c, deadline, err);
+    if (r > 0) {
+        fc_err_set(err, FC_E_TIMEOUT_WAIT, peer);
+        return -1;
+    }
+    return r < 0 ? -1 : take(e, c, h, err);
+}
+
+typedef struct {
+    fc_chan *c;
+    uint8_t *dst;
+    size_t n, done;
+} payload_read;
+
+/* Below this many bytes a payload's rest is read through the buffer (with the next header, in
+ * one system call); above it straight into its place. */
+#define DIRECT_BYTES 4096
+
+static int payload_step(fc_engine *e, void *ctx, int *moved, fc_err *err)
+{
+    payload_read *p = ctx;
+    fc_link *l = &p->c->link;
+    while (p->done < p->n) {
+        size_t k = fc_link_take(l, p->dst + p->done, p->n - p->done);
+        if (k) {
+            p->done += k;
+            *moved = 1;
+            continue;
+        }
+        ssize_t got; /* nothing buffered: read more */
+        if (l->shm) {
+            got = l->eof ? -1 : 0; /* (the end of the stream is seen by the sleep's poll) */
+        } else if (p->n - p->done >= DIRECT_BYTES) {
+            got = fc_link_recv_direct(l, p->dst + p->done, p->n - p->done);
+        } else {
+            int pulled = fc_link_pull(l);
+            if (pulled > 0)
+                continue;
+            got = pulled;
+        }
+        if (got == 0)
+            return 0;
+        if (got < 0) {
+            lost(err, l, fc_chan_peer(e, p->c), 1);
+            return -1;
+        }
+        p->done += (size_t)got;
+        *moved = 1;
+    }
+    return 1;
+}
+
+int fc_engine_read_payload(fc_engine *e, int peer, int64_t chunk, void *dst, size_t n, fc_ns deadline, fc_err *err)
+{
+    payload_read p = {fc_chan_of(e, peer, chunk), dst, n, 0};
+    int r = fc_engine_wait(e, payload_step, &p, p.c, deadline, err);
+    if (r > 0) {
+        fc_err_set(err, FC_E_TIMEOUT_PAYLOAD, peer);
+        err->n[0] = (int64_t)p.done;
+        err->n[1] = (int64_t)n;
+        return -1;
+    }
+    return r;
+}
+
+void fc_engine_keep_unread(fc_engine *e, int peer, int64_t chunk)
+{
+    fc_chan *c = fc_chan_of(e, peer, chunk);
+    c->held = 1; /* its payload, if any, is the link's next bytes */
+    c->watched = 0;
+}
+
+int fc_engine_recv(fc_engine *e, int peer, int64_t seq, const uint8_t *sig, size_t sig_len, int64_t chunk,
+                   void *dst, size_t n, fc_ns deadline, fc_err *err)
+{
+    fc_header h;
+    if (fc_engine_next_header(e, peer, chunk, deadline, &h, err))
+        return -1;
+    if (h.seq != seq || h.sig_len != sig_len || (sig_len && memcmp(h.sig, sig, sig_len))) {
+        fc_err_set(err, FC_E_MISMATCH_CALL, peer);
+        err->n[0] = h.seq;
+        fc_err_text(err, h.sig, h.sig_len);
+        return -1;
+    }
+    if (h.chunk != chunk || h.nbytes != (int64_t)n) {
+        fc_err_set(err, FC_E_MISMATCH_CHUNK, peer);
+        err->n[0] = chunk;
+        err->n[1] = (int64_t)n;
+        err->n[2] = h.chunk;
+        err->n[3] = h.nbytes;
+        return -1;
+    }
+    return n ? fc_engine_read_payload(e, peer, chunk, dst, n, deadline, err) : 0;
+}

@@ -1,0 +1,168 @@
+/* The engine: this rank's connections to every peer and the messages over them.
+ *
+ * It is the pure-Python TCP transport (fastcoll/transport/tcp.py) in C, message for message:
+ * the same frames, the same header checks, and the same rules for what a wait watches. While
+ * it waits for one link it looks at every other one too, so that an abort notice or a closed
+ * connection anywhere ends the wait at once; a header that runs ahead on another link is held
+ * until its turn; a peer lost while this rank waits on another is reported when it is next
+ * needed. A wait spins, then yields the CPU, then sleeps in poll() (fc_wait.c). The engine is
+ * used by one thread at a time (the service's run lock, fc_service.h), except that after an
+ * abort the service thread says the last words while the failing thread reads the notices.
+ */
+#ifndef FC_ENGINE_H
+#define FC_ENGINE_H
+
+#include <poll.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fc_clock.h"
+#include "fc_link.h"
+#include "fc_wire.h"
+
+/* What went wrong; fastcoll/engine/native.py turns each into the pure-Python engine's error. */
+enum fc_code {
+    FC_OK = 0,
+    FC_E_TIMEOUT_WAIT,    /* peer: who did not answer */
+    FC_E_TIMEOUT_PAYLOAD, /* peer; n[0] of n[1] bytes arrived */
+    FC_E_TIMEOUT_SEND,    /* peer (or -1): who stopped taking data */
+    FC_E_CLOSED,          /* peer closed its connection */
+    FC_E_CLOSED_MID,      /* ... in the middle of a message */
+    FC_E_CONN,            /* a receive from peer failed: sys_errno */
+    FC_E_FINALIZED,       /* peer called finalize() while this rank needed it */
+    FC_E_MALFORMED,       /* peer sent a malformed frame: text says why */
+    FC_E_ABORT,           /* peer's abort notice: text, n[0] its chunk; waiting_for */
+    FC_E_MISMATCH_CALL,   /* peer called n[0] (seq) text (sig) */
+    FC_E_MISMATCH_CHUNK,  /* expected chunk n[0] of n[1] bytes, peer sent n[2] of n[3] */
+    FC_E_INTERRUPTED,     /* Engine.interrupt() */
+    FC_E_SIGNAL,          /* a Python signal handler raised (Ctrl-C): its exception is set */
+    FC_E_BROKEN,          /* a send to peer failed (sys_errno): read what it said first */
+    FC_E_NOMEM,
+    FC_E_INTERNAL,        /* text */
+    FC_E_GATE_CLOSED,     /* the gate was closed before gate n[0] arrived */
+    FC_E_GATE_PROTOCOL,   /* waiting for gate n[0], the GPU published n[1] */
+    FC_E_GATE_SPIN,       /* a release spin hit its bound (the page says which) */
+};
+
+#define FC_TEXT_MAX (FC_MAX_HEADER + 1)
+
+typedef struct fc_err {
+    int code;
+    int peer;        /* the job rank concerned, or -1 */
+    int waiting_for; /* FC_E_ABORT: whom this rank waited for when the notice came (-1: none) */
+    int sys_errno;
+    int64_t n[4];
+    uint32_t text_len;
+    char text[FC_TEXT_MAX];
+} fc_err;
+
+void fc_err_set(fc_err *err, int code, int peer);
+void fc_err_text(fc_err *err, const void *text, size_t len);
+
+/* A link and what the engine knows of it. */
+typedef struct fc_chan {
+    fc_link link;
+    int open;     /* a link was added here */
+    int watched;  /* looked at while the engine waits on another link */
+    int held;     /* `header` was read and not taken yet */
+    int lost;     /* an fc_code: lost while the engine waited on another link */
+    int lost_errno;
+    int cut;      /* a frame was given up half-written: no last words on it */
+    int words;    /* the last words: 0 none due, 1 due, 2 queued, 3 said (fc_close.c) */
+    fc_header header;
+    uint8_t store[FC_MAX_HEADER]; /* the last header read (its signature points here) */
+} fc_chan;
+
+typedef struct fc_engine {
+    int rank, size, channels;
+    fc_chan *chans;    /* [peer * channels + ch] */
+    uint8_t *finalized; /* per peer: it sent CLOSE */
+    uint8_t *gave_up;   /* per peer: it sent ABORT, or its connection ended */
+    fc_ns spin_ns, yield_ns;
+    _Atomic int interrupted;
+    _Atomic int aborted; /* the abort notice is going out: no other frame may */
+    uint8_t *words_frame; /* the abort notice */
+    size_t words_len;
+    /* Called every FC_SIGNAL_CHECK_NS while a wait sleeps, on the thread that may run Python's
+     * signal handlers: nonzero when one raised (the wait then ends with FC_E_SIGNAL). */
+    int (*check_signals)(void *ctx);
+    void *signals_ctx;
+    struct pollfd *pfd;
+    int *pfd_chan;
+} fc_engine;
+
+int fc_engine_init(fc_engine *e, int rank, int size, int channels, fc_ns spin_ns, fc_ns yield_ns);
+/* Hand the engine the link to `peer` on channel `ch` (see fc_link_init). 0, or -1. */
+int fc_engine_add_link(fc_engine *e, int peer, int ch, int fd, uint8_t *tx, uint8_t *rx, size_t cap);
+void fc_engine_free(fc_engine *e);
+
+static inline fc_chan *fc_chan_of(fc_engine *e, int peer, int64_t chunk)
+{
+    return &e->chans[peer * e->channels + (int)(chunk % e->channels)];
+}
+
+/* ----- messages (fc_engine.c) ----- */
+
+/* Queue a frame to `peer` (its channel: chunk % channels) and write what can go now; the
+ * payload must stay unchanged until fc_engine_flush returns. A peer whose connection broke
+ * gets nothing (fc_engine_flush reports it). */
+int fc_engine_send(fc_engine *e, int peer, int kind, int64_t seq, const uint8_t *sig, size_t sig_len,
+                   int64_t chunk, const void *payload, size_t n, fc_err *err);
+/* Until every queued frame has gone out: FC_E_TIMEOUT_SEND past the deadline, FC_E_BROKEN for a
+ * peer whose connection broke. */
+int fc_engine_flush(fc_engine *e, fc_ns deadline, fc_err *err);
+/* The next header from `peer` on chunk's channel, watching every link meanwhile; an ABORT or
+ * CLOSE from it is an error (FC_E_ABORT, FC_E_FINALIZED). */
+int fc_engine_next_header(fc_engine *e, int peer, int64_t chunk, fc_ns deadline, fc_header *h, fc_err *err);
+/* The payload after the header just taken from that link, into dst. */
+int fc_engine_read_payload(fc_engine *e, int peer, int64_t chunk, void *dst, size_t n, fc_ns deadline, fc_err *err);
+/* Hold the header just taken from that link: it is the next one read from it. */
+void fc_engine_keep_unread(fc_engine *e, int peer, int64_t chunk);
+/* Message (seq, sig, chunk) from `peer` into dst[0..n): FC_E_MISMATCH_* if it is another. */
+int fc_engine_recv(fc_engine *e, int peer, int64_t seq, const uint8_t *sig, size_t sig_len, int64_t chunk,
+                   void *dst, size_t n, fc_ns deadline, fc_err *err);
+
+/* The peer of a channel. */
+static inline int fc_chan_peer(fc_engine *e, fc_chan *c)
+{
+    return (int)((c - e->chans) / e->channels);
+}
+
+/* Read the next header from c's link into c->header (its signature in c->store): 1 read,
+ * 0 not all of it has arrived, -1 malformed (err: FC_E_MALFORMED). */
+int fc_chan_parse(fc_engine *e, fc_chan *c, fc_err *err);
+
+/* ----- waiting (fc_wait.c) ----- */
+
+#define FC_SIGNAL_CHECK_NS (50 * 1000 * 1000LL)
+
+/* A step a wait repeats: 1 done, 0 not yet (*moved: bytes moved), -1 failed (err set). */
+typedef int (*fc_step)(fc_engine *e, void *ctx, int *moved, fc_err *err);
+
+/* Repeat `step` until it is done, writing queued frames meanwhile; spin, then yield, then sleep
+ * in poll() on every link while nothing moves. `awaited`: the channel step reads (or NULL).
+ * 0 done; 1 the deadline passed; -1 failed (err set: a step's error, another link's timeout
+ * notice, an interrupt or a signal). */
+int fc_engine_wait(fc_engine *e, fc_step step, void *ctx, fc_chan *awaited, fc_ns deadline, fc_err *err);
+/* Write what every link takes now; 1 if bytes went out. */
+int fc_engine_push_all(fc_engine *e);
+
+/* ----- the end (fc_close.c) ----- */
+
+/* From the thread that runs calls (it holds the run lock), once a call failed: from now on only
+ * the abort notice `frame` goes out. Said at once on every link whose stream is whole; 1 if that
+ * was every link (each is then shut for writing), 0 if some have a frame half-written first, for
+ * fc_engine_last_words_finish to finish, on a thread of its own, while this one reads notices. */
+int fc_engine_last_words(fc_engine *e, const uint8_t *frame, size_t len);
+/* Finish the last words until `until` (the links still busy then are cut), then shut every link
+ * for writing. It only writes: the thread that runs calls may read meanwhile. */
+void fc_engine_last_words_finish(fc_engine *e, fc_ns until);
+/* Queued frames finished, then CLOSE on every link (until `until`). */
+void fc_engine_say_goodbye(fc_engine *e, fc_ns flush_until, fc_ns until);
+/* Until `until` at most: until the peers have taken what the sockets still hold. */
+void fc_engine_linger(fc_engine *e, fc_ns until);
+/* Close every link. */
+void fc_engine_close_links(fc_engine *e);
+
+#endif

@@ -1,0 +1,111 @@
+/* A single-producer single-consumer byte ring in shared memory (see fc_shmring.h). */
+#include "fc_shmring.h"
+
+#include <string.h>
+
+#define LINE_WORDS 16 /* 128 bytes of int64 */
+
+void fc_ring_init(fc_ring *r, uint8_t *mem, size_t cap, int writer)
+{
+    _Atomic int64_t *words = (_Atomic int64_t *)(void *)mem;
+    r->head = words;
+    r->tail = words + LINE_WORDS;
+    r->asleep = words + 2 * LINE_WORDS;
+    r->waiting = words + 2 * LINE_WORDS + 1;
+    r->data = mem + FC_RING_CONTROL;
+    r->cap = cap;
+    r->mine = atomic_load_explicit(writer ? r->head : r->tail, memory_order_relaxed);
+}
+
+size_t fc_ring_free(fc_ring *r)
+{
+    int64_t tail = atomic_load_explicit(r->tail, memory_order_acquire);
+    return r->cap - (size_t)(r->mine - tail);
+}
+
+/* Copy n bytes between a linear buffer and the ring at position pos (wrapping). */
+static void copy_in(fc_ring *r, int64_t pos, const uint8_t *src, size_t n)
+{
+    size_t i = (size_t)(pos % (int64_t)r->cap), first = r->cap - i;
+    if (first > n)
+        first = n;
+    memcpy(r->data + i, src, first);
+    if (first < n)
+        memcpy(r->data, src + first, n - first);
+}
+
+static void copy_out(fc_ring *r, int64_t pos, uint8_t *dst, size_t n)
+{
+    size_t i = (size_t)(pos % (int64_t)r->cap), first = r->cap - i;
+    if (first > n)
+        first = n;
+    memcpy(dst, r->data + i, first);
+    if (first < n)
+        memcpy(dst + first, r->data, n - first);
+}
+
+size_t fc_ring_put(fc_ring *r, const void *src, size_t n)
+{
+    size_t room = fc_ring_free(r);
+    if (n > room)
+        n = room;
+    if (n) {
+        copy_in(r, r->mine, src, n);
+        r->mine += (int64_t)n;
+    }
+    return n;
+}
+
+int fc_ring_publish(fc_ring *r)
+{
+    atomic_store_explicit(r->head, r->mine, memory_order_release);
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(r->asleep, memory_order_relaxed)) {
+        atomic_store_explicit(r->asleep, 0, memory_order_relaxed);
+        return 1;
+    }
+    return 0;
+}
+
+int fc_ring_wait_room(fc_ring *r)
+{
+    atomic_store_explicit(r->waiting, 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_seq_cst);
+    return fc_ring_free(r) == 0;
+}
+
+size_t fc_ring_avail(fc_ring *r)
+{
+    return (size_t)(atomic_load_explicit(r->head, memory_order_acquire) - r->mine);
+}
+
+void fc_ring_peek(fc_ring *r, void *dst, size_t n, size_t offset)
+{
+    copy_out(r, r->mine + (int64_t)offset, dst, n);
+}
+
+size_t fc_ring_get(fc_ring *r, void *dst, size_t n, int *wake)
+{
+    size_t avail = fc_ring_avail(r);
+    if (n > avail)
+        n = avail;
+    if (!n)
+        return 0;
+    if (dst)
+        copy_out(r, r->mine, dst, n);
+    r->mine += (int64_t)n;
+    atomic_store_explicit(r->tail, r->mine, memory_order_release);
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(r->waiting, memory_order_relaxed)) {
+        atomic_store_explicit(r->waiting, 0, memory_order_relaxed);
+        *wake = 1;
+    }
+    return n;
+}
+
+int fc_ring_sleep(fc_ring *r)
+{
+    atomic_store_explicit(r->asleep, 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_seq_cst);
+    return fc_ring_avail(r) == 0;
+}

@@ -1,0 +1,208 @@
+/* How the engine waits: spin, then yield the CPU, then sleep in poll() on every link.
+ *
+ * A small exchange's reply is usually microseconds away, and a sleep costs a wake-up that the
+ * scheduler may delay by much more, so a wait first spins (spin_ns) and then yields between
+ * looks (yield_ns: where ranks outnumber cores the peer that owes the reply may be waiting for
+ * this very core). Then it sleeps, so that an idle rank costs no CPU. Asleep, it watches every
+ * link, as the pure-Python transport does: a peer's timeout notice on another link ends the wait
+ * at once, a header that runs ahead there is held for its turn, a loss is noted for later.
+ */
+#include "fc_engine.h"
+
+#include <errno.h>
+#include <sched.h>
+
+static inline void relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __asm__ __volatile__("pause");
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+int fc_engine_push_all(fc_engine *e)
+{
+    if (atomic_load_explicit(&e->aborted, memory_order_relaxed))
+        return 0; /* only the last words go out now (fc_close.c) */
+    int moved = 0;
+    int n = e->size * e->channels;
+    for (int i = 0; i < n; i++) {
+        fc_chan *c = &e->chans[i];
+        if (c->open && c->link.out_count && fc_link_push(&c->link) > 0)
+            moved = 1;
+    }
+    return moved;
+}
+
+/* What another watched link brought while the engine waits on `awaited`: 0 nothing to report
+ * now (a header held, a loss or a finalize noted), -1 a peer's timeout notice or a malformed
+ * frame (err set). */
+static int look(fc_engine *e, fc_chan *c, fc_chan *awaited, fc_err *err)
+{
+    int peer = fc_chan_peer(e, c);
+    int pulled = fc_link_pull(&c->link);
+    int got = fc_chan_parse(e, c, err);
+    if (got < 0)
+        return -1;
+    if (!got) {
+        if (pulled < 0) { /* lost while this rank waits on another: said when next needed */
+            c->lost = c->link.recv_errno ? FC_E_CONN : FC_E_CLOSED;
+            c->lost_errno = c->link.recv_errno;
+            c->watched = 0;
+            e->gave_up[peer] = 1;
+        }
+        return 0;
+    }
+    int awaited_peer = awaited ? fc_chan_peer(e, awaited) : -1;
+    if (c->header.kind == FC_CLOSE && peer != awaited_peer) {
+        e->finalized[peer] = 1; /* an error only for whoever still needs that peer */
+        c->watched = 0;
+        return 0;
+    }
+    if (c->header.kind == FC_ABORT && c->header.chunk > 0) { /* its wait ran out: compare waits */
+        e->gave_up[peer] = 1;
+        fc_err_set(err, FC_E_ABORT, peer);
+        err->waiting_for = awaited_peer;
+        err->n[0] = c->header.chunk;
+        fc_err_text(err, c->header.sig, c->header.sig_len);
+        return -1;
+    }
+    c->held = 1; /* runs ahead: read when its turn comes */
+    c->watched = 0;
+    return 0;
+}
+
+/* Add c to the poll set for `events`. */
+static void watch(fc_engine *e, int *n, fc_chan *c, short events)
+{
+    e->pfd[*n].fd = c->link.fd;
+    e->pfd[*n].events = events;
+    e->pfd[*n].revents = 0;
+    e->pfd_chan[*n] = (int)(c - e->chans);
+    (*n)++;
+}
+
+/* Whether a whole header (or a bad length prefix) waits in a TCP link's buffer, which poll()
+ * would not report: it came in one read with what went before it. */
+static int header_buffered(fc_link *l)
+{
+    size_t have = fc_link_have(l);
+    if (l->shm || have < FC_PREFIX)
+        return 0;
+    uint8_t prefix[FC_PREFIX];
+    fc_link_peek(l, prefix, FC_PREFIX, 0);
+    uint32_t body = fc_wire_body_length(prefix);
+    return body == 0 || have >= FC_PREFIX + (size_t)body;
+}
+
+/* Build the poll set. 1: something is ready without sleeping (*ready: a watched link with data
+ * to look at, or NULL), 0: sleep on the set. */
+static int poll_set(fc_engine *e, fc_chan *awaited, int *n, fc_chan **ready)
+{
+    int pushing = !atomic_load_explicit(&e->aborted, memory_order_relaxed);
+    *n = 0;
+    *ready = NULL;
+    for (int i = 0; i < e->size * e->channels; i++) {
+        fc_chan *c = &e->chans[i];
+        if (!c->open)
+            continue;
+        short events = 0;
+        if (c == awaited || c->watched) {
+            if (!fc_link_may_sleep(&c->link) || (c != awaited && header_buffered(&c->link))) {
+                *ready = c == awaited ? NULL : c;
+                return 1;
+            }
+            events |= POLLIN;
+        }
+        if (pushing && c->link.out_count && !c->link.send_errno) {
+            if (c->link.shm) {
+                if (!fc_link_wait_room(&c->link))
+                    return 1; /* room came */
+                events |= POLLIN; /* the reader rings when it takes bytes */
+            } else {
+                events |= POLLOUT;
+            }
+        }
+        if (events)
+            watch(e, n, c, events);
+    }
+    return 0;
+}
+
+static int signalled(fc_engine *e, fc_err *err)
+{
+    if (e->check_signals && e->check_signals(e->signals_ctx)) {
+        fc_err_set(err, FC_E_SIGNAL, -1);
+        return 1;
+    }
+    return 0;
+}
+
+/* Sleep in poll() until a link may have changed, the deadline, or the next signal check; then
+ * look at what woke it. 0, or -1 (err set). */
+static int block(fc_engine *e, fc_chan *awaited, fc_ns deadline, fc_ns *checked, fc_err *err)
+{
+    int n;
+    fc_chan *ready;
+    if (poll_set(e, awaited, &n, &ready)) {
+        if (ready)
+            return look(e, ready, awaited, err);
+        if (awaited && awaited->link.shm)
+            fc_link_pull(&awaited->link); /* bytes that never complete: is the writer gone? */
+        return 0;
+    }
+    fc_ns now = fc_now();
+    fc_ns wait = deadline - now;
+    fc_ns until_check = *checked + FC_SIGNAL_CHECK_NS - now;
+    if (wait > until_check)
+        wait = until_check;
+    int ms = wait <= 0 ? 0 : (int)((wait + 999999) / 1000000);
+    int r = poll(e->pfd, (nfds_t)n, ms);
+    now = fc_now();
+    if ((r < 0 && errno == EINTR) || now - *checked >= FC_SIGNAL_CHECK_NS) {
+        *checked = now;
+        if (signalled(e, err))
+            return -1;
+    }
+    for (int i = 0; r > 0 && i < n; i++) {
+        if (!e->pfd[i].revents)
+            continue;
+        fc_chan *c = &e->chans[e->pfd_chan[i]];
+        if (c->link.shm)
+            fc_link_pull(&c->link); /* take the doorbells; note the end of the stream */
+        if (c != awaited && c->watched && look(e, c, awaited, err) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+int fc_engine_wait(fc_engine *e, fc_step step, void *ctx, fc_chan *awaited, fc_ns deadline, fc_err *err)
+{
+    fc_ns idle_since = fc_now(), checked = idle_since;
+    for (;;) {
+        int moved = fc_engine_push_all(e);
+        int r = step(e, ctx, &moved, err);
+        if (r)
+            return r > 0 ? 0 : -1;
+        if (atomic_load_explicit(&e->interrupted, memory_order_relaxed)) {
+            fc_err_set(err, FC_E_INTERRUPTED, -1);
+            return -1;
+        }
+        fc_ns now = fc_now();
+        if (moved) {
+            idle_since = now;
+            continue;
+        }
+        if (now >= deadline)
+            return 1;
+        fc_ns idle = now - idle_since;
+        if (idle < e->spin_ns) {
+            relax();
+        } else if (idle < e->spin_ns + e->yield_ns) {
+            sched_yield();
+        } else if (block(e, awaited, deadline, &checked, err) < 0) {
+            return -1;
+        }
+    }
+}

@@ -1,0 +1,93 @@
+/* The Python side of the native engine: what the binding files share.
+ *
+ *   py_module.c   the module: its types, NativeError, the codes, reduce() and finish_mean()
+ *   py_engine.c   the Engine type: links, the message calls, inline runs, the end
+ *   py_items.c    what the service thread runs: queued calls, Python functions, gates, the
+ *                 last words; completions; the references released later with the GIL
+ *   py_args.c     a collective's arguments from Python, checked, as an fc_op
+ *
+ * The GIL is released around every wait. The service thread never takes it to run a native
+ * call: only a Python function queued behind native calls, and the report of a failure, do.
+ */
+#ifndef FC_PY_COMMON_H
+#define FC_PY_COMMON_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "fc_algo.h"
+#include "fc_engine.h"
+#include "fc_gate.h"
+#include "fc_service.h"
+
+typedef struct py_item py_item;
+
+typedef struct {
+    PyObject_HEAD
+    fc_engine engine;
+    fc_service service;
+    int ready;     /* the engine was set up */
+    int closed;
+    _Atomic int failed; /* a call failed: queued calls fail at once with the job's error */
+    Py_buffer *segments; /* the shared-memory mappings the links use, held until the end */
+    size_t nsegments;
+    fc_gate gate;
+    int gated;
+    Py_buffer page; /* the gate's control page */
+    PyObject *on_failure; /* on_failure(task, work, info, waited): a queued call failed */
+    unsigned long main_thread; /* the thread that runs Python's signal handlers */
+    pthread_t words_thread; /* finishes the last words when a link was busy at the abort */
+    int words_started;
+    fc_ns words_until;
+    pthread_mutex_t dead_lock;
+    py_item *dead; /* finished items whose Python references wait for the GIL */
+} EngineObject;
+
+/* A collective as Python hands it over (py_args.c): its fc_op, its call's identity, and the
+ * buffers it reads and writes, held until it has run. */
+typedef struct py_op {
+    fc_op op;
+    int64_t seq;
+    double limit;
+    int rank, size;
+    size_t piece_bytes;
+    Py_buffer sig, ranks, src, dst, bounds, recv_bounds;
+    int held; /* bit i: the i-th of sig, ranks, src, dst, bounds, recv_bounds is held */
+    int64_t *even[2]; /* bounds computed here (None from Python: even blocks) */
+} py_op;
+
+#define PY_OP_ARGS 17
+
+/* Parse PY_OP_ARGS arguments (kind, algorithm, seq, sig, limit, rank, size, ranks, piece_bytes,
+ * dtype, reduce, itemsize, src, dst, root, bounds, recv_bounds); 0, or -1 with a Python error. */
+int py_op_parse(py_op *o, PyObject *const *args, int job_size, int job_rank);
+void py_op_release(py_op *o);
+/* The fc_call that runs `o` on `e` (its deadline `limit` from now). */
+void py_op_call(py_op *o, fc_engine *e, fc_call *c, fc_err *err);
+
+/* The error of a failed call as Python reads it: (code, peer, waiting_for, errno, n0, n1, n2,
+ * n3, text). */
+PyObject *py_err_info(const fc_err *err);
+/* Raise NativeError(info) for err (or leave a signal handler's exception where it is). */
+PyObject *py_raise(const fc_err *err);
+
+extern PyObject *py_native_error;
+extern PyTypeObject py_engine_type;
+extern PyTypeObject py_completion_type;
+
+/* py_items.c */
+PyObject *py_completion_new(fc_done *d);
+PyObject *py_submit_op(EngineObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *py_submit_call(EngineObject *self, PyObject *fn);
+PyObject *py_submit_gate(EngineObject *self, PyObject *const *args, Py_ssize_t nargs);
+
+/* Release the Python references of finished items (holds the GIL). */
+void py_reap(EngineObject *self);
+
+/* Signal checks for a wait on the main thread: set around a wait that released the GIL. */
+typedef struct py_signals {
+    PyThreadState *ts;
+} py_signals;
+int py_check_signals(void *ctx);
+
+#endif

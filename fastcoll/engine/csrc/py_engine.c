@@ -1,0 +1,510 @@
+/* The Engine type: this rank's links handed over from Python, the message calls the pure-Python
+ * schedules use, inline runs of a whole collective, the gate, and the end. */
+#include "py_common.h"
+
+#include <string.h>
+
+/* Release the GIL for a wait; on the main thread, let the wait run Python's signal handlers. */
+#define WAIT_BEGIN(self)                                                     \
+    py_signals sigs_;                                                        \
+    int main_ = PyThread_get_thread_ident() == (self)->main_thread;          \
+    sigs_.ts = PyEval_SaveThread();                                          \
+    if (main_) {                                                             \
+        (self)->engine.check_signals = py_check_signals;                     \
+        (self)->engine.signals_ctx = &sigs_;                                 \
+    }
+#define WAIT_END(self)                       \
+    (self)->engine.check_signals = NULL;     \
+    (self)->engine.signals_ctx = NULL;       \
+    PyEval_RestoreThread(sigs_.ts);
+
+static int usable(EngineObject *self)
+{
+    if (!self->ready || self->closed) {
+        PyErr_SetString(PyExc_RuntimeError, "the native engine is closed");
+        return 0;
+    }
+    return 1;
+}
+
+static int engine_init(EngineObject *self, PyObject *args, PyObject *kw)
+{
+    int rank, size, channels;
+    long long spin_us, yield_us;
+    unsigned long main_thread;
+    static char *kwlist[] = {"rank", "size", "channels", "spin_us", "yield_us", "main_thread", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiLLk", kwlist, &rank, &size, &channels, &spin_us, &yield_us,
+                                     &main_thread))
+        return -1;
+    if (self->ready) {
+        PyErr_SetString(PyExc_RuntimeError, "an Engine is set up once");
+        return -1;
+    }
+    if (spin_us < 0 || yield_us < 0 || spin_us > 10000000 || yield_us > 10000000 ||
+        fc_engine_init(&self->engine, rank, size, channels, spin_us * 1000, yield_us * 1000)) {
+        PyErr_SetString(PyExc_ValueError, "bad rank, size, channels or wait settings");
+        return -1;
+    }
+    if (pthread_mutex_init(&self->dead_lock, NULL) || fc_service_start(&self->service)) {
+        fc_engine_free(&self->engine);
+        PyErr_SetString(PyExc_RuntimeError, "could not start the native service thread");
+        return -1;
+    }
+    self->main_thread = main_thread;
+    self->ready = 1;
+    return 0;
+}
+
+/* add_link(peer, channel, fd, segment, tx_offset, rx_offset, capacity): the engine takes the
+ * connected socket fd; for shared memory `segment` is the mapping holding both rings. */
+static PyObject *add_link(EngineObject *self, PyObject *args)
+{
+    int peer, ch, fd;
+    PyObject *segment;
+    Py_ssize_t tx_off, rx_off, cap;
+    if (!PyArg_ParseTuple(args, "iiiOnnn", &peer, &ch, &fd, &segment, &tx_off, &rx_off, &cap) || !usable(self))
+        return NULL;
+    uint8_t *tx = NULL, *rx = NULL;
+    if (segment != Py_None) {
+        Py_buffer *more = PyMem_Realloc(self->segments, (self->nsegments + 1) * sizeof *more);
+        if (!more)
+            return PyErr_NoMemory();
+        self->segments = more;
+        Py_buffer *v = &self->segments[self->nsegments];
+        if (PyObject_GetBuffer(segment, v, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS))
+            return NULL;
+        Py_ssize_t need = FC_RING_CONTROL + cap;
+        if (cap <= 0 || tx_off < 0 || rx_off < 0 || tx_off % 8 || rx_off % 8 || tx_off + need > v->len ||
+            rx_off + need > v->len || (tx_off < rx_off + need && rx_off < tx_off + need)) {
+            PyBuffer_Release(v);
+            PyErr_SetString(PyExc_ValueError, "the rings do not fit the segment apart from each other");
+            return NULL;
+        }
+        self->nsegments++;
+        tx = (uint8_t *)v->buf + tx_off;
+        rx = (uint8_t *)v->buf + rx_off;
+    }
+    if (fc_engine_add_link(&self->engine, peer, ch, fd, tx, rx, (size_t)cap)) {
+        PyErr_SetString(PyExc_ValueError, "bad peer or channel, or one added twice");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *set_failure_handler(EngineObject *self, PyObject *fn)
+{
+    Py_XSETREF(self->on_failure, Py_NewRef(fn));
+    Py_RETURN_NONE;
+}
+
+/* claim_if_idle(): True, and the run lock is this thread's, if nothing is queued or running. */
+static PyObject *claim_if_idle(EngineObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (!usable(self))
+        return NULL;
+    py_reap(self);
+    int r = fc_service_try_claim(&self->service);
+    if (r < 0) { /* another thread runs a call inline: wait for it without the GIL */
+        Py_BEGIN_ALLOW_THREADS
+        r = fc_service_claim_if_idle(&self->service);
+        Py_END_ALLOW_THREADS
+    }
+    return PyBool_FromLong(r);
+}
+
+static PyObject *release(EngineObject *self, PyObject *unused)
+{
+    (void)unused;
+    fc_service_release(&self->service);
+    Py_RETURN_NONE;
+}
+
+/* run(kind, algorithm, seq, sig, limit, rank, size, ranks, piece_bytes, dtype, reduce, itemsize,
+ * src, dst, root, bounds, recv_bounds): run a collective on this thread, which holds the run
+ * lock; NativeError if it fails. */
+static PyObject *run(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != PY_OP_ARGS)
+        return PyErr_Format(PyExc_TypeError, "run takes %d arguments", PY_OP_ARGS);
+    if (!usable(self))
+        return NULL;
+    py_op o;
+    if (py_op_parse(&o, args, self->engine.size, self->engine.rank)) {
+        py_op_release(&o);
+        return NULL;
+    }
+    fc_call c;
+    fc_err err;
+    py_op_call(&o, &self->engine, &c, &err);
+    WAIT_BEGIN(self)
+    int rc = fc_run(&c, &o.op);
+    WAIT_END(self)
+    py_op_release(&o);
+    if (rc) {
+        atomic_store(&self->failed, 1);
+        return py_raise(&err);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *submit(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return usable(self) ? py_submit_op(self, args, nargs) : NULL;
+}
+
+static PyObject *submit_call(EngineObject *self, PyObject *fn)
+{
+    return usable(self) ? py_submit_call(self, fn) : NULL;
+}
+
+/* ----- the message calls (fastcoll/engine/native.py's NativeTransport) ----- */
+
+/* send(peer, kind, seq, sig, chunk, payload): queue a frame; the payload (a buffer, or None)
+ * must stay alive and unchanged until flush() returns. */
+static PyObject *send(EngineObject *self, PyObject *args)
+{
+    int peer, kind;
+    long long seq, chunk;
+    Py_buffer sig, payload = {0};
+    PyObject *obj;
+    if (!usable(self) || !PyArg_ParseTuple(args, "iiLy*LO", &peer, &kind, &seq, &sig, &chunk, &obj))
+        return NULL;
+    int ok = peer >= 0 && peer < self->engine.size && peer != self->engine.rank && kind >= FC_DATA &&
+             kind <= FC_CLOSE && chunk >= 0;
+    if (ok && obj != Py_None && PyObject_GetBuffer(obj, &payload, PyBUF_C_CONTIGUOUS)) {
+        PyBuffer_Release(&sig);
+        return NULL;
+    }
+    fc_err err;
+    fc_err_set(&err, FC_OK, -1);
+    int rc = !ok ? 1
+                 : fc_engine_send(&self->engine, peer, kind, seq, sig.buf, (size_t)sig.len, chunk, payload.buf,
+                                  (size_t)payload.len, &err);
+    PyBuffer_Release(&sig);
+    if (payload.obj)
+        PyBuffer_Release(&payload);
+    if (rc > 0)
+        return PyErr_Format(PyExc_ValueError, "bad peer, kind or chunk");
+    return rc ? py_raise(&err) : Py_NewRef(Py_None);
+}
+
+static PyObject *flush(EngineObject *self, PyObject *arg)
+{
+    double seconds = PyFloat_AsDouble(arg);
+    if ((seconds == -1.0 && PyErr_Occurred()) || !usable(self))
+        return NULL;
+    fc_err err;
+    fc_ns deadline = fc_deadline_in(seconds);
+    WAIT_BEGIN(self)
+    int rc = fc_engine_flush(&self->engine, deadline, &err);
+    WAIT_END(self)
+    return rc ? py_raise(&err) : Py_NewRef(Py_None);
+}
+
+static int peer_ok(EngineObject *self, int peer, long long chunk)
+{
+    if (peer < 0 || peer >= self->engine.size || peer == self->engine.rank || chunk < 0) {
+        PyErr_SetString(PyExc_ValueError, "bad peer or chunk");
+        return 0;
+    }
+    return 1;
+}
+
+/* next_header(peer, chunk, seconds) -> (kind, seq, sig, chunk, nbytes) */
+static PyObject *next_header(EngineObject *self, PyObject *args)
+{
+    int peer;
+    long long chunk;
+    double seconds;
+    if (!usable(self) || !PyArg_ParseTuple(args, "iLd", &peer, &chunk, &seconds) || !peer_ok(self, peer, chunk))
+        return NULL;
+    fc_err err;
+    fc_header h;
+    fc_ns deadline = fc_deadline_in(seconds);
+    WAIT_BEGIN(self)
+    int rc = fc_engine_next_header(&self->engine, peer, chunk, deadline, &h, &err);
+    WAIT_END(self)
+    if (rc)
+        return py_raise(&err);
+    return Py_BuildValue("(iLy#LL)", h.kind, (long long)h.seq, h.sig, (Py_ssize_t)h.sig_len,
+                         (long long)h.chunk, (long long)h.nbytes);
+}
+
+/* read_payload(peer, chunk, out, seconds): the payload after the header just taken. */
+static PyObject *read_payload(EngineObject *self, PyObject *args)
+{
+    int peer;
+    long long chunk;
+    double seconds;
+    Py_buffer out;
+    if (!usable(self) || !PyArg_ParseTuple(args, "iLw*d", &peer, &chunk, &out, &seconds))
+        return NULL;
+    if (!peer_ok(self, peer, chunk)) {
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    fc_err err;
+    fc_ns deadline = fc_deadline_in(seconds);
+    WAIT_BEGIN(self)
+    int rc = fc_engine_read_payload(&self->engine, peer, chunk, out.buf, (size_t)out.len, deadline, &err);
+    WAIT_END(self)
+    PyBuffer_Release(&out);
+    return rc ? py_raise(&err) : Py_NewRef(Py_None);
+}
+
+static PyObject *keep_unread(EngineObject *self, PyObject *args)
+{
+    int peer;
+    long long chunk;
+    if (!usable(self) || !PyArg_ParseTuple(args, "iL", &peer, &chunk) || !peer_ok(self, peer, chunk))
+        return NULL;
+    fc_engine_keep_unread(&self->engine, peer, chunk);
+    Py_RETURN_NONE;
+}
+
+/* ----- failure and the end ----- */
+
+static void *finish_words(void *arg)
+{
+    EngineObject *self = arg;
+    fc_engine_last_words_finish(&self->engine, self->words_until);
+    return NULL;
+}
+
+/* abort(frame, seconds), from the thread that runs calls (it holds the run lock): from now on
+ * only the abort notice `frame` goes out. It goes out at once on every link whose stream is
+ * whole; a link with a frame half-written gets it behind that frame, within `seconds`, from a
+ * thread of its own (a full buffer must not hold up the caller's error, nor the notices it
+ * reads meanwhile). */
+static PyObject *abort_(EngineObject *self, PyObject *args)
+{
+    Py_buffer frame;
+    double seconds;
+    if (!usable(self) || !PyArg_ParseTuple(args, "y*d", &frame, &seconds))
+        return NULL;
+    atomic_store(&self->failed, 1);
+    int said = atomic_load(&self->engine.aborted) ? 1 : fc_engine_last_words(&self->engine, frame.buf, (size_t)frame.len);
+    PyBuffer_Release(&frame);
+    if (!said && !self->words_started) {
+        self->words_until = fc_deadline_in(seconds);
+        if (pthread_create(&self->words_thread, NULL, finish_words, self) == 0)
+            self->words_started = 1;
+        else
+            fc_engine_last_words_finish(&self->engine, 0); /* no thread: shut at least */
+    }
+    Py_RETURN_NONE;
+}
+
+/* Wait for the thread finishing the last words, if one was started. */
+static void join_words(EngineObject *self)
+{
+    if (self->words_started) {
+        pthread_join(self->words_thread, NULL);
+        self->words_started = 0;
+    }
+}
+
+static PyObject *interrupt(EngineObject *self, PyObject *unused)
+{
+    (void)unused;
+    atomic_store(&self->engine.interrupted, 1);
+    Py_RETURN_NONE;
+}
+
+static void release_memory(EngineObject *self)
+{
+    for (size_t i = 0; i < self->nsegments; i++)
+        PyBuffer_Release(&self->segments[i]);
+    PyMem_Free(self->segments);
+    self->segments = NULL;
+    self->nsegments = 0;
+    if (self->gated) {
+        fc_gate_free(&self->gate);
+        PyBuffer_Release(&self->page);
+        self->gated = 0;
+    }
+}
+
+/* close(flush_seconds, linger_until_seconds): run what is queued; then, if the job did not
+ * abort, finish the queued frames and say CLOSE on every link (within flush_seconds, then
+ * 1 s); if it did, wait (up to linger seconds) for the peers to take the abort notice. */
+static PyObject *close_(EngineObject *self, PyObject *args)
+{
+    double flush_s, linger_s;
+    if (!PyArg_ParseTuple(args, "dd", &flush_s, &linger_s))
+        return NULL;
+    if (!self->ready || self->closed)
+        Py_RETURN_NONE;
+    self->closed = 1;
+    if (self->gated)
+        atomic_store(&self->gate.stop, 1);
+    Py_BEGIN_ALLOW_THREADS
+    fc_service_stop(&self->service);
+    join_words(self);
+    if (atomic_load(&self->engine.aborted))
+        fc_engine_linger(&self->engine, fc_deadline_in(linger_s));
+    else
+        fc_engine_say_goodbye(&self->engine, fc_deadline_in(flush_s), fc_deadline_in(1.0));
+    fc_engine_close_links(&self->engine);
+    Py_END_ALLOW_THREADS
+    py_reap(self);
+    release_memory(self);
+    Py_RETURN_NONE;
+}
+
+static void engine_dealloc(EngineObject *self)
+{
+    if (self->ready) {
+        if (!self->closed) {
+            self->closed = 1;
+            if (self->gated)
+                atomic_store(&self->gate.stop, 1);
+            Py_BEGIN_ALLOW_THREADS
+            fc_service_stop(&self->service);
+            join_words(self);
+            Py_END_ALLOW_THREADS
+        }
+        py_reap(self);
+        fc_engine_free(&self->engine);
+        release_memory(self);
+        pthread_mutex_destroy(&self->dead_lock);
+    }
+    Py_CLEAR(self->on_failure);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* ----- the gate ----- */
+
+/* attach_gate(page, arrival, release, status, ack, spin_iters, spin_failed, send_offset,
+ * recv_offset, mailbox_bytes, ranks, ok, error, closed, start_seq, profile) */
+static PyObject *attach_gate(EngineObject *self, PyObject *args)
+{
+    fc_gate_layout l;
+    Py_ssize_t w[6], off[3];
+    unsigned int ok, error, closed, start;
+    int ranks, profile;
+    PyObject *page;
+    if (!usable(self) ||
+        !PyArg_ParseTuple(args, "Onnnnnnnnniiiiip", &page, &w[0], &w[1], &w[2], &w[3], &w[4], &w[5], &off[0],
+                          &off[1], &off[2], &ranks, &ok, &error, &closed, &start, &profile))
+        return NULL;
+    if (self->gated)
+        return PyErr_Format(PyExc_RuntimeError, "a gate is attached already");
+    if (PyObject_GetBuffer(page, &self->page, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS))
+        return NULL;
+    Py_ssize_t most = 0;
+    for (int i = 0; i < 6; i++)
+        most = w[i] > most ? w[i] : most;
+    int bad = ranks < 1 || off[2] < 0 || (uintptr_t)self->page.buf % 4 || 4 * most + 4 > self->page.len ||
+              off[0] < 0 || off[0] + off[2] > self->page.len || off[1] < 0 ||
+              off[1] + (Py_ssize_t)ranks * off[2] > self->page.len;
+    for (int i = 0; i < 6; i++)
+        bad |= w[i] < 0;
+    if (bad) {
+        PyBuffer_Release(&self->page);
+        return PyErr_Format(PyExc_ValueError, "the gate's words or mailboxes lie outside its page");
+    }
+    l = (fc_gate_layout){(size_t)w[0], (size_t)w[1], (size_t)w[2], (size_t)w[3], (size_t)w[4], (size_t)w[5],
+                         (size_t)off[0], (size_t)off[1], (size_t)off[2], ranks, ok, error, closed};
+    if (fc_gate_init(&self->gate, self->page.buf, &l, start, profile)) {
+        PyBuffer_Release(&self->page);
+        return PyErr_NoMemory();
+    }
+    self->gated = 1;
+    Py_RETURN_NONE;
+}
+
+static int gated(EngineObject *self)
+{
+    if (!self->gated) {
+        PyErr_SetString(PyExc_RuntimeError, "no gate is attached");
+        return 0;
+    }
+    return usable(self);
+}
+
+/* gate_release(seq, status): store STATUS then RELEASE (sticky, never backwards). */
+static PyObject *gate_release(EngineObject *self, PyObject *args)
+{
+    unsigned int seq, status;
+    if (!PyArg_ParseTuple(args, "II", &seq, &status) || !gated(self))
+        return NULL;
+    fc_gate_release(&self->gate, seq, status);
+    Py_RETURN_NONE;
+}
+
+static PyObject *gate_stop(EngineObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->gated)
+        atomic_store(&self->gate.stop, 1);
+    Py_RETURN_NONE;
+}
+
+/* gate_timings() -> [(seq, arrival_us, exchange_us, host_us, release_us, spin_iters), ...] */
+static PyObject *gate_timings(EngineObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (!gated(self))
+        return NULL;
+    PyObject *list = PyList_New(0);
+    fc_gate_timing t[64];
+    size_t n;
+    while (list && (n = fc_gate_take_timings(&self->gate, t, 64)) > 0) {
+        for (size_t i = 0; i < n; i++) {
+            PyObject *row = Py_BuildValue("(IddddI)", t[i].seq, t[i].arrival_us, t[i].exchange_us, t[i].host_us,
+                                          t[i].release_us, t[i].spin_iters);
+            if (!row || PyList_Append(list, row)) {
+                Py_XDECREF(row);
+                Py_CLEAR(list);
+                break;
+            }
+            Py_DECREF(row);
+        }
+    }
+    return list;
+}
+
+static PyObject *gate_submit(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return gated(self) ? py_submit_gate(self, args, nargs) : NULL;
+}
+
+#define FASTCALL(f) (PyCFunction)(void (*)(void))(f)
+
+static PyMethodDef engine_methods[] = {
+    {"add_link", (PyCFunction)add_link, METH_VARARGS, "add_link(peer, channel, fd, segment, tx_offset, rx_offset, capacity)"},
+    {"set_failure_handler", (PyCFunction)set_failure_handler, METH_O, "on_failure(task, work, info, waited)"},
+    {"claim_if_idle", (PyCFunction)claim_if_idle, METH_NOARGS, "True: run the next call on this thread"},
+    {"release", (PyCFunction)release, METH_NOARGS, "give back the run lock claim_if_idle took"},
+    {"run", FASTCALL(run), METH_FASTCALL, "run a collective on this thread (17 arguments, see py_common.h)"},
+    {"submit", FASTCALL(submit), METH_FASTCALL, "queue a collective (17 arguments, task, work): a Completion"},
+    {"submit_call", (PyCFunction)submit_call, METH_O, "queue a Python function behind the queued calls"},
+    {"send", (PyCFunction)send, METH_VARARGS, "send(peer, kind, seq, sig, chunk, payload)"},
+    {"flush", (PyCFunction)flush, METH_O, "flush(seconds)"},
+    {"next_header", (PyCFunction)next_header, METH_VARARGS, "next_header(peer, chunk, seconds)"},
+    {"read_payload", (PyCFunction)read_payload, METH_VARARGS, "read_payload(peer, chunk, out, seconds)"},
+    {"keep_unread", (PyCFunction)keep_unread, METH_VARARGS, "keep_unread(peer, chunk)"},
+    {"abort", (PyCFunction)abort_, METH_VARARGS, "abort(frame, seconds)"},
+    {"interrupt", (PyCFunction)interrupt, METH_NOARGS, "end the call under way at its next wait"},
+    {"close", (PyCFunction)close_, METH_VARARGS, "close(flush_seconds, linger_seconds)"},
+    {"attach_gate", (PyCFunction)attach_gate, METH_VARARGS, "the gate's control page and layout"},
+    {"gate_release", (PyCFunction)gate_release, METH_VARARGS, "gate_release(seq, status)"},
+    {"gate_stop", (PyCFunction)gate_stop, METH_NOARGS, "stop waiting for arrivals"},
+    {"gate_timings", (PyCFunction)gate_timings, METH_NOARGS, "the profile's new records"},
+    {"gate_submit", FASTCALL(gate_submit), METH_FASTCALL, "queue a gate (seq, nbytes, 17 arguments, task, work)"},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject py_engine_type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "fastcoll.engine._native.Engine",
+    .tp_basicsize = sizeof(EngineObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Engine(rank, size, channels, spin_us, yield_us, main_thread): this rank's data plane.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)engine_init,
+    .tp_dealloc = (destructor)engine_dealloc,
+    .tp_methods = engine_methods,
+};

@@ -1,0 +1,317 @@
+/* What the service thread runs for Python: queued collectives, Python functions queued behind
+ * them, and gates; the completions Python waits on; and the
+ * graveyard, where finished items leave their Python references until a thread holding the GIL
+ * releases them (the service thread takes the GIL only to run Python or to report a failure). */
+#include "py_common.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { ITEM_OP, ITEM_GATE, ITEM_CALL };
+
+struct py_item {
+    fc_item base;
+    EngineObject *owner;
+    int type;
+    int has_op;
+    py_op op;
+    uint32_t gate_seq;
+    size_t gate_nbytes;
+    PyObject *fn, *task, *work;
+    fc_done *done;
+    fc_ns started;
+    fc_err err;
+    py_item *dead_next;
+};
+
+/* ----- completions ----- */
+
+typedef struct {
+    PyObject_HEAD
+    fc_done *done;
+} CompletionObject;
+
+PyObject *py_completion_new(fc_done *d)
+{
+    CompletionObject *c = PyObject_New(CompletionObject, &py_completion_type);
+    if (c) {
+        fc_done_ref(d);
+        c->done = d;
+    }
+    return (PyObject *)c;
+}
+
+static void completion_dealloc(CompletionObject *self)
+{
+    fc_done_unref(self->done);
+    PyObject_Free(self);
+}
+
+/* wait(timeout=None) -> bool: until the call has finished (False if the timeout came first),
+ * without the GIL, running signal handlers between slices (a Ctrl-C raises here). */
+static PyObject *completion_wait(CompletionObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    fc_ns until = FC_FOREVER;
+    if (nargs > 1)
+        return PyErr_Format(PyExc_TypeError, "wait takes at most one argument");
+    if (nargs == 1 && args[0] != Py_None) {
+        double t = PyFloat_AsDouble(args[0]);
+        if (t == -1.0 && PyErr_Occurred())
+            return NULL;
+        until = fc_deadline_in(t);
+    }
+    for (;;) {
+        fc_ns slice = fc_deadline_in(0.05);
+        int done;
+        Py_BEGIN_ALLOW_THREADS
+        done = fc_done_wait(self->done, slice < until ? slice : until);
+        Py_END_ALLOW_THREADS
+        if (done)
+            Py_RETURN_TRUE;
+        if (fc_now() >= until)
+            Py_RETURN_FALSE;
+        if (PyErr_CheckSignals() < 0)
+            return NULL;
+    }
+}
+
+static PyObject *completion_done(CompletionObject *self, PyObject *unused)
+{
+    (void)unused;
+    return PyBool_FromLong(fc_done_finished(self->done));
+}
+
+static PyObject *completion_code(CompletionObject *self, PyObject *unused)
+{
+    (void)unused;
+    pthread_mutex_lock(&self->done->lock);
+    int code = self->done->code;
+    pthread_mutex_unlock(&self->done->lock);
+    return PyLong_FromLong(code);
+}
+
+static PyMethodDef completion_methods[] = {
+    {"wait", (PyCFunction)(void (*)(void))completion_wait, METH_FASTCALL, "wait(timeout=None) -> finished"},
+    {"done", (PyCFunction)completion_done, METH_NOARGS, "whether the call has finished"},
+    {"code", (PyCFunction)completion_code, METH_NOARGS, "0, or the fc_code it failed with"},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject py_completion_type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "fastcoll.engine._native.Completion",
+    .tp_basicsize = sizeof(CompletionObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A queued call's completion.",
+    .tp_dealloc = (destructor)completion_dealloc,
+    .tp_methods = completion_methods,
+};
+
+/* ----- the graveyard ----- */
+
+static void bury(py_item *it)
+{
+    EngineObject *o = it->owner;
+    pthread_mutex_lock(&o->dead_lock);
+    it->dead_next = o->dead;
+    o->dead = it;
+    pthread_mutex_unlock(&o->dead_lock);
+}
+
+void py_reap(EngineObject *self)
+{
+    pthread_mutex_lock(&self->dead_lock);
+    py_item *it = self->dead;
+    self->dead = NULL;
+    pthread_mutex_unlock(&self->dead_lock);
+    while (it) {
+        py_item *next = it->dead_next;
+        if (it->has_op)
+            py_op_release(&it->op);
+        Py_XDECREF(it->fn);
+        Py_XDECREF(it->task);
+        Py_XDECREF(it->work);
+        fc_done_unref(it->done);
+        free(it);
+        it = next;
+    }
+}
+
+/* ----- running ----- */
+
+/* A queued call failed (err), or the job had failed before it ran (err NULL): tell Python, which
+ * breaks the job and hands the caller's Work its error. Runs with the GIL taken for it. */
+static void report(py_item *it, const fc_err *err)
+{
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *handler = it->owner->on_failure;
+    PyObject *info = err ? py_err_info(err) : Py_NewRef(Py_None);
+    if (info && handler) {
+        double waited = (double)(fc_now() - it->started) / 1e9;
+        PyObject *r = PyObject_CallFunction(handler, "OOOd", it->task, it->work, info, waited);
+        Py_XDECREF(r);
+    }
+    if (PyErr_Occurred())
+        PyErr_WriteUnraisable(handler ? handler : Py_None);
+    Py_XDECREF(info);
+    PyGILState_Release(g);
+}
+
+static void finish(py_item *it, int code)
+{
+    fc_done_finish(it->done, code);
+    bury(it);
+}
+
+static void run_op(fc_item *base)
+{
+    py_item *it = (py_item *)base;
+    EngineObject *o = it->owner;
+    it->started = fc_now();
+    if (atomic_load(&o->failed)) {
+        if (it->type == ITEM_GATE)
+            fc_gate_release_submitted(&o->gate, o->gate.l.error);
+        report(it, NULL);
+        finish(it, FC_E_INTERRUPTED);
+        return;
+    }
+    fc_call c;
+    py_op_call(&it->op, &o->engine, &c, &it->err);
+    int rc = it->type == ITEM_GATE
+                 ? fc_gate_serve(&o->gate, &c, &it->op.op, it->gate_seq, it->gate_nbytes, it->op.limit)
+                 : fc_run(&c, &it->op.op);
+    if (rc) {
+        atomic_store(&o->failed, 1);
+        if (it->type == ITEM_GATE) /* the GPU is never left waiting */
+            fc_gate_release_submitted(&o->gate, it->err.code == FC_E_GATE_CLOSED ? o->gate.l.closed : o->gate.l.error);
+        report(it, &it->err);
+    }
+    finish(it, rc ? (it->err.code ? it->err.code : FC_E_INTERNAL) : FC_OK);
+}
+
+static void run_call(fc_item *base)
+{
+    py_item *it = (py_item *)base;
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *r = PyObject_CallNoArgs(it->fn); /* it finishes its own Work */
+    if (!r)
+        PyErr_WriteUnraisable(it->fn);
+    Py_XDECREF(r);
+    PyGILState_Release(g);
+    finish(it, FC_OK);
+}
+
+/* Never run: the service stopped first. */
+static void drop(fc_item *base)
+{
+    py_item *it = (py_item *)base;
+    if (it->type == ITEM_GATE)
+        fc_gate_release_submitted(&it->owner->gate, it->owner->gate.l.closed);
+    finish(it, FC_E_INTERRUPTED);
+}
+
+/* ----- submitting ----- */
+
+static py_item *new_item(EngineObject *self, int type)
+{
+    py_item *it = calloc(1, sizeof *it);
+    if (!it) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    it->owner = self;
+    it->type = type;
+    it->base.run = type == ITEM_CALL ? run_call : run_op;
+    it->base.drop = drop;
+    if (!(it->done = fc_done_new())) {
+        free(it);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    return it;
+}
+
+/* Queue `it` and give Python its completion (or NULL, with `it` freed). */
+static PyObject *queue(EngineObject *self, py_item *it)
+{
+    PyObject *completion = py_completion_new(it->done);
+    if (!completion) {
+        if (it->has_op)
+            py_op_release(&it->op);
+        Py_XDECREF(it->fn);
+        Py_XDECREF(it->task);
+        Py_XDECREF(it->work);
+        fc_done_unref(it->done);
+        free(it);
+        return NULL;
+    }
+    fc_service_submit(&self->service, &it->base, 0);
+    return completion;
+}
+
+static py_item *op_item(EngineObject *self, int type, PyObject *const *args, PyObject *task, PyObject *work)
+{
+    py_item *it = new_item(self, type);
+    if (!it)
+        return NULL;
+    it->has_op = 1;
+    if (py_op_parse(&it->op, args, self->engine.size, self->engine.rank)) {
+        py_op_release(&it->op);
+        fc_done_unref(it->done);
+        free(it);
+        return NULL;
+    }
+    it->task = Py_NewRef(task);
+    it->work = Py_NewRef(work);
+    return it;
+}
+
+PyObject *py_submit_op(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != PY_OP_ARGS + 2)
+        return PyErr_Format(PyExc_TypeError, "submit takes %d arguments", PY_OP_ARGS + 2);
+    py_reap(self);
+    py_item *it = op_item(self, ITEM_OP, args, args[PY_OP_ARGS], args[PY_OP_ARGS + 1]);
+    return it ? queue(self, it) : NULL;
+}
+
+PyObject *py_submit_gate(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != PY_OP_ARGS + 4)
+        return PyErr_Format(PyExc_TypeError, "gate_submit takes %d arguments", PY_OP_ARGS + 4);
+    unsigned long seq = PyLong_AsUnsignedLong(args[0]);
+    Py_ssize_t nbytes = PyLong_AsSsize_t(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    py_reap(self);
+    py_item *it = op_item(self, ITEM_GATE, args + 2, args[PY_OP_ARGS + 2], args[PY_OP_ARGS + 3]);
+    if (!it)
+        return NULL;
+    fc_gate *g = &self->gate;
+    uint8_t *recv = (uint8_t *)self->page.buf + g->l.recv_offset;
+    if (seq > 0xffffffffUL || nbytes < 0 || (size_t)nbytes > g->l.mailbox_bytes || it->op.op.kind != FC_K_ALL_GATHER ||
+        it->op.op.itemsize != 1 || it->op.op.dst != recv || it->op.op.dst_count != (size_t)g->l.ranks * (size_t)nbytes ||
+        it->op.size != g->l.ranks) {
+        py_op_release(&it->op);
+        Py_DECREF(it->task);
+        Py_DECREF(it->work);
+        fc_done_unref(it->done);
+        free(it);
+        return PyErr_Format(PyExc_ValueError, "a gate's exchange must gather bytes of its size into the receive mailbox");
+    }
+    it->gate_seq = (uint32_t)seq;
+    it->gate_nbytes = (size_t)nbytes;
+    fc_gate_submitted(g, (uint32_t)seq);
+    return queue(self, it);
+}
+
+PyObject *py_submit_call(EngineObject *self, PyObject *fn)
+{
+    py_reap(self);
+    py_item *it = new_item(self, ITEM_CALL);
+    if (!it)
+        return NULL;
+    it->fn = Py_NewRef(fn);
+    return queue(self, it);
+}
+

@@ -1,0 +1,333 @@
+"""The native engine: the data plane in C (fastcoll/engine/csrc/), with a thread of its own that
+runs without the GIL.
+
+After Python's rendezvous and authenticated handshake it takes the connections over (the TCP
+sockets and the shared-memory rings) and runs each collective's schedule itself: on the caller's
+thread when nothing is queued (the GIL released for the whole call), otherwise on its service
+thread, which takes the GIL only to report a failure or to run a Python function queued behind
+native calls. It sends what the pure-Python engine sends, frame for frame, and reports each
+failure as the error the pure-Python transport raises (`error_from`).
+
+Calls whose steps need Python between messages (monitored_barrier, a check after the exchange,
+FASTCOLL_TRACE's phases) run their Python schedule over `NativeTransport`, the message
+interface the pure-Python algorithms use, whose waits are native too.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from fastcoll import diagnosis, dtypes, wire
+from fastcoll.algorithms import select
+from fastcoll.engine import _native
+from fastcoll.engine.base import Engine, Task
+from fastcoll.engine.ops import KINDS, Op
+from fastcoll.engine.python import run_task
+from fastcoll.errors import FastcollError, PeerLostError
+from fastcoll.service import Work
+from fastcoll.transport import tcp
+from fastcoll.transport.base import LAST_WORD_SECONDS, Transport, abort_error, other_call, other_chunk
+from fastcoll.wire import ABORT, Header
+
+# The codes of fc_engine.h's enum fc_code, by name.
+_CODES = ("ok", "timeout_wait", "timeout_payload", "timeout_send", "closed", "closed_mid", "conn", "finalized",
+          "malformed", "abort", "mismatch_call", "mismatch_chunk", "interrupted", "signal", "broken", "nomem",
+          "internal", "gate_closed", "gate_protocol", "gate_spin")
+CODE = {name: i for i, name in enumerate(_CODES)}
+
+_KIND = {name: i for i, name in enumerate(_native.KINDS)}
+_ALGORITHM = {name: i for i, name in enumerate(_native.ALGORITHMS)}
+_DTYPE = {name: i for i, name in enumerate(_native.DTYPES)}
+_REDUCE = {name: i for i, name in enumerate(_native.OPS)}
+# A collective that only moves bytes names an unsigned type of its items' size.
+_MOVER = {1: _DTYPE["uint8"], 2: _DTYPE["uint16"], 4: _DTYPE["uint32"], 8: _DTYPE["uint64"]}
+
+
+def unavailable() -> str | None:
+    """None where this build of the extension matches this Python layer, else why not."""
+    if tuple(_native.KINDS) != KINDS or set(_native.ALGORITHMS) != set(select.ALGORITHMS):
+        return "the extension was built from other sources than this fastcoll (reinstall it)"
+    if tuple(_native.DTYPES) != dtypes.names() or tuple(_native.OPS) != dtypes.OPS:
+        return "the extension was built from other sources than this fastcoll (reinstall it)"
+    return None
+
+
+def error_from(info: tuple, me: int, seq: int = -1, sig: str = "", why: str | None = None) -> FastcollError:
+    """The error the pure-Python transport raises for what the native engine reported (`info`:
+    fc_err as py_err_info gives it), for call (seq, sig) on rank `me`."""
+    code, peer, waiting_for, errno_, n0, n1, n2, n3, text = info
+    name = _CODES[code] if 0 <= code < len(_CODES) else "internal"
+    said = text.decode("utf-8", "replace")
+    if name == "timeout_wait":
+        return diagnosis.timed_out(f"rank {me} timed out waiting for rank {peer}, which did not answer", peer)
+    if name == "timeout_payload":
+        return diagnosis.timed_out(
+            f"rank {me} timed out receiving from rank {peer}, which stopped sending in the middle of a "
+            f"message ({n0} of {n1} bytes arrived)", peer)
+    if name == "timeout_send":
+        return tcp.send_timeout(me, None if peer < 0 else peer)
+    if name == "abort":
+        return abort_error(Header(ABORT, -1, said, n0, 0), peer, None if waiting_for < 0 else waiting_for)
+    if name == "mismatch_call":
+        return other_call(me, peer, seq, sig, n0, said)
+    if name == "mismatch_chunk":
+        return other_chunk(me, peer, seq, sig, n0, n1, n2, n3)
+    if name == "interrupted":
+        return FastcollError(why or f"rank {me}'s call was interrupted")
+    return _lost(name, peer, me, errno_, said)
+
+
+def _lost(name: str, peer: int, me: int, errno_: int, said: str) -> FastcollError:
+    if name == "closed":
+        return PeerLostError(f"rank {peer} closed its connection (it exited or was killed)")
+    if name == "closed_mid":
+        return PeerLostError(f"rank {peer} closed its connection mid-message")
+    if name in ("conn", "broken"):
+        return PeerLostError(f"connection to rank {peer} failed: {OSError(errno_, os.strerror(errno_))}")
+    if name == "finalized":
+        return PeerLostError(f"rank {peer} called finalize() while rank {me} still needed it")
+    if name == "malformed":
+        return PeerLostError(f"rank {peer} sent a malformed frame ({said}); dropping it")
+    if name == "nomem":
+        return FastcollError(f"rank {me}: the native engine ran out of memory")
+    return FastcollError(f"rank {me}: internal error in the native engine: {said or name}")
+
+
+def _remaining(deadline: float | None) -> float:
+    return math.inf if deadline is None else deadline - time.monotonic()
+
+
+class NativeTransport(Transport):
+    """The message interface (fastcoll/transport/base.py) over the native engine's links."""
+
+    def __init__(self, native: Any, rank: int, size: int, timeout: float, described: str,
+                 connections: list[tuple]):
+        super().__init__(rank, size)
+        self._n = native
+        self._timeout = timeout
+        self._described = described
+        self._connections = connections
+        self._payloads: list[Any] = []  # sent, kept alive until flush()
+        self.last_word_until = 0.0  # abort(): until when the notice may take to leave
+
+    def _error(self, e: _native.NativeError) -> FastcollError:
+        return error_from(e.args, self.rank, why=self.interrupted)
+
+    def send(self, peer: int, header: Header, payload: memoryview | None, deadline: float | None = None) -> None:
+        if payload is not None and payload.nbytes == 0:
+            payload = None
+        elif payload is not None:
+            self._payloads.append(payload)
+        try:
+            self._n.send(peer, header.kind, header.seq, header.sig.encode(), header.chunk, payload)
+        except _native.NativeError as e:
+            raise self._error(e) from None
+
+    def flush(self, deadline: float | None = None) -> None:
+        limit = self._timeout if deadline is None else _remaining(deadline)
+        try:
+            self._n.flush(limit)
+        except _native.NativeError as e:
+            err = self._error(e)
+            if e.args[0] != CODE["broken"]:
+                raise err from None
+            self.explain_broken({e.args[1]: err})
+        finally:
+            self._payloads.clear()
+
+    def _next_header(self, peer: int, chunk: int, deadline: float, nbytes: int = 0) -> Header:
+        try:
+            kind, seq, sig, got_chunk, got_nbytes = self._n.next_header(peer, chunk, _remaining(deadline))
+        except _native.NativeError as e:
+            raise self._error(e) from None
+        return Header(kind, seq, sig.decode("utf-8", "replace"), got_chunk, got_nbytes)
+
+    def _read_payload(self, peer: int, chunk: int, out: memoryview, deadline: float = math.inf) -> None:
+        try:
+            self._n.read_payload(peer, chunk, out, _remaining(deadline))
+        except _native.NativeError as e:
+            raise self._error(e) from None
+
+    def _keep_unread(self, peer: int, chunk: int, header: Header) -> None:
+        self._n.keep_unread(peer, chunk)
+
+    def _send_abort(self, header: Header) -> None:
+        self.last_word_until = time.monotonic() + LAST_WORD_SECONDS
+        self._n.abort(wire.pack(header), LAST_WORD_SECONDS)
+
+    def interrupt(self, why: str) -> None:
+        super().interrupt(why)
+        self._n.interrupt()
+
+    def close(self) -> None:
+        pass  # the engine closes the links (NativeEngine.close)
+
+    def describe(self) -> str:
+        return self._described
+
+    def connections(self) -> list[tuple[int, int, str, object, object]]:
+        return list(self._connections)
+
+
+class NativeWork(Work):
+    """A call queued on the native service thread: wait() waits on its completion there."""
+
+    __slots__ = ("completion",)
+
+    def __init__(self, result: Any):  # (no Event: the completion is native)
+        self._done = None
+        self._result = result
+        self._error: BaseException | None = None
+        self.completion: Any = None
+
+    def wait(self, timeout: float | None = None) -> Any:
+        if not self.completion.wait(timeout):
+            raise TimeoutError(f"the collective did not finish within {timeout}s")
+        if self._error is not None:
+            raise self._error
+        if self.completion.code():
+            raise FastcollError("the collective did not run: the job ended before its turn")
+        return self._result
+
+    def is_completed(self) -> bool:
+        return self.completion.done()
+
+    def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        self._error = error  # (the completion says when)
+
+
+class NativeEngine(Engine):
+    """The native data plane of one job on this rank (see the module's docstring)."""
+
+    name = "native"
+
+    def __init__(self, native: Any, transport: NativeTransport, timeout: float):
+        self._n = native
+        self.transport = transport
+        self._timeout = timeout
+        self._ranks: dict[tuple, bytes] = {}  # a group's ranks, as the int32 array C reads
+        native.set_failure_handler(self._queued_failed)
+
+    @classmethod
+    def over(cls, config: Any, links: dict[int, list[Any]]) -> "NativeEngine":
+        """Take over `links` (fastcoll.transport.tcp.establish's): their sockets and rings now
+        belong to the native engine."""
+        channels = len(next(iter(links.values())))
+        native = _native.Engine(config.rank, config.world_size, channels, config.spin_us, config.yield_us,
+                                threading.main_thread().ident)
+        kinds = [link.kind for ls in links.values() for link in ls]
+        described = "tcp" if "shm" not in kinds else f"tcp, shared memory on {kinds.count('shm')} of {len(kinds)} connections"
+        connections = [(p, ch, link.kind) + tcp.ends(link.sock) for p, ls in sorted(links.items())
+                       for ch, link in enumerate(ls)]
+        try:
+            for p, ls in links.items():
+                for ch, link in enumerate(ls):
+                    segment, tx, rx, capacity = link.segment if link.kind == "shm" else (None, 0, 0, 0)
+                    native.add_link(p, ch, link.sock.fileno(), segment, tx, rx, capacity)
+                    link.sock.detach()  # the fd is the engine's now
+        except BaseException:
+            native.close(0.0, 0.0)
+            tcp.close_links(links)
+            raise
+        transport = NativeTransport(native, config.rank, config.world_size, config.timeout, described, connections)
+        return cls(native, transport, config.timeout)
+
+    # ----- the engine interface -----
+
+    def enqueue(self, task: Task, async_op: bool) -> Work | None:
+        if not async_op and self._n.claim_if_idle():
+            return None
+        if _runs_natively(task):
+            work = NativeWork(task.body.result)
+            work.completion = self._n.submit(*self._arguments(task), task, work)
+            return work
+        work = Work()
+        self._n.submit_call(functools.partial(self._run_queued_python, task, work))
+        return work
+
+    def run_inline(self, task: Task) -> Any:
+        try:
+            if _runs_natively(task):
+                return self._run_native(task)
+            return run_task(self.transport, task)
+        finally:
+            self._n.release()
+
+    def close(self, timeout: float) -> None:
+        linger = max(0.0, self.transport.last_word_until - time.monotonic())
+        self._n.close(timeout, linger)
+
+    # ----- running -----
+
+    def _run_native(self, task: Task) -> Any:
+        err = task.broken()
+        if err is not None:
+            raise err
+        started = time.monotonic()
+        try:
+            self._n.run(*self._arguments(task))
+        except _native.NativeError as e:
+            task.fail(self._error(e.args, task), started)
+        except BaseException as e:  # a Ctrl-C that a signal handler raised during the wait
+            task.fail(e, started)
+            raise
+        return task.body.result
+
+    def _run_queued_python(self, task: Task, work: Work) -> None:
+        try:
+            work._finish(run_task(self.transport, task))
+        except BaseException as e:  # the caller gets it through Work.wait()
+            work._finish(error=e)
+
+    def _queued_failed(self, task: Task, work: Work, info: tuple | None, waited: float) -> None:
+        """From the service thread (with the GIL): a queued call failed (info), or the job had
+        failed before its turn (None). Break the job as a failure on the caller's thread would,
+        and hand the caller's Work the error."""
+        try:
+            err = task.broken()
+            if info is None or err is not None:
+                raise err or FastcollError("the job failed before this collective ran")
+            task.fail(self._error(info, task), time.monotonic() - waited)
+        except BaseException as e:
+            work._finish(error=e)
+
+    def _error(self, info: tuple, task: Task) -> FastcollError:
+        err = error_from(info, self.transport.rank, task.seq, task.sig, self.transport.interrupted)
+        if info[0] != CODE["broken"]:
+            return err
+        try:  # what the peer said before its connection broke is its error, not the broken pipe
+            self.transport.explain_broken({info[1]: err})
+        except FastcollError as said:
+            return said
+        return err
+
+    def _arguments(self, task: Task) -> tuple:
+        """The 17 arguments of _native.Engine.run and submit (py_common.h) for task's Op."""
+        op: Op = task.body
+        buf = op.src if op.src is not None else op.dst
+        itemsize = 1 if buf is None else buf.itemsize
+        dtype = _DTYPE[op.dtype] if op.dtype else _MOVER[itemsize]
+        ranks = self._ranks.get(task.ranks)
+        if ranks is None:
+            ranks = self._ranks[task.ranks] = np.asarray(task.ranks, dtype=np.int32).tobytes()
+        return (_KIND[op.kind], _ALGORITHM[op.algorithm], task.seq, task.sig.encode(), task.limit, task.rank,
+                task.size, ranks, task.piece_bytes, dtype, _REDUCE[op.reduce or "sum"], itemsize, op.src, op.dst,
+                op.root, _bounds(op.bounds), _bounds(op.recv_bounds))
+
+
+def _runs_natively(task: Task) -> bool:
+    """Whether the native engine runs task's schedule itself (else its Python schedule runs over
+    the native messages): an Op without a check after it, and no trace to record phases in."""
+    body = task.body
+    return type(body) is Op and body.after is None and task.tracer is None
+
+
+def _bounds(bounds: list[tuple[int, int]] | None) -> np.ndarray | None:
+    return None if bounds is None else np.ascontiguousarray(bounds, dtype=np.int64)

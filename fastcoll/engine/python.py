@@ -1,0 +1,116 @@
+"""The pure-Python engine: the algorithms of fastcoll/algorithms/ over a Python transport, with a
+service thread for what is queued. It is the reference the native engine is tested against, and
+the fallback where the extension is not built (FASTCOLL_NATIVE=0, no compiler) or the transport
+is one the native engine does not own (ZeroMQ).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+from fastcoll import dtypes
+from fastcoll.algorithms import Call, direct, select
+from fastcoll.engine.base import Engine, Task
+from fastcoll.engine.ops import Op, bounds_of
+from fastcoll.service import Service, Work
+from fastcoll.transport.base import Transport
+
+
+class PythonEngine(Engine):
+    """Runs each Task's Op through its algorithm module, on the caller's thread when the service
+    is idle (fastcoll/service.py says why), else on the service thread in call order."""
+
+    name = "python"
+
+    def __init__(self, transport: Transport):
+        self.transport = transport
+        self._service = Service()
+
+    def enqueue(self, task: Task, async_op: bool) -> Work | None:
+        if not async_op and self._service.claim_if_idle():
+            return None
+        return self._service.submit(functools.partial(self.run, task))
+
+    def run_inline(self, task: Task) -> Any:
+        try:
+            return self.run(task)
+        finally:
+            self._service.release()
+
+    def run(self, task: Task) -> Any:
+        """Run `task` on this thread (which holds the run lock)."""
+        return run_task(self.transport, task)
+
+    def close(self, timeout: float) -> None:
+        self._service.close(timeout=timeout)
+        self.transport.close()
+
+
+def run_task(transport: Transport, task: Task) -> Any:
+    """Run `task` on this thread through its algorithm's Python schedule over `transport`'s
+    messages; its result, or raise what Task.fail gives for a failure."""
+    err = task.broken()
+    if err is not None:
+        raise err
+    call = Call(transport, task.seq, task.sig, time.monotonic() + task.limit, task.rank, task.size,
+                task.ranks, task.piece_bytes, task.tracer)
+    try:
+        return _traced(call, task) if task.tracer is not None else _body(call, task.body)
+    except BaseException as e:
+        task.fail(e, call.deadline - task.limit)
+        raise
+
+
+def _traced(call: Call, task: Task) -> Any:
+    task.tracer.span("queue", task.queued, seq=task.seq)
+    with task.tracer.phase(task.sig, seq=task.seq):
+        return _body(call, task.body)
+
+
+def _body(call: Call, body: Any) -> Any:
+    if not isinstance(body, Op):
+        return body(call)
+    run_op(call, body)
+    if body.after is not None:
+        body.after()
+    return body.result
+
+
+def run_op(call: Call, op: Op) -> None:
+    """Run `op` through the algorithm the rule chose for it, as this rank's part of the call."""
+    algorithm = select.ALGORITHMS[op.algorithm]
+    kind = op.kind
+    bounds, recv_bounds = bounds_of(op, call.size)
+    if kind in _REDUCING:
+        combine = call.traced(dtypes.reducer(op.dtype, op.reduce))
+        if kind == "all_reduce":
+            algorithm.all_reduce(call, op.src, op.dst, combine)
+        elif kind == "reduce_scatter":
+            op.dst[...] = algorithm.reduce_scatter(call, op.src, bounds, combine)
+        else:
+            algorithm.reduce(call, op.src, op.dst, op.root, combine)
+        if op.reduce == "mean" and op.dst is not None:
+            dtypes.finish_mean(op.dtype, op.dst, call.size)
+    elif kind == "all_gather":
+        algorithm.all_gather(call, op.dst, bounds)
+    elif kind == "broadcast":
+        algorithm.broadcast(call, op.dst, op.root)
+    elif kind == "barrier":
+        direct.barrier(call)
+    elif kind == "all_to_all":
+        algorithm.all_to_all(call, op.src, op.dst, bounds, recv_bounds)
+    elif kind == "gather":
+        algorithm.gather(call, op.dst, op.src, bounds, op.root)
+    elif kind == "scatter":
+        algorithm.scatter(call, op.src, op.dst, bounds, op.root)
+    elif kind == "send":
+        direct.send(call, op.src, op.root)
+    elif kind == "recv":
+        direct.recv(call, op.dst, op.root)
+    else:
+        raise ValueError(f"no engine step for an Op of kind {kind!r}")
+
+
+_REDUCING = frozenset(("all_reduce", "reduce_scatter", "reduce"))

@@ -1,0 +1,31 @@
+"""Builds the native engine, fastcoll.engine._native, from its C sources (fastcoll/engine/csrc/)
+with the platform's compiler. It is optional: where it cannot be built (no compiler), the
+install still succeeds and fastcoll runs its pure-Python engine, saying so at init().
+
+CC, CFLAGS and LDFLAGS are honoured as usual (CI builds with clang, with -Werror, and with
+AddressSanitizer and UndefinedBehaviorSanitizer this way); FASTCOLL_PORTABLE=1 builds only the
+portable POSIX paths (no Linux-only call), as a macOS build has them.
+"""
+
+import glob
+import os
+
+from setuptools import Extension, setup
+
+CSRC = os.path.join("fastcoll", "engine", "csrc")
+MACROS = [("_DEFAULT_SOURCE", "1"), ("_DARWIN_C_SOURCE", "1")]
+if os.environ.get("FASTCOLL_PORTABLE", "") not in ("", "0"):
+    MACROS.append(("FC_PORTABLE", "1"))
+
+native = Extension(
+    "fastcoll.engine._native",
+    sources=sorted(glob.glob(os.path.join(CSRC, "*.c"))),
+    depends=sorted(glob.glob(os.path.join(CSRC, "*.h"))),
+    include_dirs=[CSRC],
+    define_macros=MACROS,
+    # -ffp-contract=off: no fused multiply-adds, so reductions give numpy's bits.
+    extra_compile_args=["-std=c11", "-ffp-contract=off", "-fvisibility=hidden"],
+    optional=True,
+)
+
+setup(ext_modules=[native])
