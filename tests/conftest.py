@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import pytest
 
@@ -159,3 +160,44 @@ def assert_ok(results: list[Result]) -> None:
     if bad:
         detail = "\n".join(f"--- rank {r.rank} exit {r.code}\n{r.out}\n{r.err[-4000:]}" for r in bad)
         raise AssertionError(f"{len(bad)} rank(s) failed:\n{detail}")
+
+
+# What the README's test command leaves to CI: these tests are marked `slow`, which pyproject's
+# addopts deselect (`-m "not slow"`), and .ci/run runs them (`python -m pytest -q -m slow`) after
+# the README's command. file -> (what they are, which of them: None for all, else a test on the
+# test's parameters). docs/testing.md lists the same.
+SLOW: dict[str, tuple[str, Callable[[dict], bool] | None]] = {
+    "test_multihost.py": ("the multi-host bed (network namespaces, an sshd per host; root)", None),
+    "test_soak.py": ("the soak (600 random collectives per transport)", None),
+    "test_real_clients.py": ("real mlx-lm clients (its HTTP server, mlx.nn)", None),
+    # Every fault still runs in the default run, on shm (the default transport).
+    "test_faults.py": ("the fault matrix on tcp and zmq", lambda params: params.get("transport") in ("tcp", "zmq")),
+}
+# Fixtures that start an OpenSSH server: their tests are also marked `sshd`.
+SSHD_FIXTURES = ("sshd", "bed")
+_deselected_slow = 0
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the SLOW tests `slow` and the tests that start sshd `sshd`."""
+    for item in items:
+        what = SLOW.get(item.path.name)
+        spec = getattr(item, "callspec", None)
+        if what is not None and (what[1] is None or what[1](spec.params if spec else {})):
+            item.add_marker(pytest.mark.slow)
+        if any(f in SSHD_FIXTURES for f in getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.sshd)
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    global _deselected_slow
+    _deselected_slow += sum(1 for item in items if item.get_closest_marker("slow"))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Say what the deselected slow tests are and how to run them."""
+    if _deselected_slow:
+        terminalreporter.write_line(
+            f"{_deselected_slow} slow test(s) deselected ({'; '.join(w for w, _ in SLOW.values())}): CI runs "
+            "them after this command (.ci/run); `python -m pytest -q -m slow` runs them here")

@@ -168,9 +168,22 @@ Host fc-down
         _stop_sshd(proc)
 
 
-def _agents_left() -> list:
-    # The remote helper's command line names it; nothing else here runs one.
-    return [p for p in survivors("fastcoll-agent", wait=2.0) if "fctest-" not in p[1]]
+def _agents_left(server: SshServer) -> list:
+    """This module's remote helpers still running: ssh clients that use its ssh_config, and
+    processes of a session of its sshd, orphaned or not (another suite on this machine, such as
+    the multi-host bed, may run helpers of its own)."""
+    return [p for p in survivors("fastcoll-agent", wait=2.0)
+            if "fctest-" not in p[1] and (str(server.ssh_config) in p[1] or _ssh_port(p[0]) == server.port)]
+
+
+def _ssh_port(pid: int) -> int | None:
+    """The server port of the ssh session process `pid` runs in (its SSH_CONNECTION), if any."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        return int(env[b"SSH_CONNECTION"].split()[3])
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
 
 
 def test_remote_ranks_env_output_and_no_token_on_command_lines(sshd, launches):
@@ -228,7 +241,7 @@ def test_remote_failure_stops_every_rank(sshd, launches):
     assert took < 10
     assert b"rank 1 (host fc-b) exited with code 3" in err, err.decode()
     assert survivors(launches.marker) == []
-    assert _agents_left() == []
+    assert _agents_left(sshd) == []
 
 
 def test_a_remote_ranks_trace_path_is_checked_on_its_host(sshd, launches, tmp_path):
@@ -244,18 +257,20 @@ def test_a_remote_ranks_trace_path_is_checked_on_its_host(sshd, launches, tmp_pa
             f"(FASTCOLL_TRACE={trace!r})")
     assert said.encode() in err, err.decode()
     assert survivors(launches.marker) == []
-    assert _agents_left() == []
+    assert _agents_left(sshd) == []
 
 
 def test_sigint_stops_remote_ranks(sshd, launches):
     proc = launches.start([*sshd.ssh_option, "--hosts", "fc-a,fc-b", "--coordinator",
                            "127.0.0.1", *launches.rank_args("sleep")])
     wait_for_lines(proc, b"ready", 2, timeout=30)
+    running = _agents_left(sshd)  # the check below must see what it checks for
+    assert sum("ssh -F" in cmd for _, cmd in running) == 2 and len(running) == 4, running
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err.decode()
     assert survivors(launches.marker) == []
-    assert _agents_left() == []
+    assert _agents_left(sshd) == []
 
 
 @pytest.mark.parametrize("host, words", [
@@ -294,7 +309,7 @@ def test_check_passes_and_fails_with_a_table(sshd, launches):
     assert re.search(r"^fc-b\s+ok.*FAIL: listed address 10.255.255.1 is not this host's", text,
                      re.M), text
     assert "some hosts FAILED" in text
-    assert _agents_left() == []
+    assert _agents_left(sshd) == []
 
 
 def test_remote_ranks_stop_when_the_launcher_is_killed(sshd, launches):
@@ -305,7 +320,7 @@ def test_remote_ranks_stop_when_the_launcher_is_killed(sshd, launches):
     os.killpg(proc.pid, signal.SIGKILL)  # the launcher's group: itself only
     proc.wait(timeout=10)
     assert survivors(launches.marker, wait=5.0) == []
-    assert _agents_left() == []
+    assert _agents_left(sshd) == []
 
 
 def test_max_restarts_over_ssh(sshd, launches):
@@ -326,7 +341,7 @@ def test_max_restarts_over_ssh(sshd, launches):
     assert sorted(r["FASTCOLL_RANK"] for r in runs["1"]) == ["0", "1"]
     assert runs["0"][0]["FASTCOLL_TOKEN"] != runs["1"][0]["FASTCOLL_TOKEN"]
     assert survivors(launches.marker) == []
-    assert _agents_left() == []
+    assert _agents_left(sshd) == []
 
 
 @pytest.mark.parametrize("said, advice", [

@@ -1,0 +1,94 @@
+"""The documents match what happens: commands that are current, settings as the code reads them,
+figures that say where they came from, and CI running the README's own test command."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+
+import pytest
+
+from conftest import ROOT
+from fastcoll.config import FLAG_OFF, FLAG_ON, Config
+
+README_TEST_COMMAND = 'pip install -e ".[test,lm]" && python -m pytest -q'
+
+
+def read(path: str) -> str:
+    with open(os.path.join(ROOT, path)) as f:
+        return f.read()
+
+
+def documents() -> list[str]:
+    """Every document a user reads, relative to the repository."""
+    found = ["README.md", "launch/README.md", "bench/README.md", *glob.glob("docs/*.md", root_dir=ROOT),
+             *glob.glob("examples/*.py", root_dir=ROOT)]
+    return [p for p in found if os.path.exists(os.path.join(ROOT, p))]
+
+
+def quick_start() -> str:
+    text = read("README.md")
+    return text[text.index("## Quick start"):text.index("## API")]
+
+
+def test_no_document_starts_mlx_lms_server_the_deprecated_way():
+    # mlx-lm 0.32 prints a deprecation on every rank for `python -m mlx_lm.server`.
+    for path in documents():
+        assert "-m mlx_lm.server" not in read(path), path
+    assert "-m mlx_lm server" in read("docs/mlx.md")
+
+
+def test_the_readme_lists_exactly_what_fastcoll_shm_accepts():
+    line = next(x for x in read("README.md").splitlines() if x.startswith("| `FASTCOLL_SHM`"))
+    words = set(re.findall(r"`([^`]+)`", line)) - {"FASTCOLL_SHM", "tcp"}
+    assert words == set(FLAG_ON + FLAG_OFF), line
+    for word in FLAG_ON + FLAG_OFF:
+        for spelled in (word, word.upper()):
+            assert Config.from_env({"FASTCOLL_SHM": spelled}).shm is (word in FLAG_ON)
+    assert Config.from_env({"FASTCOLL_SHM": ""}).shm is True and Config.from_env({}).shm is True
+    with pytest.raises(ValueError) as e:
+        Config.from_env({"FASTCOLL_SHM": "maybe"})
+    assert str(e.value).startswith("FASTCOLL_SHM must be 0 or 1") and "'maybe'" in str(e.value)
+    assert all(w in str(e.value) for w in FLAG_ON + FLAG_OFF), e.value
+
+
+def test_ci_runs_the_readmes_test_command_verbatim_then_the_slow_tests():
+    assert README_TEST_COMMAND in quick_start()
+    ci = read(".ci/run").splitlines()
+    at = [i for i, line in enumerate(ci) if line.startswith(README_TEST_COMMAND)]
+    steps = [i for i, line in enumerate(ci) if line.startswith("step ")]
+    assert len(at) == 1 and steps and at[0] < min(steps), "the README's command, verbatim, then the steps"
+    assert 'step "slow tests" python -m pytest -q -m slow' in ci
+
+
+def test_the_readme_says_what_the_test_command_starts_and_how_to_skip_it():
+    text = " ".join(quick_start().split())
+    for words in ("sshd", "network namespaces", '-m "not slow and not sshd"', "-m slow", ".ci/run"):
+        assert words in text, words
+    testing = " ".join(read("docs/testing.md").split())
+    for words in ("sshd", "network namespaces", '-m "not slow and not sshd"', "-m slow", ".ci/run"):
+        assert words in testing[:3000], words  # up front
+
+
+# A measured figure: a time, a rate or a duration in minutes.
+FIGURE = re.compile(r"\b\d+(\.\d+)? ?(us|ms|GB/s|s|min)\b")
+# Where a figure came from: the machine, the date and time, and the load.
+SOURCE = (re.compile(r"\d-core"), re.compile(r"20\d\d-\d\d-\d\d \d\d:\d\d UTC"), re.compile(r"load average \d"))
+
+
+def test_every_readme_figure_says_where_it_came_from():
+    """Each paragraph or output block of the README with a measured figure says the machine, the
+    date and time and the load; an output block, in the paragraph that introduces it."""
+    blocks = re.split(r"\n\s*\n", read("README.md"))
+    checked = 0
+    for i, block in enumerate(blocks):
+        fenced = block.startswith("```")
+        # Tables hold settings and defaults, inline code quotes messages: neither is a measurement.
+        if block.startswith("|") or not FIGURE.search(block if fenced else re.sub(r"`[^`]*`", "", block)):
+            continue
+        context = " ".join((blocks[i - 1] + block if fenced else block).split())  # lines joined
+        for source in SOURCE:
+            assert source.search(context), f"{source.pattern} missing where the README says:\n{block}"
+        checked += 1
+    assert checked >= 2  # the quick start's output and the test command's duration
