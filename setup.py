@@ -9,6 +9,7 @@ portable POSIX paths (no Linux-only call), as a macOS build has them.
 
 import glob
 import os
+import sys
 
 from setuptools import Extension, setup
 
@@ -22,6 +23,7 @@ native = Extension(
     sources=sorted(glob.glob(os.path.join(CSRC, "*.c"))),
     depends=sorted(glob.glob(os.path.join(CSRC, "*.h"))),
     include_dirs=[CSRC],
+    libraries=["m"] if sys.platform.startswith("linux") else [],  # fmaf (complex64 products, fc_reduce.c)
     define_macros=MACROS,
     # -ffp-contract=off: no fused multiply-adds, so reductions give numpy's bits.
     extra_compile_args=["-std=c11", "-ffp-contract=off", "-fvisibility=hidden"],

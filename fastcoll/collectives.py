@@ -8,13 +8,12 @@ The algorithm comes from `fastcoll.algorithms.select`, the group from `fastcoll.
 from __future__ import annotations
 
 import functools
-import time
 from typing import Any
 
 import numpy as np
 
 from fastcoll import arrays, dtypes, lifecycle
-from fastcoll.algorithms import Call, block, blocks, select
+from fastcoll.algorithms import block, select
 from fastcoll.config import check_timeout
 from fastcoll.engine import Op
 from fastcoll.group import Group, done
@@ -57,30 +56,17 @@ def _gated_all_reduce(g: Group, gate: Any, x: Any, op: str, async_op: bool, time
     # (g._gate_for asked gate.accepts already: the gate's launch does not ask again)
     if gate.direct:  # the GPUs gather among themselves: nothing for the host to do per gate
         return done(gate.launch(x, op), async_op)
-    name = arrays.mx_name(x.dtype)
-    sig = _sig("all_reduce", op, name, tuple(x.shape))
-    current: dict[str, Call] = {}
+    sig = _sig("all_reduce", op, arrays.mx_name(x.dtype), tuple(x.shape))
     config = g.config
 
-    def exchange(send: np.ndarray, gathered: np.ndarray) -> None:
-        # The host only moves bytes: every rank's x into `gathered`, in rank order; the GPU
-        # reduces them (fastcoll/gate/kernels.py).
-        call = current["call"]
-        # The GPU arrives when the caller evaluates, which may be long after the job started:
-        # the timeout is for waiting on peers, so it starts now.
-        call.deadline = time.monotonic() + (config.timeout if timeout is None else float(timeout))
-        n, k = call.size, send.size
-        gathered[call.rank * k : (call.rank + 1) * k] = send
-        select.choose("all_gather", gathered.nbytes, n, config).all_gather(call, gathered, blocks(n * k, n))
+    def submit(serve: Any) -> Any:
+        # The host only moves bytes: every rank's x into the receive mailbox, in rank order; the
+        # GPU reduces them (fastcoll/gate/kernels.py).
+        gathered = serve.gathered()
+        algorithm = select.algorithm("all_gather", gathered.nbytes, g.size(), config)
+        return g._run(sig, Op("gate", algorithm, dst=gathered, gate=serve), timeout, async_op=True)
 
-    def submit(fn):
-        def body(call: Call) -> Any:
-            current["call"] = call
-            return fn()
-
-        return g._run(sig, body, timeout, async_op=True)
-
-    return done(gate.launch(x, op, exchange, submit), async_op)
+    return done(gate.launch(x, op, None, submit), async_op)
 
 
 def all_gather(x: Any, group: Group | None = None, async_op: bool = False, timeout: float | None = None) -> Any:

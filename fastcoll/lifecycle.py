@@ -81,6 +81,7 @@ def _connect(config: Config, gate: Any) -> Group:
         try:
             gate.connect(lambda what, values: group._gather_ints(what, values, None), config.rank,
                          config.world_size, same_host=len(table.same_host(config.rank)) == config.world_size)
+            eng.attach_gate(gate)
         except BaseException:
             group.finalize()
             raise

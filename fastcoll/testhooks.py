@@ -10,13 +10,18 @@ the timing windows of a job's set-up and of a collective are reached every time,
     setup-done          the transport is set up, just before init() returns it
     zmq-frame           ZeroMQ: a received payload is about to be released
     abort               a call failed on this rank: its abort notice is about to go out
+
+and one factory: `set_gate_factory(fn)` makes init() take its fence gate from fn(config) (a gate
+over a simulated device, for the multi-process tests of the gate's host half) instead of probing
+the GPUs.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 _hook: Callable[[str], None] | None = None
+_gate_factory: Callable[[Any], Any] | None = None
 
 
 def set_hook(fn: Callable[[str], None] | None) -> None:
@@ -29,3 +34,14 @@ def point(name: str) -> None:
     """A named point (see the module's docstring): calls the test hook, if one is set."""
     if _hook is not None:
         _hook(name)
+
+
+def set_gate_factory(fn: Callable[[Any], Any] | None) -> None:
+    """For tests only: init() gets its fence gate from fn(config) (None: probe the GPUs again)."""
+    global _gate_factory
+    _gate_factory = fn
+
+
+def gate_factory() -> Callable[[Any], Any] | None:
+    """The factory a test set, if any."""
+    return _gate_factory

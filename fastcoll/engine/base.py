@@ -61,6 +61,9 @@ class Engine(abc.ABC):
     def run_inline(self, task: Task) -> Any:
         """Run a task that `enqueue` gave back to this thread; its result, or raise."""
 
+    def attach_gate(self, gate: Any) -> None:
+        """The job's fence gate, once its mode is fixed: an engine may serve its host half."""
+
     def abort(self, error: FastcollError) -> None:
         """Tell every peer this rank gave up (the peers raise an error of the same class)."""
         self.transport.abort(error)
@@ -77,6 +80,11 @@ class Engine(abc.ABC):
         """Each connection as (peer, channel, kind ("tcp" or "shm"), this end's address, the
         peer's), for diagnostics and tests."""
         return self.transport.connections()
+
+    def send_raw(self, peer: int, data: bytes) -> None:
+        """For tests only: write `data` as it is on the connection to `peer` (channel 0), as a
+        misbehaving peer would (a malformed or truncated frame)."""
+        self.transport.send_raw(peer, data)
 
     def describe(self) -> str:
         """What carries the messages and which engine moves them, for Group.transport_info()."""

@@ -31,6 +31,7 @@ from fastcoll.engine.base import Engine, Task
 from fastcoll.engine.ops import KINDS, Op
 from fastcoll.engine.python import run_task
 from fastcoll.errors import FastcollError, PeerLostError
+from fastcoll.gate import layout as L
 from fastcoll.service import Work
 from fastcoll.transport import tcp
 from fastcoll.transport.base import LAST_WORD_SECONDS, Transport, abort_error, other_call, other_chunk
@@ -166,6 +167,10 @@ class NativeTransport(Transport):
         super().interrupt(why)
         self._n.interrupt()
 
+    def send_raw(self, peer: int, data: bytes) -> None:
+        self._n.send_raw(peer, bytes(data))
+        self.flush()
+
     def close(self) -> None:
         pass  # the engine closes the links (NativeEngine.close)
 
@@ -241,7 +246,26 @@ class NativeEngine(Engine):
 
     # ----- the engine interface -----
 
+    def attach_gate(self, gate: Any) -> None:
+        """Serve the host mode's gates here (fastcoll/engine/csrc/fc_gate.c): the arrival poll,
+        the exchange and the release run on the service thread without the GIL."""
+        host = gate.host_half() if gate is not None else None
+        if host is None:
+            return
+        page, lay = host.page, host.page.layout
+        self._n.attach_gate(page.raw, L.ARRIVAL, L.RELEASE, L.STATUS, L.ACK, L.SPIN_ITERS, L.SPIN_FAILED,
+                            lay.send_offset, lay.recv_offset, lay.mailbox_bytes, lay.ranks, L.OK, L.ERROR,
+                            L.CLOSED, host.next_seq(), host.profiled())
+        host.served_by(self._n)
+
     def enqueue(self, task: Task, async_op: bool) -> Work | None:
+        body = task.body
+        if type(body) is Op and body.kind == "gate" and body.gate.host.is_served_by(self._n):
+            work = NativeWork(None)
+            serve = body.gate
+            work.completion = self._n.gate_submit(serve.ticket.seq, serve.ticket.nbytes,
+                                                  *self._arguments(task, "all_gather"), task, work)
+            return work
         if not async_op and self._n.claim_if_idle():
             return None
         if _runs_natively(task):
@@ -299,6 +323,8 @@ class NativeEngine(Engine):
             work._finish(error=e)
 
     def _error(self, info: tuple, task: Task) -> FastcollError:
+        if _CODES[info[0]].startswith("gate_"):
+            return task.body.gate.host.native_failure(_CODES[info[0]], info[4], info[5])
         err = error_from(info, self.transport.rank, task.seq, task.sig, self.transport.interrupted)
         if info[0] != CODE["broken"]:
             return err
@@ -308,8 +334,9 @@ class NativeEngine(Engine):
             return said
         return err
 
-    def _arguments(self, task: Task) -> tuple:
-        """The 17 arguments of _native.Engine.run and submit (py_common.h) for task's Op."""
+    def _arguments(self, task: Task, kind: str | None = None) -> tuple:
+        """The 17 arguments of _native.Engine.run and submit (py_common.h) for task's Op (as a
+        collective of `kind`, if given)."""
         op: Op = task.body
         buf = op.src if op.src is not None else op.dst
         itemsize = 1 if buf is None else buf.itemsize
@@ -317,7 +344,7 @@ class NativeEngine(Engine):
         ranks = self._ranks.get(task.ranks)
         if ranks is None:
             ranks = self._ranks[task.ranks] = np.asarray(task.ranks, dtype=np.int32).tobytes()
-        return (_KIND[op.kind], _ALGORITHM[op.algorithm], task.seq, task.sig.encode(), task.limit, task.rank,
+        return (_KIND[kind or op.kind], _ALGORITHM[op.algorithm], task.seq, task.sig.encode(), task.limit, task.rank,
                 task.size, ranks, task.piece_bytes, dtype, _REDUCE[op.reduce or "sum"], itemsize, op.src, op.dst,
                 op.root, _bounds(op.bounds), _bounds(op.recv_bounds))
 
@@ -326,7 +353,7 @@ def _runs_natively(task: Task) -> bool:
     """Whether the native engine runs task's schedule itself (else its Python schedule runs over
     the native messages): an Op without a check after it, and no trace to record phases in."""
     body = task.body
-    return type(body) is Op and body.after is None and task.tracer is None
+    return type(body) is Op and body.after is None and body.gate is None and task.tracer is None
 
 
 def _bounds(bounds: list[tuple[int, int]] | None) -> np.ndarray | None:

@@ -38,6 +38,9 @@ class Op:
     result          what the call returns once the Op has run
     after           a check on this rank's result, run as part of the call (a failure breaks the
                     job as a failure of the exchange does); synchronous calls only
+    gate            kind "gate": the fence gate's host half for one gate (fastcoll.gate.host.Serve):
+                    wait for the GPU's arrival, all_gather its bytes into `dst` (the receive
+                    mailbox) with `algorithm`, release the GPU
     """
 
     kind: str
@@ -51,6 +54,7 @@ class Op:
     recv_bounds: Bounds | None = None
     result: Any = None
     after: Callable[[], None] | None = None
+    gate: Any = None
 
 
 def bounds_of(op: Op, size: int) -> tuple[Bounds | None, Bounds | None]:

@@ -10,6 +10,8 @@ import functools
 import time
 from typing import Any
 
+import numpy as np
+
 from fastcoll import dtypes
 from fastcoll.algorithms import Call, direct, select
 from fastcoll.engine.base import Engine, Task
@@ -57,7 +59,7 @@ def run_task(transport: Transport, task: Task) -> Any:
     call = Call(transport, task.seq, task.sig, time.monotonic() + task.limit, task.rank, task.size,
                 task.ranks, task.piece_bytes, task.tracer)
     try:
-        return _traced(call, task) if task.tracer is not None else _body(call, task.body)
+        return _traced(call, task) if task.tracer is not None else _body(call, task.body, task.limit)
     except BaseException as e:
         task.fail(e, call.deadline - task.limit)
         raise
@@ -66,16 +68,34 @@ def run_task(transport: Transport, task: Task) -> Any:
 def _traced(call: Call, task: Task) -> Any:
     task.tracer.span("queue", task.queued, seq=task.seq)
     with task.tracer.phase(task.sig, seq=task.seq):
-        return _body(call, task.body)
+        return _body(call, task.body, task.limit)
 
 
-def _body(call: Call, body: Any) -> Any:
+def _body(call: Call, body: Any, limit: float) -> Any:
     if not isinstance(body, Op):
         return body(call)
+    if body.kind == "gate":
+        serve_gate(call, body, limit)
+        return None
     run_op(call, body)
     if body.after is not None:
         body.after()
     return body.result
+
+
+def serve_gate(call: Call, op: Op, limit: float) -> None:
+    """The fence gate's host half for one gate (op.gate), its bytes gathered through op's
+    algorithm once the GPU has arrived (fastcoll/gate/host.py)."""
+
+    def exchange(send: np.ndarray, gathered: np.ndarray) -> None:
+        # The GPU arrives when the caller evaluates, which may be long after the call was queued:
+        # the time limit is for waiting on peers, so it starts now.
+        call.deadline = time.monotonic() + limit
+        k = send.size
+        gathered[call.rank * k : (call.rank + 1) * k] = send
+        run_op(call, Op("all_gather", op.algorithm, dst=gathered))
+
+    op.gate(exchange)
 
 
 def run_op(call: Call, op: Op) -> None:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import atexit
-import functools
 import logging
 from typing import Any, Callable
 
 from fastcoll.config import Config
 from fastcoll.gate import layout as L
 from fastcoll.gate.device import DeviceBackend
-from fastcoll.gate.host import Exchange, HostHalf, Ticket
+from fastcoll.gate.host import Exchange, HostHalf, Serve, Ticket
 from fastcoll.gate.page import ControlPage
 from fastcoll.gate.poll import Poller
 from fastcoll.gate.profile import GateProfile
@@ -19,7 +18,7 @@ from fastcoll.gate.seq import seq_add
 
 log = logging.getLogger("fastcoll.gate")
 
-Submit = Callable[[Callable[[], None]], Any]
+Submit = Callable[[Serve], Any]  # queue one gate's host half (call it to serve it)
 ACCEPTED_MAX = 1024  # kinds of all-reduce whose accepts() answer a Gate remembers
 
 
@@ -144,8 +143,10 @@ class Gate:
             if wake:
                 self._watcher.wake()
             return result
+        if self._profile is not None:
+            self._host.record_native_timings()
         try:
-            submit(functools.partial(self._host.serve, Ticket(seq, int(x.nbytes)), exchange))
+            submit(Serve(self._host, Ticket(seq, int(x.nbytes)), exchange))
         except BaseException as e:
             self._host.fail(e)  # the kernels exist: release them with an error now
             raise
@@ -154,6 +155,10 @@ class Gate:
     def check(self) -> None:
         """Raise the error a gate recorded (a failed exchange, a spin that hit its bound), if any."""
         self._host.check()
+
+    def host_half(self) -> HostHalf | None:
+        """The host mode's half, for an engine that serves it natively; None in the direct mode."""
+        return None if self.direct else self._host
 
     def pending(self) -> bool:
         """Whether gated results are still outstanding on the service thread."""
@@ -174,6 +179,7 @@ class Gate:
             return
         self._closed = True
         self._host.close()
+        self._host.record_native_timings()
         if self._watcher is not None:
             self._watcher.stop()
         if self._gather is not None:
@@ -195,6 +201,7 @@ class Gate:
 
     def _at_exit(self) -> None:
         if not self._closed and self._profile is not None:
+            self._host.record_native_timings()
             self._profile.log_summary()
 
     def _show_profile_logs(self) -> None:

@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -53,6 +53,34 @@ class Ticket:
 
     seq: int
     nbytes: int  # of this rank's x
+
+
+class NativeServer(Protocol):
+    """A native engine that serves this host half's gates itself (fastcoll/engine/native.py): it
+    owns the stores of STATUS and RELEASE (sticky, never backwards) and counts what it has not
+    served yet."""
+
+    def gate_release(self, seq: int, status: int) -> None: ...
+    def gate_outstanding(self) -> int: ...
+    def gate_stop(self) -> None: ...
+    def gate_timings(self) -> list[tuple]: ...
+
+
+@dataclass(frozen=True)
+class Serve:
+    """One gate's host half as the core queues it: `serve()` runs it on the thread that runs the
+    core's calls; `exchange` (None: the core's own, which it passes to serve) gathers the bytes."""
+
+    host: "HostHalf"
+    ticket: Ticket
+    exchange: Exchange | None = None
+
+    def __call__(self, exchange: Exchange | None = None) -> None:
+        self.host.serve(self.ticket, exchange or self.exchange)
+
+    def gathered(self) -> np.ndarray:
+        """The receive mailbox's part this gate fills: every rank's x, in rank order."""
+        return self.host.page.recv[: self.host.page.layout.ranks * self.ticket.nbytes]
 
 
 def fresh_error(err: BaseException) -> FastcollError:
@@ -91,6 +119,7 @@ class HostHalf:
         self._issued = seq_add(start_seq, -1)
         self._released = self._issued
         self._outstanding = 0  # the host mode's gates not served yet
+        self._native: NativeServer | None = None  # the engine that serves the gates, if native
         self._watching = False  # the direct mode's watcher is on (see issue())
         self.direct = False  # the direct mode (fastcoll/gate/direct.py): the GPUs gather
         page.reset(start_seq)
@@ -122,7 +151,7 @@ class HostHalf:
         if self._error is not None or self._stop.is_set():
             return False
         if not self.direct:
-            return self._outstanding > 0
+            return (self._native.gate_outstanding() if self._native is not None else self._outstanding) > 0
         with self._lock:
             busy = seq_diff(self._issued, self.completed()) > 0
             self._watching = busy  # a watcher that sees nothing pending stops; issue() wakes it
@@ -163,6 +192,8 @@ class HostHalf:
     def close(self) -> None:
         """Stop waiting for arrivals and release every issued gate, so no GPU spin is left."""
         self._stop.set()
+        if self._native is not None:
+            self._native.gate_stop()
         with self._lock:
             self._release_locked(self._issued, L.CLOSED)
 
@@ -229,12 +260,51 @@ class HostHalf:
         release_us = (time.perf_counter() - t_store) * 1e6
         return t_store, release_us, self.page.load(L.SPIN_ITERS)
 
+    def next_seq(self) -> int:
+        """The sequence number of the next gate issue() gives."""
+        return seq_add(self._issued, 1)
+
+    def profiled(self) -> bool:
+        return self._profile is not None
+
+    def is_served_by(self, native: NativeServer) -> bool:
+        return self._native is native
+
+    def native_failure(self, what: str, seq: int, arrived: int) -> FastcollError:
+        """The error for a gate the native server could not serve: `what` is gate_closed,
+        gate_protocol or gate_spin (a spin that hit its bound, which check() names)."""
+        if what == "gate_closed":
+            return GateClosedError(f"the fence gate was closed before gate {seq} arrived")
+        try:
+            self.check()  # a spin that hit its bound lets the GPU run ahead: report that
+        except FastcollError as e:
+            return e
+        return FastcollError(f"gate protocol error: waiting for gate {seq}, the GPU published {arrived}")
+
+    def served_by(self, native: NativeServer) -> None:
+        """From now on `native` serves the gates and stores every release (the native engine)."""
+        with self._lock:
+            self._native = native
+
+    def record_native_timings(self) -> None:
+        """Move the native server's per-gate timings into the profile (FASTCOLL_GATE_PROFILE)."""
+        if self._native is None or self._profile is None:
+            return
+        for seq, arrival, exchange, host, release, iters in self._native.gate_timings():
+            acked = release >= 0
+            self._profile.record(GateTiming(seq, arrival, exchange, host, release if acked else None,
+                                            iters if acked else None, "ok"))
+
     def _release_locked(self, seq: int, status: int) -> None:
         """Store STATUS then RELEASE (never moving RELEASE backwards). Holds self._lock."""
         if status != L.OK and self._status == L.OK:
             self._status = status
         if seq_diff(seq, self._released) < 0:
             seq = self._released
+        if self._native is not None:  # it stores them, under the lock its own serving takes
+            self._native.gate_release(seq, self._status)
+            self._released = seq
+            return
         self.page.fence()  # the receive mailbox is written before STATUS and RELEASE
         self.page.store(L.STATUS, self._status)
         self.page.fence()

@@ -50,6 +50,7 @@ class ControlPage:
             raise ValueError("the control page must be contiguous and writable")
         self.layout = layout
         self._page = page
+        self.raw = page  # the whole page, for a native server
         self._words = memoryview(page).cast("I")
         self.send = page[layout.send_offset : layout.send_offset + layout.mailbox_bytes]
         self.recv = page[layout.recv_offset : layout.recv_offset + layout.recv_bytes]

@@ -88,6 +88,10 @@ class Transport(abc.ABC):
         transport without connections of its own."""
         return []
 
+    def send_raw(self, peer: int, data: bytes) -> None:
+        """For tests only: `data` as it is on the connection to `peer` (see Engine.send_raw)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot send raw bytes")
+
     def describe(self) -> str:
         """What carries this rank's messages, in a few words ('tcp', 'zmq', ...)."""
         return type(self).__name__.removesuffix("Transport").lower()

@@ -354,6 +354,10 @@ class TcpTransport(Transport):
     def connections(self) -> list[tuple[int, int, str, object, object]]:
         return [(p, ch, link.kind) + ends(link.sock) for (p, ch), link in sorted(self._links.items())]
 
+    def send_raw(self, peer: int, data: bytes) -> None:
+        self.flush()
+        self._links[(peer, 0)].sendall(data)
+
     def send(self, peer: int, header: Header, payload: memoryview | None, deadline: float | None = None) -> None:
         frame = wire.pack(header)
         ch = header.chunk % self._channels

@@ -43,6 +43,7 @@ typedef struct fc_gate {
     pthread_mutex_t lock; /* the stores of STATUS and RELEASE */
     uint32_t released, status;
     uint32_t submitted; /* the newest gate handed to the service */
+    _Atomic int outstanding; /* handed to the service and not yet served (or given up) */
     _Atomic int stop;
     fc_ns spin_ns, max_nap_ns;
     int profile;

@@ -6,17 +6,19 @@
  * the buffers don't overlap. Signed integers are summed and multiplied as their unsigned twins
  * (the same bits, wrapping as numpy's do, with no overflow); only min and max see the sign.
  *
- * What numpy does, and so what this file does (numpy 2.4 on x86-64 with AVX-512, and by its
- * source the same on arm64):
+ * What numpy does, and so what this file does (numpy 2.4, checked on x86-64 with AVX-512; read
+ * from numpy's source for arm64):
  *   - float32/float64 min/max: a NaN in a wins, else a NaN in b, both returned unchanged (not
- *     made quiet); on a tie (+0 against -0) the result is b.
+ *     made quiet); on a tie (+0 against -0) the result is b. (numpy on arm64 uses FMIN/FMAX
+ *     there, which order -0 below +0 and quiet a signalling NaN; this file doesn't follow it.)
  *   - float16 min/max: the same NaN rule, but a tie gives a.
  *   - float16 sum/prod/mean: in float32, rounded to nearest-even; of two NaNs numpy returns b's,
  *     made quiet (numpy's float32/float64 sums of two NaNs are not consistent even within one
  *     array, so those keep whatever the hardware gives).
  *   - bfloat16: as float32, then rounded to nearest-even; a NaN is made quiet (| 0x40).
  *   - complex64 prod: re = fma(ar, br, -(ai*bi)), im = fma(ar, bi, ai*br): numpy's SIMD loop
- *     fuses (fmaddsub on x86 with FMA3, vfma on arm64), so this does too, with C99 fmaf.
+ *     fuses (fmaddsub on x86 with FMA3, vfma on arm64), so this does too, with C99 fmaf (a call
+ *     into libm unless the target has FMA; only an x86 CPU without FMA3 has numpy not fuse).
  *   - complex64 mean: numpy divides by complex(w, 0) with Smith's method, which is a product
  *     with 1/w (not a division by w), and inf * 0 in the cross terms makes NaNs.
  */

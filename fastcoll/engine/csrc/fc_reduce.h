@@ -3,8 +3,9 @@
  * Results are bit-identical to the pure-Python engine's numpy reducers (fastcoll/dtypes.py):
  * integers wrap as numpy's do, float16 and bfloat16 are combined in float32 and rounded back to
  * nearest-even after every pair (bfloat16 NaN keeps a quiet NaN), min/max propagate NaN as
- * np.minimum/np.maximum do, complex64 products are (ac - bd, ad + bc) in float32 without fused
- * multiply-adds (the sources are compiled with -ffp-contract=off).
+ * np.minimum/np.maximum do (x86's rule on every machine), complex64 products are fused as numpy
+ * fuses them (fmaf(ar, br, -(ai*bi)), fmaf(ar, bi, ai*br)), and nothing else is fused (the
+ * sources are compiled with -ffp-contract=off).
  */
 #ifndef FC_REDUCE_H
 #define FC_REDUCE_H

@@ -160,6 +160,15 @@ static PyObject *submit_call(EngineObject *self, PyObject *fn)
 
 /* ----- the message calls (fastcoll/engine/native.py's NativeTransport) ----- */
 
+static int peer_ok(EngineObject *self, int peer, long long chunk)
+{
+    if (peer < 0 || peer >= self->engine.size || peer == self->engine.rank || chunk < 0) {
+        PyErr_SetString(PyExc_ValueError, "bad peer or chunk");
+        return 0;
+    }
+    return 1;
+}
+
 /* send(peer, kind, seq, sig, chunk, payload): queue a frame; the payload (a buffer, or None)
  * must stay alive and unchanged until flush() returns. */
 static PyObject *send(EngineObject *self, PyObject *args)
@@ -189,6 +198,27 @@ static PyObject *send(EngineObject *self, PyObject *args)
     return rc ? py_raise(&err) : Py_NewRef(Py_None);
 }
 
+/* send_raw(peer, data), for tests: `data` as it is on channel 0 to peer (a frame of a
+ * misbehaving peer: malformed, or cut short). */
+static PyObject *send_raw(EngineObject *self, PyObject *args)
+{
+    int peer;
+    Py_buffer data;
+    if (!usable(self) || !PyArg_ParseTuple(args, "iy*", &peer, &data))
+        return NULL;
+    if (!peer_ok(self, peer, 0)) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    fc_link *l = &self->engine.chans[peer * self->engine.channels].link;
+    int rc = l->send_errno ? 0 : fc_link_queue(l, data.buf, (size_t)data.len, NULL, 0);
+    PyBuffer_Release(&data);
+    if (rc)
+        return PyErr_NoMemory();
+    fc_link_push(l);
+    Py_RETURN_NONE;
+}
+
 static PyObject *flush(EngineObject *self, PyObject *arg)
 {
     double seconds = PyFloat_AsDouble(arg);
@@ -200,15 +230,6 @@ static PyObject *flush(EngineObject *self, PyObject *arg)
     int rc = fc_engine_flush(&self->engine, deadline, &err);
     WAIT_END(self)
     return rc ? py_raise(&err) : Py_NewRef(Py_None);
-}
-
-static int peer_ok(EngineObject *self, int peer, long long chunk)
-{
-    if (peer < 0 || peer >= self->engine.size || peer == self->engine.rank || chunk < 0) {
-        PyErr_SetString(PyExc_ValueError, "bad peer or chunk");
-        return 0;
-    }
-    return 1;
 }
 
 /* next_header(peer, chunk, seconds) -> (kind, seq, sig, chunk, nbytes) */
@@ -434,6 +455,12 @@ static PyObject *gate_release(EngineObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+static PyObject *gate_outstanding(EngineObject *self, PyObject *unused)
+{
+    (void)unused;
+    return PyLong_FromLong(self->gated ? atomic_load(&self->gate.outstanding) : 0);
+}
+
 static PyObject *gate_stop(EngineObject *self, PyObject *unused)
 {
     (void)unused;
@@ -482,6 +509,7 @@ static PyMethodDef engine_methods[] = {
     {"submit", FASTCALL(submit), METH_FASTCALL, "queue a collective (17 arguments, task, work): a Completion"},
     {"submit_call", (PyCFunction)submit_call, METH_O, "queue a Python function behind the queued calls"},
     {"send", (PyCFunction)send, METH_VARARGS, "send(peer, kind, seq, sig, chunk, payload)"},
+    {"send_raw", (PyCFunction)send_raw, METH_VARARGS, "send_raw(peer, data): for tests, bytes as they are"},
     {"flush", (PyCFunction)flush, METH_O, "flush(seconds)"},
     {"next_header", (PyCFunction)next_header, METH_VARARGS, "next_header(peer, chunk, seconds)"},
     {"read_payload", (PyCFunction)read_payload, METH_VARARGS, "read_payload(peer, chunk, out, seconds)"},
@@ -492,6 +520,7 @@ static PyMethodDef engine_methods[] = {
     {"attach_gate", (PyCFunction)attach_gate, METH_VARARGS, "the gate's control page and layout"},
     {"gate_release", (PyCFunction)gate_release, METH_VARARGS, "gate_release(seq, status)"},
     {"gate_stop", (PyCFunction)gate_stop, METH_NOARGS, "stop waiting for arrivals"},
+    {"gate_outstanding", (PyCFunction)gate_outstanding, METH_NOARGS, "gates queued and not yet served"},
     {"gate_timings", (PyCFunction)gate_timings, METH_NOARGS, "the profile's new records"},
     {"gate_submit", FASTCALL(gate_submit), METH_FASTCALL, "queue a gate (seq, nbytes, 17 arguments, task, work)"},
     {NULL, NULL, 0, NULL},

@@ -159,6 +159,8 @@ static void report(py_item *it, const fc_err *err)
 
 static void finish(py_item *it, int code)
 {
+    if (it->type == ITEM_GATE)
+        atomic_fetch_sub(&it->owner->gate.outstanding, 1);
     fc_done_finish(it->done, code);
     bury(it);
 }
@@ -302,6 +304,7 @@ PyObject *py_submit_gate(EngineObject *self, PyObject *const *args, Py_ssize_t n
     it->gate_seq = (uint32_t)seq;
     it->gate_nbytes = (size_t)nbytes;
     fc_gate_submitted(g, (uint32_t)seq);
+    atomic_fetch_add(&g->outstanding, 1);
     return queue(self, it);
 }
 
