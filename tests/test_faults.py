@@ -148,6 +148,13 @@ def test_sigkill(launch, transport, world, scenario):
         check_survivors(ranks, detail, victim, "PeerLostError", at_once_after_fault=True, what=what)
 
 
+@pytest.mark.parametrize("transport", ["shm", "tcp"])  # (ZeroMQ queues 16 MiB at once: no wait)
+def test_sigkill_while_a_send_waits_for_room(launch, transport):
+    # 16 MiB to a rank that never receives it: the sender waits for room when the victim dies.
+    ranks, detail = run_fault(launch, 2, transport, "kill-while-sending", 0, size=4 << 20)
+    check_survivors(ranks, detail, 0, "PeerLostError", at_once_after_fault=True, what=f"{transport} send")
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_sigkill_fails_async_handles(launch, transport):
     ranks, detail = run_fault(launch, 3, transport, "kill-async", 1)

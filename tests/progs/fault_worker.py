@@ -126,6 +126,15 @@ def main() -> int:
             threading.Timer(0.4, fault, ("sigkill", signal.SIGKILL)).start()
         return expect_error(loop, 1_000_000, x)
 
+    if SCENARIO == "kill-while-sending":
+        # The window on purpose: every other rank sends the victim more than its connection holds
+        # (a shared-memory ring or a socket's buffers), which the victim never takes, and waits
+        # for room when the victim dies. The send must fail at once, not wait out the timeout.
+        if victim:
+            time.sleep(0.5)
+            fault("sigkill", signal.SIGKILL)
+        return expect_error(fastcoll.send, np.ones(SIZE, np.float32), VICTIM)
+
     if SCENARIO == "kill-after":
         fastcoll.all_reduce(x)
         if victim:

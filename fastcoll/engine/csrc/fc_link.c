@@ -203,6 +203,8 @@ int fc_link_push(fc_link *l)
 {
     if (!l->out_count)
         return 0;
+    if (l->shm && l->eof && !l->send_errno)
+        l->send_errno = EPIPE; /* the peer's end of the stream came: it reads no more */
     if (l->send_errno) {
         drop_all(l);
         return -1;
@@ -252,6 +254,10 @@ static int pull_bells(fc_link *l)
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
             return got;
         l->eof = 1; /* an orderly end or a reset: the peer is gone either way */
+    }
+    if (l->out_count && !l->send_errno) { /* nobody will take what waits to go out */
+        l->send_errno = EPIPE;
+        drop_all(l);
     }
     return -1;
 }
