@@ -209,7 +209,7 @@ class Gate:
         # send this logger's records to stderr rather than let Python drop them.
         if log.getEffectiveLevel() > logging.INFO:
             log.setLevel(logging.INFO)
-        if not log.hasHandlers():
+        if not _shown(log):
             self._log_handler = logging.StreamHandler()
             self._log_handler.setFormatter(logging.Formatter("fastcoll.gate: %(message)s"))
             log.addHandler(self._log_handler)
@@ -221,3 +221,15 @@ except ImportError:  # numpy-only installs: nothing is an mx.array, so nothing i
 
     class _MxArray:  # type: ignore[no-redef]
         pass
+
+
+def _shown(logger: logging.Logger) -> bool:
+    """Whether a record of `logger` reaches a handler that shows it (the library's own
+    NullHandler on the `fastcoll` logger shows nothing)."""
+    while logger is not None:
+        if any(not isinstance(h, logging.NullHandler) for h in logger.handlers):
+            return True
+        if not logger.propagate:
+            return False
+        logger = logger.parent
+    return False

@@ -1,0 +1,98 @@
+"""One rank of tests/test_gate_ranks.py: the fence gate's host mode across real rank processes,
+each rank's device played by a thread (fastcoll/gate/sim.py), on the engine FASTCOLL_NATIVE
+names (the native one serves the host half in C, the Python one on its service thread).
+
+    gate_worker.py many      300 gated all-reduces of every gated dtype and op, of several
+                             sizes, between host-path collectives; every result checked exactly
+    gate_worker.py kill      rank 1 dies between two gates; rank 0's next gate is released with
+                             an error status (its device never left waiting) and check() raises
+
+Prints ENGINE <transport_info>, then OK <gates> or, for kill on rank 0, RELEASED <status>
+<seconds> and ERROR <class>.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import mlx.core as mx
+import numpy as np
+
+import fastcoll
+from fastcoll import dtypes, testhooks
+from fastcoll.gate import Gate
+from fastcoll.gate import layout as L
+from fastcoll.gate.layout import ControlLayout
+from fastcoll.gate.sim import SimDevice
+
+testhooks.set_gate_factory(lambda c: Gate(SimDevice(ControlLayout(c.gate_max_bytes, c.world_size)), c))
+SCENARIO = sys.argv[1]
+g = fastcoll.init()
+r, n = g.rank(), g.size()
+print("ENGINE", g.transport_info(), flush=True)
+KINDS = [(mx.float32, "float32"), (mx.float16, "float16"), (mx.bfloat16, "bfloat16")]
+
+
+def gated(x: mx.array, op: str) -> np.ndarray:
+    """A gated all_reduce's bytes, as the simulated device leaves them, in the host dtype."""
+    result = fastcoll.all_reduce(x, op=op)
+    return result.wait(20).value(dtypes.host_dtype(x.dtype.__str__().rsplit(".", 1)[-1]))
+
+
+def expected(values: np.ndarray, name: str, op: str) -> np.ndarray:
+    """What every rank must get: the host path's own reduction of every rank's values."""
+    host = dtypes.host_dtype(name)
+    parts = [np.asarray(mx.array(values * (p + 1)).astype(getattr(mx, name)).view(
+        mx.uint16 if name == "bfloat16" else getattr(mx, name))).view(host) for p in range(n)]
+    combine = dtypes.reducer(name, op)
+    acc = parts[0].copy()
+    for p in parts[1:]:
+        combine(acc, p, acc)
+    if op == "mean":
+        dtypes.finish_mean(name, acc, n)
+    return acc
+
+
+def many() -> int:
+    count = 0
+    for i in range(300):
+        mx_dtype, name = KINDS[i % 3]
+        op = ("sum", "max", "min", "mean", "prod")[i % 5]
+        size = (64, 256, 1024)[i % 3]
+        values = (np.arange(size, dtype=np.float32) % 7) + i % 3
+        x = mx.array(values * (r + 1)).astype(mx_dtype)
+        got = gated(x, op)
+        want = expected(values, name, op)
+        assert got.tobytes() == want.tobytes(), (i, name, op, size, got[:4], want[:4])
+        count += 1
+        if i % 50 == 0:  # the host path between gates, in the same sequence of calls
+            y = fastcoll.all_reduce(np.full(8, r, np.float32))
+            assert np.array_equal(y, np.full(8, sum(range(n)), np.float32))
+    fastcoll.check()
+    print("OK", count, flush=True)
+    return 0
+
+
+def kill() -> int:
+    x = mx.ones(256, dtype=mx.float32)
+    for _ in range(5):
+        gated(x, "sum")
+    fastcoll.barrier()
+    if r == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.5)  # rank 1 is gone when rank 0 gates again
+    start = time.monotonic()
+    result = fastcoll.all_reduce(x).wait(20)  # released, never left waiting
+    print("RELEASED", L.STATUS_NAMES[result.status], f"{time.monotonic() - start:.3f}", flush=True)
+    try:
+        fastcoll.check()
+    except fastcoll.FastcollError as e:
+        print("ERROR", type(e).__name__, flush=True)
+    fastcoll.finalize()
+    return 0
+
+
+sys.exit(many() if SCENARIO == "many" else kill())

@@ -1,0 +1,40 @@
+"""The fence gate's host mode across real rank processes on both engines, each rank's GPU played
+by a thread (tests/progs/gate_worker.py): exact results over many gates between host-path calls,
+and a peer that dies between gates (the survivor's gate released with an error, the error raised)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import assert_ok
+from engines import engines
+
+GATE_ENV = {"FASTCOLL_FAST_SYNC": "1", "FASTCOLL_GATE_MAX_BYTES": "4096",
+            "FASTCOLL_TUNING": "gate_direct=0,gate_host_min_bytes=1"}
+
+
+def engine_named(out: str, engine: str) -> None:
+    line = next(line for line in out.splitlines() if line.startswith("ENGINE "))
+    assert line.endswith("; native engine" if engine == "1" else "; python engine"), line
+
+
+@pytest.mark.parametrize("engine", engines())
+def test_gates_across_ranks_are_exact(launch, engine):
+    results = launch(2, "gate_worker.py", "many", FASTCOLL_NATIVE=engine, **GATE_ENV).wait(timeout=120)
+    assert_ok(results)
+    for r in results:
+        engine_named(r.out, engine)
+        assert "OK 300" in r.out, r.out
+
+
+@pytest.mark.parametrize("engine", engines())
+def test_a_peer_lost_between_gates_releases_the_gate_with_an_error(launch, engine):
+    job = launch(2, "gate_worker.py", "kill", FASTCOLL_NATIVE=engine, FASTCOLL_TIMEOUT="10", **GATE_ENV)
+    results = job.wait(timeout=60)
+    zero = results[0]
+    assert zero.code == 0, zero.err[-3000:]
+    engine_named(zero.out, engine)
+    released = next(line for line in zero.out.splitlines() if line.startswith("RELEASED "))
+    _, status, seconds = released.split()
+    assert status == "error" and float(seconds) < 5.0, released  # well before FASTCOLL_TIMEOUT
+    assert "ERROR PeerLostError" in zero.out, zero.out
