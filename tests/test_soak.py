@@ -28,6 +28,9 @@ SEED = int(os.environ.get("FASTCOLL_SOAK_SEED", "20240611"))
 # here) or a growing object count still fails.
 RSS_GROWTH_KIB = 16 * 1024
 OBJECT_GROWTH = 50
+# Under AddressSanitizer (.ci/sanitizers sets this) freed memory waits in its quarantine, so the
+# resident size grows by design: the results and the object count are still checked.
+SANITIZED = os.environ.get("FASTCOLL_SANITIZED") == "1"
 
 
 @pytest.mark.soak
@@ -47,7 +50,10 @@ def test_soak_random_collectives(launch, transport):
             f"\n{transport} rank {rank}: {OPS} ops in {float(seconds):.1f}s; RSS KiB {rss}; "
             f"objects {objects}"
         )
-        assert max(rss[1:]) - warm_rss < RSS_GROWTH_KIB, f"rank {rank}: RSS grew: {rss}"
-        assert rss[-1] - warm_rss < RSS_GROWTH_KIB, f"rank {rank}: RSS grew: {rss}"
+        if SANITIZED:
+            print("RSS not checked: AddressSanitizer's quarantine holds freed memory")
+        else:
+            assert max(rss[1:]) - warm_rss < RSS_GROWTH_KIB, f"rank {rank}: RSS grew: {rss}"
+            assert rss[-1] - warm_rss < RSS_GROWTH_KIB, f"rank {rank}: RSS grew: {rss}"
         assert max(objects[1:]) - warm_obj < OBJECT_GROWTH, f"rank {rank}: objects grew: {objects}"
         assert "OK" in r.out

@@ -31,7 +31,7 @@ def native_available() -> str | None:
     try:
         from fastcoll.engine import native
     except ImportError as e:  # the extension was not built (no compiler at install time)
-        return f"the extension fastcoll.engine._native is not built ({e})"
+        return f"its extension, fastcoll.engine._native, was not built at install time (no C compiler then?): {e}"
     return native.unavailable()
 
 
@@ -60,6 +60,8 @@ def connect(config: Any, caps: dict[str, Any], deadline: float) -> tuple[Engine,
 
 def _fall_back(why: str) -> None:
     """Say, once per job and even where logging is not configured, that the Python engine runs."""
-    message = f"fastcoll runs its pure-Python engine (slower on small messages): {why}; set FASTCOLL_NATIVE=0 to choose it quietly"
+    message = (f"fastcoll runs its pure-Python engine, slower on small messages: the native engine is "
+               f"unavailable, {why}; reinstall fastcoll where a C compiler exists, or set FASTCOLL_NATIVE=0 "
+               "to choose the Python engine quietly")
     log.warning(message)
     warnings.warn(message, RuntimeWarning, stacklevel=3)

@@ -157,6 +157,8 @@ static int add(PyObject *m, const char *name, PyObject *value)
     return 0;
 }
 
+PyMODINIT_FUNC PyInit__native(void);
+
 PyMODINIT_FUNC PyInit__native(void)
 {
     if (PyType_Ready(&py_engine_type) || PyType_Ready(&py_completion_type))
