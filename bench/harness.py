@@ -7,6 +7,7 @@ The per-iteration samples of all rounds are pooled before the statistics are tak
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import socket
@@ -127,6 +128,19 @@ def run(config: Config, progress: Progress = lambda _msg: None) -> dict[str, Any
                          f"{res.wall_s:.1f} s {status}")
     meta["loadavg_end"] = _loadavg()
     return {"meta": meta, "skipped": skipped, "jobs": jobs}
+
+
+@contextlib.contextmanager
+def busy(count: int):
+    """`count` processes that each keep a core busy (a Python loop) while the block runs."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+             for _ in range(count)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 def _config_dict(config: Config) -> dict[str, Any]:

@@ -57,6 +57,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "--quick: 60)")
     p.add_argument("--out", default=str(REPO_ROOT / "bench" / "out"), help="output folder")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--busy", type=int, default=0,
+                   help="processes that keep a core busy (a spinning loop each) for the whole run, "
+                        "as another program on a shared machine would")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 2 ranks, 4 B and 4 KiB, 5 iterations, 1 round")
     return p.parse_args(argv)
@@ -122,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    raw = harness.run(config, progress=lambda msg: print(msg, flush=True))
+    with harness.busy(args.busy):
+        raw = harness.run(config, progress=lambda msg: print(msg, flush=True))
+    raw["meta"]["busy_processes"] = args.busy
     doc = assemble(raw)
     report.write_json(out / "results.json", doc)
     (out / "results.md").write_text(report.markdown(doc))

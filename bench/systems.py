@@ -4,9 +4,10 @@ System names: `fastcoll-tcp`, `fastcoll-zmq`, `mlx-ring`, `mpi`, `gloo`, optiona
 `/`-separated variants: `/cN` for N connections per neighbour (fastcoll: FASTCOLL_CONNECTIONS=N;
 mlx-ring: `mlx.launch --connections-per-ip N`), `/aN` (fastcoll only: every rank listens on N
 loopback addresses, 127.0.0.1 to 127.0.0.N, and opens a connection to each, as with a hostfile
-listing N ips per host), `/mx` (fastcoll only: mx.array inputs instead of numpy arrays) and
+listing N ips per host), `/mx` (fastcoll only: mx.array inputs instead of numpy arrays),
 `/noshm` (fastcoll-tcp only: FASTCOLL_SHM=0, every byte over TCP; by default ranks on one host
-replace their connections by shared memory). E.g. `fastcoll-tcp/c4`, `fastcoll-tcp/noshm`.
+replace their connections by shared memory) and `/py` (fastcoll only: FASTCOLL_NATIVE=0, the
+pure-Python engine; by default the native one runs). E.g. `fastcoll-tcp/c4`, `fastcoll-tcp/py`.
 
 How each is started:
   fastcoll-*  N processes started here with FASTCOLL_RANK, FASTCOLL_WORLD_SIZE,
@@ -63,6 +64,7 @@ class System:
     mx_arrays: bool = False
     addresses: int = 1
     shm: bool = True
+    python_engine: bool = False
 
     @property
     def kind(self) -> str:
@@ -82,7 +84,7 @@ def parse_system(name: str) -> System:
     base, *variants = name.strip().split("/")
     if base not in KINDS:
         raise ValueError(f"unknown system {base!r}; known: {', '.join(KINDS)}")
-    connections, mx_arrays, addresses, shm = 1, False, 1, True
+    connections, mx_arrays, addresses, shm, python_engine = 1, False, 1, True, False
     for v in variants:
         if v.startswith("c") and v[1:].isdigit() and int(v[1:]) >= 1:
             if KINDS[base] not in ("fastcoll", "mlx"):
@@ -94,9 +96,11 @@ def parse_system(name: str) -> System:
             addresses = int(v[1:])
         elif v == "noshm" and base == "fastcoll-tcp":
             shm = False
+        elif v == "py" and KINDS[base] == "fastcoll":
+            python_engine = True
         else:
-            raise ValueError(f"{name}: unknown variant {v!r} (known: /cN, /aN, /mx and /noshm for fastcoll)")
-    return System(name.strip(), base, connections, mx_arrays, addresses, shm)
+            raise ValueError(f"{name}: unknown variant {v!r} (known: /cN, /aN, /mx, /noshm and /py for fastcoll)")
+    return System(name.strip(), base, connections, mx_arrays, addresses, shm, python_engine)
 
 
 def _python_bin_tool(name: str) -> str | None:
@@ -301,7 +305,8 @@ def commands(system: System, world: int, worker_args: list[str]) -> list[tuple[l
     transport = "zmq" if system.base == "fastcoll-zmq" else "tcp"
     extra = ["--array", "mlx"] if system.mx_arrays else []
     common = env | {"FASTCOLL_WORLD_SIZE": str(world), "FASTCOLL_COORDINATOR": coordinator,
-                    "FASTCOLL_TOKEN": token, "FASTCOLL_TRANSPORT": transport}
+                    "FASTCOLL_TOKEN": token, "FASTCOLL_TRANSPORT": transport,
+                    "FASTCOLL_NATIVE": "0" if system.python_engine else "1"}
     if system.connections > 1:
         common["FASTCOLL_CONNECTIONS"] = str(system.connections)
     if not system.shm:
