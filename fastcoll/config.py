@@ -51,10 +51,16 @@ DEFAULT_SPIN_READS = 10
 # and wake-up of poll(). Four ranks on 2 cores, 4 B all-reduce: 592 us without, 395 us with 20
 # (bench/NOTES.md, entry 11). Only while a small message is awaited.
 DEFAULT_YIELD_READS = 20
-# The native engine's wait (fastcoll/engine/csrc/fc_wait.c): it spins this long on what it waits
-# for, then yields the CPU between looks for as long again, then sleeps in poll() until woken.
-DEFAULT_SPIN_US = 50
-DEFAULT_YIELD_US = 200
+# The native engine's wait (fastcoll/engine/csrc/fc_wait.c): it spins spin_us on what it waits
+# for, then yields the CPU between looks for yield_us, then sleeps in poll() until woken. spin_us
+# -1 (the default) spins AUTO_SPIN_US, or not at all where this host's ranks outnumber its CPUs
+# (a spinning rank then holds the core its peer needs). Two ranks, 4 B all_reduce, median on the
+# 2-core VM: with a third process busy, spin 200 us 1.9 us, spin 0 10.0 us; four ranks, spin 0
+# 10.4 us, spin 200 us 164 us; yield 1 ms instead of 5 ms doubled the four ranks' time
+# (bench/NOTES.md, entry 48).
+DEFAULT_SPIN_US = -1
+AUTO_SPIN_US = 200
+DEFAULT_YIELD_US = 5000
 
 LOG_LEVELS = ("warning", "info", "debug")
 
@@ -181,7 +187,7 @@ def _tuning(text: str) -> dict:
         if fields[name].type in (bool, "bool"):
             out[name] = _flag({what: value}, what)
         else:
-            out[name] = _number({what: value}, what, 0, int, minimum=0)
+            out[name] = _number({what: value}, what, 0, int, minimum=-1 if name == "spin_us" else 0)
     return out
 
 

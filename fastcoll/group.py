@@ -50,6 +50,8 @@ log = logging.getLogger("fastcoll")
 
 _MAIN_IDENT = threading.main_thread().ident  # calls from other threads tag their signature
 _get_ident = threading.get_ident
+NOT_PLANNED = object()  # Group._planned's answer when a call must take the ordinary way
+_PLANS_MAX = 64  # kinds of repeated call a group remembers (a model repeats a handful)
 
 
 class _Job:
@@ -147,6 +149,7 @@ class Group:
         self._splits = 0
         self._closed = False
         self._threads: dict[str, threading.Thread] = {}  # name -> the thread that calls under it
+        self._plans: dict[tuple, Any] = {}  # a repeated call's key -> its engine's plan
 
     def rank(self) -> int:
         """This process's rank, 0 <= rank < size."""
@@ -331,6 +334,47 @@ class Group:
                     "thread its own group (docs/failures.md, Threads)")
             self._threads[name] = thread
         return f" in thread {name[:64]!r}"
+
+    def _plan(self, key: tuple, sig: str, op: Op) -> None:
+        """Remember `op` (a synchronous call of `sig`, from the main thread, with the default
+        time limit) under `key`, if the engine can prepare it: the next calls with that key and
+        new buffers of the same sizes go through `_planned`, skipping the checks and the choice
+        already made (they depend on the key alone)."""
+        job = self._job
+        if job.tracer is not None or _get_ident() != _MAIN_IDENT or len(self._plans) >= _PLANS_MAX:
+            return
+        task = Task(0, self._prefix + sig, self.config.timeout, self.config.rank, self.config.world_size,
+                    self._ranks, op, self._recorded, self._no_fail, self.config.piece_bytes)
+        plan = job.engine.plan(task)
+        if plan is not None:
+            self._plans[key] = plan
+
+    def _planned(self, plan: Any, src: Any, dst: Any, result: Any) -> Any:
+        """Run a call that `_plan` remembered with these buffers: its result, or NOT_PLANNED when
+        it must take the ordinary way (the job has failed, a gate is on, another thread calls,
+        or calls are queued)."""
+        job = self._job
+        if job.error is not None or self._closed or job.closed or job.gate is not None or _get_ident() != _MAIN_IDENT:
+            return NOT_PLANNED
+        engine = job.engine
+        with job.lock:
+            if not engine.claim():
+                return NOT_PLANNED
+            seq = self._seq
+            self._seq += 1
+        started = time.monotonic()
+        try:
+            engine.run_planned(plan, seq, src, dst)
+        except BaseException as e:
+            self._failed(plan.sig, self.config.timeout, True, e, started)
+            raise
+        finally:
+            engine.release()
+        return result
+
+    @staticmethod
+    def _no_fail(e: BaseException, started: float) -> None:
+        raise e  # (a plan's template task never runs)
 
     def _recorded(self) -> FastcollError | None:
         """A fresh copy of the error that broke the job, if one did (an engine raises it)."""

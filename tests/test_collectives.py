@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import assert_ok
+from engines import engines
 
 WORLDS = [1, 2, 3, 4]
 
@@ -60,3 +61,13 @@ def test_empty_address_in_a_list_is_refused(launch):
     results = launch(2, "addresses_worker.py", FASTCOLL_INTERFACE="127.0.0.1,,127.0.0.2").wait(timeout=60)
     assert all(r.code != 0 for r in results)
     assert all("FASTCOLL_INTERFACE must be addresses separated by commas" in r.err for r in results), results
+
+
+@pytest.mark.parametrize("engine", engines())
+@pytest.mark.parametrize("world", [2, 3])
+def test_repeated_calls(launch, world, engine):
+    """The same small calls many times (planned after the first on the native engine), between
+    calls that take the ordinary way; every result exact (tests/progs/plans_worker.py)."""
+    results = launch(world, "plans_worker.py", FASTCOLL_NATIVE=engine).wait(timeout=120)
+    assert_ok(results)
+    assert all("OK" in r.out for r in results)

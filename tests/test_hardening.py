@@ -312,6 +312,22 @@ def test_a_receiver_told_of_the_roots_timeout_raises_it_at_once(launch, transpor
     assert "rank 1 (host" in root and "stopped answering" in root and "no rank answered" not in root, root
 
 
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_a_root_stuck_sending_keeps_its_own_limit(launch, transport):
+    # The other window of that test, held open: rank 2 (0.5 s) gives up long before the root
+    # (2 s), whose broadcast is stuck sending to the stopped rank 1. A send's wait watches its
+    # sends alone (as the Python engine's sender threads do): the root keeps its own limit and
+    # names its own wait, whichever engine runs (a native flush that heard rank 2's notice
+    # raised that instead, seen once in six runs of the test above).
+    results = _stalled_broadcast(launch, 3, transport, timeout="10",
+                                 per_rank_env=lambda r: {"HARDENING_CALL_TIMEOUT": "0.5" if r == 2 else "2"})
+    code, lines, _, _ = results[0]
+    assert code == 3, show(results)
+    cls, elapsed, message = error_of(lines)
+    assert cls == "CollectiveTimeoutError" and 1.9 <= elapsed <= 3.0, f"root: {elapsed}s\n{show(results)}"
+    assert message.startswith("rank 0 timed out sending to rank 1"), message
+
+
 # --- 4. Ctrl-C reaches the caller, and the peers raise at once ---------------------------------
 
 

@@ -52,7 +52,7 @@ def connect(config: Any, caps: dict[str, Any], deadline: float) -> tuple[Engine,
     if caps["native"] and all(c.get("native") for c in table.caps):
         from fastcoll.engine.native import NativeEngine
 
-        return NativeEngine.over(config, links), table
+        return NativeEngine.over(config, links, len(table.same_host(config.rank))), table
     if caps["native"]:
         log.info("rank %d: the pure-Python engine runs: not every rank can run the native one", config.rank)
     return PythonEngine(tcp.over(config, links)), table

@@ -61,6 +61,25 @@ class Engine(abc.ABC):
     def run_inline(self, task: Task) -> Any:
         """Run a task that `enqueue` gave back to this thread; its result, or raise."""
 
+    def plan(self, task: Task) -> Any:
+        """A prepared form of task's call, for calls that repeat it with new buffers of the same
+        sizes (`run_planned`; its `sig` is the call's signature); None where this engine prepares
+        nothing (then every call runs through enqueue)."""
+        return None
+
+    def claim(self) -> bool:
+        """Take the run lock for this thread if nothing is queued or running (for run_planned;
+        the caller holds the order lock); `release()` gives it back."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        raise NotImplementedError
+
+    def run_planned(self, plan: Any, seq: int, src: Any, dst: Any) -> None:
+        """Run a planned call as this group's call `seq` with these buffers, on this thread,
+        which holds the run lock; raises the call's FastcollError (the job is not broken yet)."""
+        raise NotImplementedError
+
     def attach_gate(self, gate: Any) -> None:
         """The job's fence gate, once its mode is fixed: an engine may serve its host half."""
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from fastcoll import diagnosis, dtypes, wire
 from fastcoll.algorithms import select
+from fastcoll.config import AUTO_SPIN_US
 from fastcoll.engine import _native
 from fastcoll.engine.base import Engine, Task
 from fastcoll.engine.ops import KINDS, Op
@@ -221,12 +222,12 @@ class NativeEngine(Engine):
         native.set_failure_handler(self._queued_failed)
 
     @classmethod
-    def over(cls, config: Any, links: dict[int, list[Any]]) -> "NativeEngine":
+    def over(cls, config: Any, links: dict[int, list[Any]], local_ranks: int = 1) -> "NativeEngine":
         """Take over `links` (fastcoll.transport.tcp.establish's): their sockets and rings now
-        belong to the native engine."""
+        belong to the native engine. `local_ranks`: how many of the job's ranks share this host."""
         channels = len(next(iter(links.values())))
-        native = _native.Engine(config.rank, config.world_size, channels, config.spin_us, config.yield_us,
-                                threading.main_thread().ident)
+        native = _native.Engine(config.rank, config.world_size, channels, spin_us(config, local_ranks),
+                                config.yield_us, threading.main_thread().ident)
         kinds = [link.kind for ls in links.values() for link in ls]
         described = "tcp" if "shm" not in kinds else f"tcp, shared memory on {kinds.count('shm')} of {len(kinds)} connections"
         connections = [(p, ch, link.kind) + tcp.ends(link.sock) for p, ls in sorted(links.items())
@@ -257,6 +258,25 @@ class NativeEngine(Engine):
                             lay.send_offset, lay.recv_offset, lay.mailbox_bytes, lay.ranks, L.OK, L.ERROR,
                             L.CLOSED, host.next_seq(), host.profiled())
         host.served_by(self._n)
+
+    def plan(self, task: Task) -> Any:
+        op = task.body
+        if not _runs_natively(task) or op.kind not in _PLANNED or op.bounds is not None:
+            return None
+        args = self._arguments(task)  # (kind, algorithm, seq, sig, limit, ..., itemsize, src, dst, root, ...)
+        return _native.Plan(*args[:2], *args[3:12], op.root, self.transport.size, self.transport.rank, task.sig)
+
+    def claim(self) -> bool:
+        return self._n.claim_if_idle()
+
+    def release(self) -> None:
+        self._n.release()
+
+    def run_planned(self, plan: Any, seq: int, src: Any, dst: Any) -> None:
+        try:
+            self._n.run_planned(plan, seq, src, dst)
+        except _native.NativeError as e:
+            raise self._error(e.args, None, seq, plan.sig) from None
 
     def enqueue(self, task: Task, async_op: bool) -> Work | None:
         body = task.body
@@ -322,10 +342,13 @@ class NativeEngine(Engine):
         except BaseException as e:
             work._finish(error=e)
 
-    def _error(self, info: tuple, task: Task) -> FastcollError:
-        if _CODES[info[0]].startswith("gate_"):
+    def _error(self, info: tuple, task: Task | None, seq: int = -1, sig: str = "") -> FastcollError:
+        """The error a failed call (task's, or call seq of signature sig) raises."""
+        if task is not None and _CODES[info[0]].startswith("gate_"):
             return task.body.gate.host.native_failure(_CODES[info[0]], info[4], info[5])
-        err = error_from(info, self.transport.rank, task.seq, task.sig, self.transport.interrupted)
+        if task is not None:
+            seq, sig = task.seq, task.sig
+        err = error_from(info, self.transport.rank, seq, sig, self.transport.interrupted)
         if info[0] != CODE["broken"]:
             return err
         try:  # what the peer said before its connection broke is its error, not the broken pipe
@@ -347,6 +370,22 @@ class NativeEngine(Engine):
         return (_KIND[kind or op.kind], _ALGORITHM[op.algorithm], task.seq, task.sig.encode(), task.limit, task.rank,
                 task.size, ranks, task.piece_bytes, dtype, _REDUCE[op.reduce or "sum"], itemsize, op.src, op.dst,
                 op.root, _bounds(op.bounds), _bounds(op.recv_bounds))
+
+
+# The collectives a Plan serves (the small calls a loop repeats).
+_PLANNED = frozenset(("all_reduce", "all_gather", "broadcast"))
+
+
+def spin_us(config: Any, local_ranks: int) -> int:
+    """How long a wait spins before it yields (config.spin_us; -1: AUTO_SPIN_US, or 0 where this
+    host's ranks outnumber the CPUs this process may run on)."""
+    if config.spin_us >= 0:
+        return config.spin_us
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        cpus = os.cpu_count() or 1
+    return 0 if local_ranks > cpus else AUTO_SPIN_US
 
 
 def _runs_natively(task: Task) -> bool:

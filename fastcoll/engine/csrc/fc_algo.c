@@ -2,6 +2,7 @@
 #include "fc_algo.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "fc_reduce.h"
 
@@ -30,7 +31,14 @@ int fc_run(fc_call *c, const fc_op *op)
         return -1;
     }
     c->itemsize = op->itemsize ? op->itemsize : 1;
-    if (ALGORITHMS[op->algo]->run[op->kind](c, op))
+    fc_op local = *op;
+    if (op->kind == FC_K_ALL_GATHER && op->src && op->src_count) /* this rank's block, in place */
+        memcpy(FC_AT(op->dst, op->bounds[2 * c->rank], c->itemsize), op->src, op->src_count * c->itemsize);
+    if (op->kind == FC_K_BROADCAST && !op->dst) { /* the root only reads its buffer */
+        local.dst = (uint8_t *)op->src;
+        local.dst_count = op->src_count;
+    }
+    if (ALGORITHMS[op->algo]->run[op->kind](c, &local))
         return -1;
     int reduced = op->kind == FC_K_ALL_REDUCE || op->kind == FC_K_REDUCE_SCATTER || op->kind == FC_K_REDUCE;
     if (reduced && op->redop == FC_MEAN && op->dst)

@@ -23,7 +23,9 @@ enum fc_kind {
 /* The algorithms (fastcoll/algorithms/select.py's ALGORITHMS, in this order). */
 enum fc_algo_id { FC_A_DIRECT = 0, FC_A_DOUBLING, FC_A_RING, FC_A_PAIRWISE, FC_A_CHAIN, FC_A_COUNT };
 
-/* One collective on flat buffers; counts and bounds in elements of `itemsize` bytes. */
+/* One collective on flat buffers; counts and bounds in elements of `itemsize` bytes. An
+ * all_gather's src, if given, is this rank's block (copied into place first); a broadcast's
+ * root may give its buffer as src alone (it is only read). */
 typedef struct fc_op {
     int kind, algo, dtype, redop;
     int root; /* a rooted collective's root; a send's or a receive's peer */

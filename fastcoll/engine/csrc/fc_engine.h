@@ -141,7 +141,8 @@ int fc_chan_parse(fc_engine *e, fc_chan *c, fc_err *err);
 typedef int (*fc_step)(fc_engine *e, void *ctx, int *moved, fc_err *err);
 
 /* Repeat `step` until it is done, writing queued frames meanwhile; spin, then yield, then sleep
- * in poll() on every link while nothing moves. `awaited`: the channel step reads (or NULL).
+ * in poll() while nothing moves: on the links with frames to write and, when `awaited` (the
+ * channel step reads) is given, on every watched link too.
  * 0 done; 1 the deadline passed; -1 failed (err set: a step's error, another link's timeout
  * notice, an interrupt or a signal). */
 int fc_engine_wait(fc_engine *e, fc_step step, void *ctx, fc_chan *awaited, fc_ns deadline, fc_err *err);

@@ -108,7 +108,8 @@ static int poll_set(fc_engine *e, fc_chan *awaited, int *n, fc_chan **ready)
         if (!c->open)
             continue;
         short events = 0;
-        if (c == awaited || c->watched) {
+        if (c == awaited || (awaited && c->watched)) { /* (a flush watches its sends alone, as a
+                                                            sender thread of the Python engine does) */
             if (!fc_link_may_sleep(&c->link) || (c != awaited && header_buffered(&c->link))) {
                 *ready = c == awaited ? NULL : c;
                 return 1;

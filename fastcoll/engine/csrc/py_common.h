@@ -43,24 +43,36 @@ typedef struct {
     py_item *dead; /* finished items whose Python references wait for the GIL */
 } EngineObject;
 
-/* A collective as Python hands it over (py_args.c): its fc_op, its call's identity, and the
- * buffers it reads and writes, held until it has run. */
+/* A collective as Python hands it over (py_args.c): its fixed part (the fc_op's collective,
+ * algorithm, dtype and root; its call's sequence number, signature, group and time limit), and
+ * the buffers it reads and writes, held until it has run. */
 typedef struct py_op {
     fc_op op;
     int64_t seq;
     double limit;
     int rank, size;
     size_t piece_bytes;
-    Py_buffer sig, ranks, src, dst, bounds, recv_bounds;
-    int held; /* bit i: the i-th of sig, ranks, src, dst, bounds, recv_bounds is held */
+    uint8_t *sig; /* copies (malloc'd) */
+    size_t sig_len;
+    int32_t *ranks;
+    Py_buffer src, dst, bounds, recv_bounds;
+    int held; /* bit i: the i-th of src, dst, bounds, recv_bounds is held */
     int64_t *even[2]; /* bounds computed here (None from Python: even blocks) */
 } py_op;
 
 #define PY_OP_ARGS 17
 
-/* Parse PY_OP_ARGS arguments (kind, algorithm, seq, sig, limit, rank, size, ranks, piece_bytes,
- * dtype, reduce, itemsize, src, dst, root, bounds, recv_bounds); 0, or -1 with a Python error. */
+/* The 13 fixed arguments (kind, algorithm, seq, sig, limit, rank, size, ranks, piece_bytes,
+ * dtype, reduce, itemsize, root); 0, or -1 with a Python error. */
+int py_op_fix(py_op *o, PyObject *const *args, int job_size, int job_rank);
+/* The buffers (src, dst: a buffer or None; bounds, recv_bounds: int64 pairs, or None for even
+ * blocks), checked against the fixed part; 0, or -1 with a Python error. */
+int py_op_bind(py_op *o, PyObject *src, PyObject *dst, PyObject *bounds, PyObject *recv_bounds);
+/* All PY_OP_ARGS arguments (kind, algorithm, seq, sig, limit, rank, size, ranks, piece_bytes,
+ * dtype, reduce, itemsize, src, dst, root, bounds, recv_bounds). */
 int py_op_parse(py_op *o, PyObject *const *args, int job_size, int job_rank);
+/* Release the buffers (holds the GIL); py_op_release also frees the fixed part. */
+void py_op_unbind(py_op *o);
 void py_op_release(py_op *o);
 /* The fc_call that runs `o` on `e` (its deadline `limit` from now). */
 void py_op_call(py_op *o, fc_engine *e, fc_call *c, fc_err *err);
@@ -74,6 +86,10 @@ PyObject *py_raise(const fc_err *err);
 extern PyObject *py_native_error;
 extern PyTypeObject py_engine_type;
 extern PyTypeObject py_completion_type;
+extern PyTypeObject py_plan_type;
+
+/* py_plan.c: a Plan fixes a call's fixed part once, for calls that repeat with new buffers. */
+PyObject *py_run_planned(EngineObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 /* py_items.c */
 PyObject *py_completion_new(fc_done *d);

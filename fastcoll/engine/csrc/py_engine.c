@@ -148,6 +148,11 @@ static PyObject *run(EngineObject *self, PyObject *const *args, Py_ssize_t nargs
     Py_RETURN_NONE;
 }
 
+static PyObject *run_planned(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return usable(self) ? py_run_planned(self, args, nargs) : NULL;
+}
+
 static PyObject *submit(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     return usable(self) ? py_submit_op(self, args, nargs) : NULL;
@@ -506,6 +511,7 @@ static PyMethodDef engine_methods[] = {
     {"claim_if_idle", (PyCFunction)claim_if_idle, METH_NOARGS, "True: run the next call on this thread"},
     {"release", (PyCFunction)release, METH_NOARGS, "give back the run lock claim_if_idle took"},
     {"run", FASTCALL(run), METH_FASTCALL, "run a collective on this thread (17 arguments, see py_common.h)"},
+    {"run_planned", FASTCALL(run_planned), METH_FASTCALL, "run_planned(plan, seq, src, dst): a planned call, here"},
     {"submit", FASTCALL(submit), METH_FASTCALL, "queue a collective (17 arguments, task, work): a Completion"},
     {"submit_call", (PyCFunction)submit_call, METH_O, "queue a Python function behind the queued calls"},
     {"send", (PyCFunction)send, METH_VARARGS, "send(peer, kind, seq, sig, chunk, payload)"},
