@@ -416,12 +416,38 @@ def cmd_worker(args) -> None:
             res[f"{key}_pipelined"] = tokens(lambda v: _chain(v, lambda w: fastcoll.all_reduce(w, op="mean")),
                                              args.tokens, dtype, row, True)
         print(f"rank {rank} {key}: {res[f'{key}_serial']['ms_per_token']['median']:.2f} ms per token", flush=True)
+    if args.exact:
+        res["exact"] = exact_gates(args.exact, rank, g.size())
+        print(f"rank {rank} exact: {res['exact']}", flush=True)
     fastcoll.check()
     if gated and g._job.gate.profile() is not None:
         res["profile"] = g._job.gate.profile().summary()
     fastcoll.finalize()
     if rank == 0:
         dump(Path(args.out), args.tag, res)
+
+
+def exact_gates(count: int, rank: int, size: int) -> dict:
+    """`count` gated all-reduces (sum of 1024 float32), 64 to a token, each result compared with
+    the exact sum: how many came out wrong, and the error a missed release would raise."""
+    import mlx.core as mx
+    import numpy as np
+
+    import fastcoll
+
+    wrong, error = 0, None
+    try:
+        for t in range(count // 64):
+            ys = [fastcoll.all_reduce(mx.full((1024,), float(rank + 1 + (t * 64 + j) % 7), dtype=mx.float32))
+                  for j in range(64)]
+            mx.eval(*ys)
+            for j, y in enumerate(ys):
+                want = sum(p + 1 + (t * 64 + j) % 7 for p in range(size))
+                wrong += not bool(np.all(np.array(y) == want))
+        fastcoll.check()
+    except fastcoll.FastcollError as e:
+        error = f"{type(e).__name__}: {e}"
+    return {"gates": count // 64 * 64, "wrong": wrong, "error": error}
 
 
 def cmd_ranks(args) -> None:
@@ -442,7 +468,8 @@ def cmd_ranks(args) -> None:
                 env["CUDA_VISIBLE_DEVICES"] = gpus[r % len(gpus)]
             name = f"{args.tag_prefix}{tag}"
             profile = tag == "gate_profile"
-            cmd = [sys.executable, __file__, "worker", "--out", args.out, "--tag", name,
+            exact = ["--exact", str(args.exact)] if tag == "gatehost" and args.exact else []
+            cmd = [sys.executable, __file__, "worker", "--out", args.out, "--tag", name, *exact,
                    "--ops", str(100 if profile else args.ops), "--tokens", str(10 if profile else args.tokens),
                    "--rows", f"{ROW}:bfloat16" if profile else args.rows]
             log = open(f"/tmp/gate_bench_{name}_{r}.log", "w")
@@ -699,6 +726,7 @@ def main() -> None:
                    help="elements:dtype of each row to measure, comma-separated")
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--tag-prefix", default="gate_ranks_")
+    p.add_argument("--exact", type=int, default=0, help="gates whose results the host-mode run checks")
     p.add_argument("--out", default=str(OUT))
     p = sub.add_parser("worker")
     p.add_argument("--out", required=True)
@@ -706,6 +734,7 @@ def main() -> None:
     p.add_argument("--ops", type=int, default=300)
     p.add_argument("--tokens", type=int, default=30)
     p.add_argument("--rows", default=f"{ROW}:bfloat16")
+    p.add_argument("--exact", type=int, default=0)
     p = sub.add_parser("kill")
     p.add_argument("--timeout", type=float, default=20)
     p.add_argument("--out", default=str(OUT))

@@ -7,10 +7,13 @@ crosses a veth pair and a bridge, not loopback. Root and Linux only.
     python bench/multihost.py bench [--systems ...] [--sizes ...] [--links unshaped,1gbit]
     python bench/multihost.py outage [--seconds 1,2,3,5,8]
 
-`bench`: all_reduce of float32, 2 hosts, one rank each, at each link setting: `unshaped` (the
-veth's own speed) and `1gbit` (a tbf qdisc, rate 1gbit, on every host's data device). Systems:
+`bench`: all_reduce of float32, `--hosts` hosts (2 or 4), one rank each, at each link setting:
+`unshaped` (the veth's own speed) and `1gbit` (a tbf qdisc, rate 1gbit, on every host's data
+device). Systems:
 
-    fastcoll-tcp, fastcoll-zmq  fastcoll-launch --hostfile (ips = the data addresses)
+    fastcoll-tcp, fastcoll-zmq  fastcoll-launch --hostfile (ips = the data addresses); the
+                                native engine over TCP, pyzmq's over ZeroMQ; fastcoll-tcp/py:
+                                the pure-Python engine (FASTCOLL_NATIVE=0)
     mlx-ring                    mlx.launch --backend ring --hostfile (MLX JSON, same ips)
     gloo                        torch.distributed, started by fastcoll-launch (it only starts
                                 processes: RANK from FASTCOLL_RANK, MASTER_ADDR the first host's
@@ -76,8 +79,8 @@ class Bench:
                            f'{shlex.quote(str(bed.ssh_config))} "$@"\n')
         wrapper.chmod(0o755)
         self.path = f"{bindir}:{os.path.dirname(PYTHON)}:{os.environ.get('PATH', '')}"
-        self.hosts = [bed.host(1), bed.host(2)]
-        self.hostfile = bed.hostfile((1, 2), fmt="mpirun")
+        self.hosts = [bed.host(i) for i in range(1, args.hosts + 1)]
+        self.hostfile = bed.hostfile(tuple(range(1, args.hosts + 1)), fmt="mpirun")
         mlx_hosts = [{"ssh": h.name, "ips": [h.data[0]]} for h in self.hosts]
         self.mlx_hostfile = self.root / "mlx_hosts.json"
         self.mlx_hostfile.write_text(json.dumps(mlx_hosts))
@@ -96,9 +99,10 @@ class Bench:
                   "--hostfile", self.hostfile, "--env", f"PYTHONPATH={pythonpath}",
                   "--grace", "1", "--timeout", str(self.args.job_timeout)]
         if system.startswith("fastcoll-"):
-            transport = system.split("-", 1)[1]
-            return [*launch, "--env", f"FASTCOLL_TRANSPORT={transport}", "--env",
-                    "FASTCOLL_TIMEOUT=120", PYTHON, str(workers / "fastcoll_worker.py"),
+            transport, _, variant = system.split("-", 1)[1].partition("/")
+            native = "0" if variant == "py" else "1"
+            return [*launch, "--env", f"FASTCOLL_TRANSPORT={transport}", "--env", f"FASTCOLL_NATIVE={native}",
+                    "--env", "FASTCOLL_TIMEOUT=120", PYTHON, str(workers / "fastcoll_worker.py"),
                     *self.worker_args()]
         if system == "gloo":
             self.port += 1
@@ -117,7 +121,7 @@ class Bench:
         if system == "mpi":
             mpiexec = os.path.join(os.path.dirname(PYTHON), "mpiexec")
             return [mpiexec, "-launcher", "ssh", "-hosts",
-                    ",".join(h.name for h in self.hosts), "-n", "2", "-ppn", "1",
+                    ",".join(h.name for h in self.hosts), "-n", str(len(self.hosts)), "-ppn", "1",
                     "-localhost", netns.CTL_ADDR,
                     "-genv", "PYTHONPATH", pythonpath, "-genv", "MPIR_CVAR_CH4_NETMOD", "ofi",
                     "-genv", "FI_PROVIDER", "tcp", "-genv", "FI_TCP_IFACE", "d0",
@@ -158,8 +162,8 @@ def _which(tool: str) -> str:
 
 
 def bench(args: argparse.Namespace) -> int:
-    bed = netns.TestBed(hosts=2, data_links=1).build()
-    results: dict = {"machine": _machine(), "command": " ".join(sys.argv), "sizes": args.sizes,
+    bed = netns.TestBed(hosts=args.hosts, data_links=1).build()
+    results: dict = {"machine": _machine(), "command": " ".join(sys.argv), "sizes": args.sizes, "hosts": args.hosts,
                      "versions": _versions(), "load_start": os.getloadavg(),
                      "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "links": {}}
     try:
@@ -212,10 +216,11 @@ def report(results: dict) -> str:
              f"{', '.join(load_end)}  ",
              "Versions: " + ", ".join(f"{k} {v}" for k, v in results.get("versions", {}).items()),
              ""]
+    hosts = results.get("hosts", 2)
     for link, by_system in results["links"].items():
         systems = list(by_system)
-        lines.append(f"**all_reduce, 2 hosts, link {link}**: median time (bus bandwidth, "
-                     "GB/s)")
+        lines.append(f"**all_reduce, {hosts} hosts, link {link}**: median time (bus bandwidth, "
+                     "GB/s); fastcoll's time against MPICH's in brackets after it")
         lines.append("")
         lines.append("| size | " + " | ".join(systems) + " |")
         lines.append("| --- |" + " --- |" * len(systems))
@@ -228,7 +233,11 @@ def report(results: dict) -> str:
                     continue
                 t = p["median_s"]
                 shown = f"{t * 1e6:.0f} us" if t < 1e-3 else f"{t * 1e3:.2f} ms"
-                cells.append(f"{shown} ({busbw('all_reduce', 2, n, t) / 1e9:.3f})")
+                cell = f"{shown} ({busbw('all_reduce', hosts, n, t) / 1e9:.3f})"
+                mpi = by_system.get("mpi", {}).get("points", {}).get(str(n))
+                if s.startswith("fastcoll") and mpi:
+                    cell += f" [{t / mpi['median_s']:.2f}x MPICH]"
+                cells.append(cell)
             lines.append(f"| {_size(n)} | " + " | ".join(cells) + " |")
         lines.append("")
         for s in systems:
@@ -327,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="what", required=True)
     b = sub.add_parser("bench", help="fastcoll beside its peers across 2 simulated hosts")
     b.add_argument("--systems", default=",".join(SYSTEMS))
+    b.add_argument("--hosts", type=int, default=2, choices=(2, 4), help="hosts, one rank each")
     b.add_argument("--sizes", default=",".join(map(str, SIZES)))
     b.add_argument("--links", default="unshaped,1gbit",
                    help="unshaped, or a tbf rate (1gbit, 100mbit, ...)")

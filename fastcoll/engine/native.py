@@ -378,14 +378,11 @@ _PLANNED = frozenset(("all_reduce", "all_gather", "broadcast"))
 
 def spin_us(config: Any, local_ranks: int) -> int:
     """How long a wait spins before it yields (config.spin_us; -1: AUTO_SPIN_US, or 0 where this
-    host's ranks outnumber the CPUs this process may run on)."""
+    host's ranks outnumber its CPUs). The machine's CPUs, not this process's: a rank bound to one
+    core (fastcoll-launch --bind-to cores) still has its peers on cores of their own."""
     if config.spin_us >= 0:
         return config.spin_us
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        cpus = os.cpu_count() or 1
-    return 0 if local_ranks > cpus else AUTO_SPIN_US
+    return 0 if local_ranks > (os.cpu_count() or 1) else AUTO_SPIN_US
 
 
 def _runs_natively(task: Task) -> bool:

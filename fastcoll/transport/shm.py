@@ -37,7 +37,7 @@ from fastcoll.transport.stream import DONTWAIT, recv_message, remaining, send_me
 
 log = logging.getLogger("fastcoll.transport")
 
-RING_BYTES = 1 << 20  # per direction and connection; a larger message streams through
+RING_BYTES = 2 << 20  # per direction and connection; a larger message streams through
 _LINE = 128  # Apple silicon's cache line: each counter on its own
 _HEAD, _TAIL, _ASLEEP = 0, _LINE // 8, 2 * _LINE // 8  # word indices in a ring's control block
 _CONTROL = 3 * _LINE

@@ -12,6 +12,7 @@ void fc_ring_init(fc_ring *r, uint8_t *mem, size_t cap, int writer)
     r->tail = words + LINE_WORDS;
     r->asleep = words + 2 * LINE_WORDS;
     r->waiting = words + 2 * LINE_WORDS + 1;
+    r->cpu = words + 2 * LINE_WORDS + 2;
     r->data = mem + FC_RING_CONTROL;
     r->cap = cap;
     r->mine = atomic_load_explicit(writer ? r->head : r->tail, memory_order_relaxed);
@@ -108,4 +109,15 @@ int fc_ring_sleep(fc_ring *r)
     atomic_store_explicit(r->asleep, 1, memory_order_relaxed);
     atomic_thread_fence(memory_order_seq_cst);
     return fc_ring_avail(r) == 0;
+}
+
+void fc_ring_say_cpu(fc_ring *r, int cpu)
+{
+    if (atomic_load_explicit(r->cpu, memory_order_relaxed) != cpu + 1)
+        atomic_store_explicit(r->cpu, cpu + 1, memory_order_relaxed);
+}
+
+int fc_ring_writer_cpu(fc_ring *r)
+{
+    return (int)atomic_load_explicit(r->cpu, memory_order_relaxed) - 1;
 }

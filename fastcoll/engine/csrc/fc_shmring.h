@@ -23,6 +23,7 @@ typedef struct fc_ring {
     _Atomic int64_t *tail;
     _Atomic int64_t *asleep;  /* the reader sleeps until woken */
     _Atomic int64_t *waiting; /* the writer sleeps until there is room */
+    _Atomic int64_t *cpu;     /* the CPU the writer last ran on (+1; 0: unknown) */
     uint8_t *data;
     size_t cap;
     int64_t mine; /* the writer's head, or the reader's tail */
@@ -49,5 +50,8 @@ void fc_ring_peek(fc_ring *r, void *dst, size_t n, size_t offset);
 size_t fc_ring_get(fc_ring *r, void *dst, size_t n, int *wake);
 /* Reader: about to sleep: 1 if the ring is still empty (sleep), 0 if data came. */
 int fc_ring_sleep(fc_ring *r);
+/* Writer: say which CPU this side runs on (-1: unknown). Reader: the writer's, or -1. */
+void fc_ring_say_cpu(fc_ring *r, int cpu);
+int fc_ring_writer_cpu(fc_ring *r);
 
 #endif

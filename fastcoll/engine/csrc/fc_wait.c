@@ -7,10 +7,47 @@
  * link, as the pure-Python transport does: a peer's timeout notice on another link ends the wait
  * at once, a header that runs ahead there is held for its turn, a loss is noted for later.
  */
+#if defined(__linux__) && !defined(_GNU_SOURCE)
+#define _GNU_SOURCE 1 /* sched_getcpu */
+#endif
 #include "fc_engine.h"
 
 #include <errno.h>
 #include <sched.h>
+
+/* The CPU this thread runs on now, or -1 where that cannot be asked (the portable path). */
+static int this_cpu(void)
+{
+#if defined(__linux__) && !defined(FC_PORTABLE)
+    return sched_getcpu();
+#else
+    return -1;
+#endif
+}
+
+/* A peer that waits on a shared-memory link asks which CPU the other side runs on: say it on
+ * every shared-memory link this rank writes to. */
+static int say_cpu(fc_engine *e)
+{
+    int cpu = this_cpu();
+    for (int i = 0; cpu >= 0 && i < e->size * e->channels; i++)
+        if (e->chans[i].open && e->chans[i].link.shm)
+            fc_ring_say_cpu(&e->chans[i].link.tx, cpu);
+    return cpu;
+}
+
+/* Whether the peer this wait is for last ran on this rank's own CPU: spinning would keep it from
+ * running, so the wait yields at once (two ranks that the scheduler put on one core, a third
+ * program busy on the other, spun 200 us each way per exchange: bench/NOTES.md, entry 49). */
+static int peer_here(fc_engine *e, fc_chan *awaited, int cpu)
+{
+    if (cpu < 0)
+        return 0;
+    for (int i = 0; !awaited && i < e->size * e->channels; i++)
+        if (e->chans[i].open && e->chans[i].link.out_count)
+            awaited = &e->chans[i]; /* a flush waits for the peer that must take its frames */
+    return awaited && awaited->link.shm && fc_ring_writer_cpu(&awaited->link.rx) == cpu;
+}
 
 static inline void relax(void)
 {
@@ -181,6 +218,9 @@ static int block(fc_engine *e, fc_chan *awaited, fc_ns deadline, fc_ns *checked,
 int fc_engine_wait(fc_engine *e, fc_step step, void *ctx, fc_chan *awaited, fc_ns deadline, fc_err *err)
 {
     fc_ns idle_since = fc_now(), checked = idle_since;
+    int cpu = say_cpu(e);
+    fc_ns spin = e->spin_ns;
+    int looked = 0; /* whether the peer's CPU was looked at since this wait began to idle */
     for (;;) {
         int moved = fc_engine_push_all(e);
         int r = step(e, ctx, &moved, err);
@@ -193,14 +233,19 @@ int fc_engine_wait(fc_engine *e, fc_step step, void *ctx, fc_chan *awaited, fc_n
         fc_ns now = fc_now();
         if (moved) {
             idle_since = now;
+            looked = 0;
             continue;
         }
         if (now >= deadline)
             return 1;
         fc_ns idle = now - idle_since;
-        if (idle < e->spin_ns) {
+        if (!looked) {
+            looked = 1;
+            spin = peer_here(e, awaited, cpu) ? 0 : e->spin_ns;
+        }
+        if (idle < spin) {
             relax();
-        } else if (idle < e->spin_ns + e->yield_ns) {
+        } else if (idle < spin + e->yield_ns) {
             sched_yield();
         } else if (block(e, awaited, deadline, &checked, err) < 0) {
             return -1;
