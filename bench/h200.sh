@@ -2,13 +2,14 @@
 # The fence gate's runs on one NVIDIA H200 (docs/gate.md): starts CUDA MPS so that two ranks can
 # share the GPU, then runs the parts named, each bounded, writing JSON into OUT.
 #
-#   bash bench/h200.sh OUT tests where profile ranks decode kill pyspy
+#   bash bench/h200.sh OUT build tests where profile ranks decode kill pyspy
 #
 # On the lent GPU machine, after `bash .device/b/install.sh` (see docs/gate.md) and with
 # PYTHONPATH=/tmp/site:$PWD. `before ROOT` runs the previous version's benchmark from ROOT; `pyspy`
 # samples decode with py-spy --native (PYSPY names its binary). DECODE_RUNS and DECODE_TOKENS choose
 # decode_bench's runs and tokens, DECODE_FAST_CPUS its --fast-cpus, DECODE_FAST_MAIN=1 its --fast-main; RANKS_ROWS the ranks part's rows. `cpumap` maps how fast each CPU
-# runs Python now (bench/micro/cpu_map.py).
+# runs Python now (bench/micro/cpu_map.py). `build` builds the native engine in place;
+# RANKS_EXACT=N makes the ranks part check N host-mode gates one by one.
 set -u
 out=$1
 shift
@@ -29,12 +30,14 @@ run() {  # run SECONDS COMMAND...: the command, killed past SECONDS, its output 
 }
 while [ $# -gt 0 ]; do
   case $1 in
+    build) run 200 env FASTCOLL_BUILD_STRICT=1 python3 setup.py -q build_ext --inplace --force
+      run 30 python3 -c "import fastcoll.engine._native as n; print('native engine built:', n.__file__)" ;;
     tests) mps off; run 200 python3 -m pytest -q -x tests/test_gate_gpu.py tests/test_gate_host.py \
-      tests/test_gate_kernels.py tests/test_gate_direct.py ;;
+      tests/test_gate_kernels.py tests/test_gate_direct.py tests/test_gate_ranks.py ;;
     profile) mps off; run 300 python3 bench/gate_bench.py profile --out "$out" ;;
     kill) mps on; run 200 python3 bench/gate_bench.py kill --out "$out" ;;
     ranks) mps on; run 400 python3 bench/gate_bench.py ranks --world 2 --gpus 0,0 --tokens 20 --out "$out" \
-      ${RANKS_ROWS:+--rows "$RANKS_ROWS"} ;;
+      ${RANKS_ROWS:+--rows "$RANKS_ROWS"} ${RANKS_EXACT:+--exact "$RANKS_EXACT"} ;;
     where) mps off; run 200 python3 bench/gate_where.py gate --out "$out" ;;
     cpumap) python3 bench/micro/cpu_map.py 2>&1 | tee -a "$out/log.txt" ;;
     decode) mps on; run 500 env DECODE_HOST_TIMES=1 DECODE_HOST_COSTS=1 DECODE_THREADS=1 python3 bench/decode_bench.py \
