@@ -67,16 +67,12 @@ def _gated_all_reduce(g: Group, gate: Any, x: Any, op: str, async_op: bool, time
     # (g._gate_for asked gate.accepts already: the gate's launch does not ask again)
     if gate.direct:  # the GPUs gather among themselves: nothing for the host to do per gate
         return done(gate.launch(x, op), async_op)
-    sig = _sig("all_reduce", op, arrays.mx_name(x.dtype), tuple(x.shape))
-    config = g.config
-
-    def submit(serve: Any) -> Any:
-        # The host only moves bytes: every rank's x into the receive mailbox, in rank order; the
-        # GPU reduces them (fastcoll/gate/kernels.py).
-        gathered = serve.gathered()
-        algorithm = select.algorithm("all_gather", gathered.nbytes, g.size(), config)
-        return g._run(sig, Op("gate", algorithm, dst=gathered, gate=serve), timeout, async_op=True)
-
+    # The host only moves bytes (every rank's x into the receive mailbox, in rank order); the
+    # GPU reduces them (fastcoll/gate/kernels.py).
+    key = (x.shape, x.dtype, op)
+    submit = g._gate_submits.get(key) if timeout is None else None
+    if submit is None:
+        submit = g._gate_submitter(key, _sig("all_reduce", op, arrays.mx_name(x.dtype), tuple(x.shape)), timeout)
     return done(gate.launch(x, op, None, submit), async_op)
 
 

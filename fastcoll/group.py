@@ -150,6 +150,7 @@ class Group:
         self._closed = False
         self._threads: dict[str, threading.Thread] = {}  # name -> the thread that calls under it
         self._plans: dict[tuple, Any] = {}  # a repeated call's key -> its engine's plan
+        self._gate_submits: dict[tuple, Callable[[Any], Any]] = {}  # a gated call's key -> _gate_submitter's
 
     def rank(self) -> int:
         """This process's rank, 0 <= rank < size."""
@@ -371,6 +372,53 @@ class Group:
         finally:
             engine.release()
         return result
+
+    def _gate_submitter(self, key: tuple, sig: str, timeout: float | None) -> Callable[[Any], Any]:
+        """How a host-mode gated all_reduce of `key` queues its host half (a Serve, whose exchange
+        gathers every rank's bytes of it): planned where the engine can prepare the exchange once
+        (a decode step repeats a few keys), else through `_run` like any call."""
+        submit = self._gate_submits.get(key) if timeout is None else None
+        if submit is not None:
+            return submit
+        run = functools.partial(self._run_gate, sig, timeout)
+        if timeout is not None or self._job.tracer is not None or len(self._gate_submits) >= _PLANS_MAX:
+            return run
+
+        def first(serve: Any) -> Any:  # the plan needs a gate's size: made at the first call
+            self._gate_submits[key] = self._planned_gate(sig, serve) or run
+            return self._gate_submits[key](serve)
+
+        self._gate_submits[key] = first
+        return first
+
+    def _run_gate(self, sig: str, timeout: float | None, serve: Any) -> Any:
+        """Queue serve's host half as this group's next call, the general way."""
+        gathered = serve.gathered()
+        algorithm = select.algorithm("all_gather", gathered.nbytes, self.config.world_size, self.config)
+        return self._run(sig, Op("gate", algorithm, dst=gathered, gate=serve), timeout, async_op=True)
+
+    def _planned_gate(self, sig: str, serve: Any) -> Callable[[Any], Any] | None:
+        """A submit for gates of serve's kind that skips `_run`'s per-call work, from the main
+        thread (another thread's calls tag their signature); None where the engine plans none."""
+        job, config = self._job, self.config
+        algorithm = select.algorithm("all_gather", serve.gathered().nbytes, config.world_size, config)
+        task = Task(0, sig, config.timeout, config.rank, config.world_size, self._ranks,
+                    Op("gate", algorithm, gate=serve), self._recorded,
+                    functools.partial(self._failed, sig, config.timeout, True), config.piece_bytes)
+        plan = job.engine.plan(task)
+        if plan is None:
+            return None
+        engine, lock, general = job.engine, job.lock, functools.partial(self._run_gate, sig, None)
+
+        def submit(serve: Any) -> Any:
+            if _get_ident() != _MAIN_IDENT:
+                return general(serve)
+            with lock:  # (the call's _begin checked the group)
+                seq = self._seq
+                self._seq += 1
+                return engine.submit_gate(plan, seq, serve, task)
+
+        return submit
 
     @staticmethod
     def _no_fail(e: BaseException, started: float) -> None:

@@ -80,6 +80,12 @@ class Engine(abc.ABC):
         which holds the run lock; raises the call's FastcollError (the job is not broken yet)."""
         raise NotImplementedError
 
+    def submit_gate(self, plan: Any, seq: int, serve: Any, task: Task) -> Work:
+        """Queue a gate's host half (`serve`: fastcoll/gate/host.py's Serve) as this group's call
+        `seq`, its exchange prepared by `plan(task)` (the caller holds the order lock). `task`
+        is the template of such calls (any seq): only a failure needs it."""
+        raise NotImplementedError
+
     def attach_gate(self, gate: Any) -> None:
         """The job's fence gate, once its mode is fixed: an engine may serve its host half."""
 

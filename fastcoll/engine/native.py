@@ -15,6 +15,7 @@ interface the pure-Python algorithms use, whose waits are native too.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -261,9 +262,12 @@ class NativeEngine(Engine):
 
     def plan(self, task: Task) -> Any:
         op = task.body
-        if not _runs_natively(task) or op.kind not in _PLANNED or op.bounds is not None:
+        kind = None
+        if type(op) is Op and op.kind == "gate" and op.gate.host.is_served_by(self._n) and task.tracer is None:
+            kind = "all_gather"  # the gate's exchange: every rank's bytes into the receive mailbox
+        elif not _runs_natively(task) or op.kind not in _PLANNED or op.bounds is not None:
             return None
-        args = self._arguments(task)  # (kind, algorithm, seq, sig, limit, ..., itemsize, src, dst, root, ...)
+        args = self._arguments(task, kind)  # (kind, algorithm, seq, sig, limit, ..., itemsize, src, dst, root, ...)
         return _native.Plan(*args[:2], *args[3:12], op.root, self.transport.size, self.transport.rank, task.sig)
 
     def claim(self) -> bool:
@@ -277,6 +281,12 @@ class NativeEngine(Engine):
             self._n.run_planned(plan, seq, src, dst)
         except _native.NativeError as e:
             raise self._error(e.args, None, seq, plan.sig) from None
+
+    def submit_gate(self, plan: Any, seq: int, serve: Any, task: Task) -> Work:
+        work = NativeWork(None)
+        work.completion = self._n.gate_submit_planned(plan, seq, serve.ticket.seq, serve.ticket.nbytes,
+                                                      (task, seq), work)
+        return work
 
     def enqueue(self, task: Task, async_op: bool) -> Work | None:
         body = task.body
@@ -333,7 +343,9 @@ class NativeEngine(Engine):
     def _queued_failed(self, task: Task, work: Work, info: tuple | None, waited: float) -> None:
         """From the service thread (with the GIL): a queued call failed (info), or the job had
         failed before its turn (None). Break the job as a failure on the caller's thread would,
-        and hand the caller's Work the error."""
+        and hand the caller's Work the error. A planned gate names its task as (template, seq)."""
+        if type(task) is tuple:
+            task = dataclasses.replace(task[0], seq=task[1])
         try:
             err = task.broken()
             if info is None or err is not None:

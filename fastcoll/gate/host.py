@@ -47,7 +47,7 @@ class GateClosedError(FastcollError):
     """The gate was closed (finalize) before this gate was served."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Ticket:
     """What the service thread needs to serve one gate."""
 
@@ -66,7 +66,7 @@ class NativeServer(Protocol):
     def gate_timings(self) -> list[tuple]: ...
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Serve:
     """One gate's host half as the core queues it: `serve()` runs it on the thread that runs the
     core's calls; `exchange` (None: the core's own, which it passes to serve) gathers the bytes."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 
 import mlx.core as mx
@@ -36,9 +37,25 @@ print("ENGINE", g.transport_info(), flush=True)
 KINDS = [(mx.float32, "float32"), (mx.float16, "float16"), (mx.bfloat16, "bfloat16")]
 
 
-def gated(x: mx.array, op: str) -> np.ndarray:
-    """A gated all_reduce's bytes, as the simulated device leaves them, in the host dtype."""
-    result = fastcoll.all_reduce(x, op=op)
+def gated(x: mx.array, op: str, i: int = 0) -> np.ndarray:
+    """A gated all_reduce's bytes, as the simulated device leaves them, in the host dtype. Most
+    calls take the planned submit; every tenth passes a timeout and one runs on another thread,
+    which take the general one, in the same sequence of calls."""
+    if i % 10 == 3:
+        result = fastcoll.all_reduce(x, op=op, timeout=30)
+    elif i == 100:
+        box = []
+        mx.eval(x)  # (MLX's streams belong to the thread that made them)
+
+        def call() -> None:
+            box.append(fastcoll.all_reduce(x, op=op))
+
+        side = threading.Thread(target=call, name="side")
+        side.start()
+        side.join()
+        result = box[0]
+    else:
+        result = fastcoll.all_reduce(x, op=op)
     return result.wait(20).value(dtypes.host_dtype(x.dtype.__str__().rsplit(".", 1)[-1]))
 
 
@@ -64,7 +81,7 @@ def many() -> int:
         size = (64, 256, 1024)[i % 3]
         values = (np.arange(size, dtype=np.float32) % 7) + i % 3
         x = mx.array(values * (r + 1)).astype(mx_dtype)
-        got = gated(x, op)
+        got = gated(x, op, i)
         want = expected(values, name, op)
         assert got.tobytes() == want.tobytes(), (i, name, op, size, got[:4], want[:4])
         count += 1

@@ -193,6 +193,17 @@ int py_op_bind(py_op *o, PyObject *src, PyObject *dst, PyObject *bounds, PyObjec
     return check_kind(o, bounds, recv_bounds);
 }
 
+int py_op_bind_into(py_op *o, uint8_t *dst, size_t nbytes)
+{
+    if (nbytes % o->op.itemsize)
+        return fail("a buffer's length is not a whole number of items");
+    o->op.src = NULL;
+    o->op.src_count = 0;
+    o->op.dst = dst;
+    o->op.dst_count = nbytes / o->op.itemsize;
+    return check_kind(o, Py_None, Py_None);
+}
+
 int py_op_parse(py_op *o, PyObject *const *a, int job_size, int job_rank)
 {
     PyObject *fixed[13] = {a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[14]};

@@ -70,6 +70,9 @@ int py_op_fix(py_op *o, PyObject *const *args, int job_size, int job_rank);
 int py_op_bind(py_op *o, PyObject *src, PyObject *dst, PyObject *bounds, PyObject *recv_bounds);
 /* All PY_OP_ARGS arguments (kind, algorithm, seq, sig, limit, rank, size, ranks, piece_bytes,
  * dtype, reduce, itemsize, src, dst, root, bounds, recv_bounds). */
+/* Bind the engine's own memory (a gate's receive mailbox) as the destination, no source, even
+ * bounds; 0, or -1 with a Python error. */
+int py_op_bind_into(py_op *o, uint8_t *dst, size_t nbytes);
 int py_op_parse(py_op *o, PyObject *const *args, int job_size, int job_rank);
 /* Release the buffers (holds the GIL); py_op_release also frees the fixed part. */
 void py_op_unbind(py_op *o);
@@ -90,12 +93,15 @@ extern PyTypeObject py_plan_type;
 
 /* py_plan.c: a Plan fixes a call's fixed part once, for calls that repeat with new buffers. */
 PyObject *py_run_planned(EngineObject *self, PyObject *const *args, Py_ssize_t nargs);
+/* The plan's fixed part (borrowed: valid while the plan lives), or NULL with a Python error. */
+const py_op *py_plan_fixed(PyObject *plan, const fc_engine *e);
 
 /* py_items.c */
 PyObject *py_completion_new(fc_done *d);
 PyObject *py_submit_op(EngineObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *py_submit_call(EngineObject *self, PyObject *fn);
 PyObject *py_submit_gate(EngineObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *py_submit_planned_gate(EngineObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 /* Release the Python references of finished items (holds the GIL). */
 void py_reap(EngineObject *self);

@@ -503,6 +503,11 @@ static PyObject *gate_submit(EngineObject *self, PyObject *const *args, Py_ssize
     return gated(self) ? py_submit_gate(self, args, nargs) : NULL;
 }
 
+static PyObject *gate_submit_planned(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return gated(self) ? py_submit_planned_gate(self, args, nargs) : NULL;
+}
+
 #define FASTCALL(f) (PyCFunction)(void (*)(void))(f)
 
 static PyMethodDef engine_methods[] = {
@@ -529,6 +534,8 @@ static PyMethodDef engine_methods[] = {
     {"gate_outstanding", (PyCFunction)gate_outstanding, METH_NOARGS, "gates queued and not yet served"},
     {"gate_timings", (PyCFunction)gate_timings, METH_NOARGS, "the profile's new records"},
     {"gate_submit", FASTCALL(gate_submit), METH_FASTCALL, "queue a gate (seq, nbytes, 17 arguments, task, work)"},
+    {"gate_submit_planned", FASTCALL(gate_submit_planned), METH_FASTCALL,
+     "queue a gate (plan, call_seq, gate_seq, nbytes, task, work): the exchange planned"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -14,6 +14,7 @@ struct py_item {
     EngineObject *owner;
     int type;
     int has_op;
+    int borrowed; /* op's signature and ranks are a Plan's (held in fn), not its own */
     py_op op;
     uint32_t gate_seq;
     size_t gate_nbytes;
@@ -109,6 +110,20 @@ PyTypeObject py_completion_type = {
 
 /* ----- the graveyard ----- */
 
+/* Free an item that holds no GIL-free state any more (holds the GIL). */
+static void free_item(py_item *it)
+{
+    if (it->has_op && it->borrowed)
+        py_op_unbind(&it->op);
+    else if (it->has_op)
+        py_op_release(&it->op);
+    Py_XDECREF(it->fn);
+    Py_XDECREF(it->task);
+    Py_XDECREF(it->work);
+    fc_done_unref(it->done);
+    free(it);
+}
+
 static void bury(py_item *it)
 {
     EngineObject *o = it->owner;
@@ -126,13 +141,7 @@ void py_reap(EngineObject *self)
     pthread_mutex_unlock(&self->dead_lock);
     while (it) {
         py_item *next = it->dead_next;
-        if (it->has_op)
-            py_op_release(&it->op);
-        Py_XDECREF(it->fn);
-        Py_XDECREF(it->task);
-        Py_XDECREF(it->work);
-        fc_done_unref(it->done);
-        free(it);
+        free_item(it);
         it = next;
     }
 }
@@ -238,13 +247,7 @@ static PyObject *queue(EngineObject *self, py_item *it)
 {
     PyObject *completion = py_completion_new(it->done);
     if (!completion) {
-        if (it->has_op)
-            py_op_release(&it->op);
-        Py_XDECREF(it->fn);
-        Py_XDECREF(it->task);
-        Py_XDECREF(it->work);
-        fc_done_unref(it->done);
-        free(it);
+        free_item(it);
         return NULL;
     }
     fc_service_submit(&self->service, &it->base, 0);
@@ -277,6 +280,25 @@ PyObject *py_submit_op(EngineObject *self, PyObject *const *args, Py_ssize_t nar
     return it ? queue(self, it) : NULL;
 }
 
+/* Check a gate item's exchange (it must gather nbytes from every rank into the receive mailbox)
+ * and queue it; frees it and raises on a bad one. */
+static PyObject *queue_gate(EngineObject *self, py_item *it, unsigned long seq, Py_ssize_t nbytes)
+{
+    fc_gate *g = &self->gate;
+    uint8_t *recv = (uint8_t *)self->page.buf + g->l.recv_offset;
+    if (seq > 0xffffffffUL || nbytes < 0 || (size_t)nbytes > g->l.mailbox_bytes || it->op.op.kind != FC_K_ALL_GATHER ||
+        it->op.op.itemsize != 1 || it->op.op.dst != recv || it->op.op.dst_count != (size_t)g->l.ranks * (size_t)nbytes ||
+        it->op.size != g->l.ranks) {
+        free_item(it);
+        return PyErr_Format(PyExc_ValueError, "a gate's exchange must gather bytes of its size into the receive mailbox");
+    }
+    it->gate_seq = (uint32_t)seq;
+    it->gate_nbytes = (size_t)nbytes;
+    fc_gate_submitted(g, (uint32_t)seq);
+    atomic_fetch_add(&g->outstanding, 1);
+    return queue(self, it);
+}
+
 PyObject *py_submit_gate(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != PY_OP_ARGS + 4)
@@ -287,25 +309,41 @@ PyObject *py_submit_gate(EngineObject *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     py_reap(self);
     py_item *it = op_item(self, ITEM_GATE, args + 2, args[PY_OP_ARGS + 2], args[PY_OP_ARGS + 3]);
+    return it ? queue_gate(self, it, seq, nbytes) : NULL;
+}
+
+/* gate_submit_planned(plan, call_seq, gate_seq, nbytes, task, work): gate_submit with the
+ * exchange's fixed part from a Plan (an all_gather of bytes) and the receive mailbox bound here. */
+PyObject *py_submit_planned_gate(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6)
+        return PyErr_Format(PyExc_TypeError, "gate_submit_planned(plan, call_seq, gate_seq, nbytes, task, work)");
+    const py_op *fixed = py_plan_fixed(args[0], &self->engine);
+    long long call_seq = PyLong_AsLongLong(args[1]);
+    unsigned long seq = PyLong_AsUnsignedLong(args[2]);
+    Py_ssize_t nbytes = PyLong_AsSsize_t(args[3]);
+    if (!fixed || PyErr_Occurred())
+        return NULL;
+    if (nbytes < 0 || (size_t)nbytes > self->gate.l.mailbox_bytes)
+        return PyErr_Format(PyExc_ValueError, "a gate of %zd bytes does not fit its mailbox", nbytes);
+    py_reap(self);
+    py_item *it = new_item(self, ITEM_GATE);
     if (!it)
         return NULL;
-    fc_gate *g = &self->gate;
-    uint8_t *recv = (uint8_t *)self->page.buf + g->l.recv_offset;
-    if (seq > 0xffffffffUL || nbytes < 0 || (size_t)nbytes > g->l.mailbox_bytes || it->op.op.kind != FC_K_ALL_GATHER ||
-        it->op.op.itemsize != 1 || it->op.op.dst != recv || it->op.op.dst_count != (size_t)g->l.ranks * (size_t)nbytes ||
-        it->op.size != g->l.ranks) {
-        py_op_release(&it->op);
-        Py_DECREF(it->task);
-        Py_DECREF(it->work);
-        fc_done_unref(it->done);
-        free(it);
-        return PyErr_Format(PyExc_ValueError, "a gate's exchange must gather bytes of its size into the receive mailbox");
+    it->op = *fixed;
+    it->op.seq = call_seq;
+    it->op.held = 0;
+    it->op.even[0] = it->op.even[1] = NULL;
+    it->has_op = it->borrowed = 1;
+    it->fn = Py_NewRef(args[0]); /* keeps the signature and ranks alive */
+    it->task = Py_NewRef(args[4]);
+    it->work = Py_NewRef(args[5]);
+    uint8_t *recv = (uint8_t *)self->page.buf + self->gate.l.recv_offset;
+    if (py_op_bind_into(&it->op, recv, (size_t)self->gate.l.ranks * (size_t)nbytes)) {
+        free_item(it);
+        return NULL;
     }
-    it->gate_seq = (uint32_t)seq;
-    it->gate_nbytes = (size_t)nbytes;
-    fc_gate_submitted(g, (uint32_t)seq);
-    atomic_fetch_add(&g->outstanding, 1);
-    return queue(self, it);
+    return queue_gate(self, it, seq, nbytes);
 }
 
 PyObject *py_submit_call(EngineObject *self, PyObject *fn)

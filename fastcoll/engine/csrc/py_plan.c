@@ -79,19 +79,31 @@ PyTypeObject py_plan_type = {
     .tp_dealloc = (destructor)plan_dealloc,
 };
 
+const py_op *py_plan_fixed(PyObject *obj, const fc_engine *e)
+{
+    if (!PyObject_TypeCheck(obj, &py_plan_type)) {
+        PyErr_SetString(PyExc_TypeError, "expected a Plan");
+        return NULL;
+    }
+    PlanObject *plan = (PlanObject *)obj;
+    if (!plan->ready || plan->fixed.size > e->size) {
+        PyErr_SetString(PyExc_ValueError, "a Plan that was not made for this engine");
+        return NULL;
+    }
+    return &plan->fixed;
+}
+
 /* run_planned(plan, seq, src, dst): run the planned call with these buffers on this thread,
  * which holds the run lock (even bounds); NativeError if it fails. */
 PyObject *py_run_planned(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4 || !PyObject_TypeCheck(args[0], &py_plan_type))
+    if (nargs != 4)
         return PyErr_Format(PyExc_TypeError, "run_planned(plan, seq, src, dst)");
-    PlanObject *plan = (PlanObject *)args[0];
+    const py_op *fixed = py_plan_fixed(args[0], &self->engine);
     long long seq = PyLong_AsLongLong(args[1]);
-    if (seq == -1 && PyErr_Occurred())
+    if (!fixed || (seq == -1 && PyErr_Occurred()))
         return NULL;
-    if (!plan->ready || plan->fixed.size > self->engine.size)
-        return PyErr_Format(PyExc_ValueError, "a Plan that was not made for this engine");
-    py_op o = plan->fixed; /* shares the plan's signature and ranks; owns only its buffers */
+    py_op o = *fixed; /* shares the plan's signature and ranks; owns only its buffers */
     o.seq = seq;
     o.held = 0;
     o.even[0] = o.even[1] = NULL;
