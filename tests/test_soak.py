@@ -45,7 +45,7 @@ def test_soak_random_collectives(launch, transport):
         assert int(ops) == OPS
         rss = [int(v) for v in rss.split(",")]
         objects = [int(v) for v in objects.split(",")]
-        warm_rss, warm_obj = rss[1], objects[1]  # after the first tenth
+        warm_rss = rss[1]  # after the first tenth
         print(
             f"\n{transport} rank {rank}: {OPS} ops in {float(seconds):.1f}s; RSS KiB {rss}; "
             f"objects {objects}"
@@ -55,5 +55,8 @@ def test_soak_random_collectives(launch, transport):
         else:
             assert max(rss[1:]) - warm_rss < RSS_GROWTH_KIB, f"rank {rank}: RSS grew: {rss}"
             assert rss[-1] - warm_rss < RSS_GROWTH_KIB, f"rank {rank}: RSS grew: {rss}"
-        assert max(objects[1:]) - warm_obj < OBJECT_GROWTH, f"rank {rank}: objects grew: {objects}"
+        # A leak grows with the calls; a module imported or a cache filled once (the first call of a
+        # rare kind) does not: the second half of the run must not add objects.
+        half = objects[len(objects) // 2]
+        assert max(objects[len(objects) // 2:]) - half < OBJECT_GROWTH, f"rank {rank}: objects grew: {objects}"
         assert "OK" in r.out

@@ -80,6 +80,7 @@ typedef struct fc_engine {
     uint8_t *finalized; /* per peer: it sent CLOSE */
     uint8_t *gave_up;   /* per peer: it sent ABORT, or its connection ended */
     fc_ns spin_ns, yield_ns;
+    fc_ns stepped_aside; /* when a wait last moved this thread off its peer's CPU (fc_wait.c) */
     _Atomic int interrupted;
     _Atomic int aborted; /* the abort notice is going out: no other frame may */
     uint8_t *words_frame; /* the abort notice */

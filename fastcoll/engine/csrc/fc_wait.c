@@ -39,14 +39,45 @@ static int say_cpu(fc_engine *e)
 /* Whether the peer this wait is for last ran on this rank's own CPU: spinning would keep it from
  * running, so the wait yields at once (two ranks that the scheduler put on one core, a third
  * program busy on the other, spun 200 us each way per exchange: bench/NOTES.md, entry 49). */
-static int peer_here(fc_engine *e, fc_chan *awaited, int cpu)
+static fc_chan *peer_here(fc_engine *e, fc_chan *awaited, int cpu)
 {
     if (cpu < 0)
-        return 0;
+        return NULL;
     for (int i = 0; !awaited && i < e->size * e->channels; i++)
         if (e->chans[i].open && e->chans[i].link.out_count)
             awaited = &e->chans[i]; /* a flush waits for the peer that must take its frames */
-    return awaited && awaited->link.shm && fc_ring_writer_cpu(&awaited->link.rx) == cpu;
+    return awaited && awaited->link.shm && fc_ring_writer_cpu(&awaited->link.rx) == cpu ? awaited : NULL;
+}
+
+/* How often at most a wait moves this thread off the CPU it shares with its peer. */
+#define STEP_ASIDE_EVERY_NS (100 * 1000 * 1000LL)
+
+/* Two ranks that the scheduler put on one CPU stay there while a third program keeps the other
+ * busy (moving either would not even out the load), and each exchange then costs two context
+ * switches: move this thread to another CPU it may run on, then give back its own CPU mask, so
+ * the user's binding is unchanged (bench/NOTES.md, entry 53). Only the higher rank of the pair
+ * moves, so that the two do not swap places; a thread bound to one CPU never moves. 1 if it moved. */
+static int step_aside(fc_engine *e, fc_chan *peer, int cpu)
+{
+#if defined(__linux__) && !defined(FC_PORTABLE)
+    fc_ns now = fc_now();
+    if (e->spin_ns == 0 || fc_chan_peer(e, peer) > e->rank ||
+        (e->stepped_aside && now - e->stepped_aside < STEP_ASIDE_EVERY_NS))
+        return 0;
+    e->stepped_aside = now;
+    cpu_set_t mine, elsewhere;
+    if (sched_getaffinity(0, sizeof mine, &mine) || !CPU_ISSET(cpu, &mine) || CPU_COUNT(&mine) < 2)
+        return 0;
+    elsewhere = mine;
+    CPU_CLR(cpu, &elsewhere);
+    if (sched_setaffinity(0, sizeof elsewhere, &elsewhere))
+        return 0;
+    (void)sched_setaffinity(0, sizeof mine, &mine);
+    return 1;
+#else
+    (void)e, (void)peer, (void)cpu;
+    return 0;
+#endif
 }
 
 static inline void relax(void)
@@ -241,7 +272,15 @@ int fc_engine_wait(fc_engine *e, fc_step step, void *ctx, fc_chan *awaited, fc_n
         fc_ns idle = now - idle_since;
         if (!looked) {
             looked = 1;
-            spin = peer_here(e, awaited, cpu) ? 0 : e->spin_ns;
+            spin = e->spin_ns;
+            fc_chan *here = peer_here(e, awaited, cpu);
+            if (here) {
+                spin = 0;
+                if (step_aside(e, here, cpu)) {
+                    cpu = say_cpu(e);
+                    spin = e->spin_ns;
+                }
+            }
         }
         if (idle < spin) {
             relax();
