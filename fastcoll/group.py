@@ -48,7 +48,8 @@ from fastcoll.service import Work
 
 log = logging.getLogger("fastcoll")
 
-_MAIN_IDENT = threading.main_thread().ident  # calls from other threads tag their signature
+_MAIN_IDENT = threading.main_thread().ident
+_monotonic = time.monotonic  # calls from other threads tag their signature
 _get_ident = threading.get_ident
 NOT_PLANNED = object()  # Group._planned's answer when a call must take the ordinary way
 _PLANS_MAX = 64  # kinds of repeated call a group remembers (a model repeats a handful)
@@ -358,12 +359,15 @@ class Group:
         if job.error is not None or self._closed or job.closed or job.gate is not None or _get_ident() != _MAIN_IDENT:
             return NOT_PLANNED
         engine = job.engine
-        with job.lock:
-            if not engine.claim():
-                return NOT_PLANNED
-            seq = self._seq
-            self._seq += 1
-        started = time.monotonic()
+        lock = job.lock
+        lock.acquire()
+        if not engine.claim():
+            lock.release()
+            return NOT_PLANNED
+        seq = self._seq
+        self._seq = seq + 1
+        lock.release()
+        started = _monotonic()
         try:
             engine.run_planned(plan, seq, src, dst)
         except BaseException as e:
