@@ -15,7 +15,7 @@ import numpy as np
 from fastcoll import arrays, dtypes, lifecycle
 from fastcoll.algorithms import block, select
 from fastcoll.config import check_timeout
-from fastcoll.engine import Op
+from fastcoll.engine.ops import Op
 from fastcoll.group import NOT_PLANNED, Group, done
 
 

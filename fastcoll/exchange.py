@@ -23,7 +23,7 @@ import numpy as np
 from fastcoll import arrays, dtypes, lifecycle
 from fastcoll.algorithms import Call, blocks, select
 from fastcoll.collectives import _begin, _check_rank, _sig
-from fastcoll.engine import Op
+from fastcoll.engine.ops import Op
 from fastcoll.errors import CollectiveTimeoutError, MismatchError
 from fastcoll.group import Group, done
 

@@ -21,7 +21,7 @@ import msgpack
 import numpy as np
 
 from fastcoll.algorithms import select
-from fastcoll.engine import Op
+from fastcoll.engine.ops import Op
 from fastcoll.collectives import _begin, _check_rank
 from fastcoll.exchange import _cut
 from fastcoll.errors import MismatchError
