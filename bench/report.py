@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from bench import metrics
+from bench import harness, metrics
 from bench.metrics import format_size
 
 SMALL_MAX = 4096  # "small messages": 4 B to 4 KiB
@@ -78,9 +78,34 @@ def targets(ratio_recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def write_json(path: Path, doc: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1, sort_keys=False) + "\n")
+def assemble(raw: dict[str, Any]) -> dict[str, Any]:
+    """The results document of harness.run's raw results: metadata, points, ratios, targets,
+    failures, versions and jobs."""
+    jobs = raw["jobs"]
+    points = harness.points_table(jobs)
+    ratio_recs = ratios(points)
+    versions = {j.system: ", ".join(f"{k} {v}" for k, v in j.doc.get("meta", {}).items())
+                for j in reversed(jobs) if j.doc}
+    return {"meta": raw["meta"], "skipped": raw["skipped"],
+            "failures": [{"system": j.system, "world": j.world, "round": j.round, "error": j.error}
+                         for j in jobs if j.error],
+            "versions": versions, "points": points, "ratios": ratio_recs, "targets": targets(ratio_recs),
+            "jobs": [{"system": j.system, "world": j.world, "round": j.round, "wall_s": round(j.wall_s, 2),
+                      "error": j.error, "incomplete": bool(j.doc and j.doc.get("incomplete"))} for j in jobs]}
+
+
+def write(doc: dict[str, Any], out: Path, plots: bool = True) -> list[Path]:
+    """results.json, results.md and (with matplotlib) latency.png and busbw.png in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out / "results.md").write_text(markdown(doc))
+    written = [out / "results.json", out / "results.md"]
+    if plots:
+        try:
+            written += plot(doc, out)
+        except ImportError:
+            print("plots skipped: matplotlib not installed (pip install matplotlib)")
+    return written
 
 
 def _us(seconds: float) -> str:
@@ -92,10 +117,6 @@ def _us(seconds: float) -> str:
     return f"{us:,.0f}"
 
 
-def _gbps(v: float) -> str:
-    return f"{v:.3g}"
-
-
 def _cell(p: dict[str, Any] | None, what: str) -> str:
     if p is None:
         return ""
@@ -104,82 +125,83 @@ def _cell(p: dict[str, Any] | None, what: str) -> str:
     mark = "*" if p.get("emulated") else ""
     if what == "time":
         return f"{_us(p['median_s'])} ({_us(p['p90_s'])}){mark}"
-    return f"{_gbps(p['busbw_GBps'])}{mark}"
+    if what == "cpu":
+        return _us(p["cpu_s"]) if "cpu_s" in p else "-"
+    return f"{p['busbw_GBps']:.3g}{mark}"
+
+
+def _header(doc: dict[str, Any]) -> list[str]:
+    """The run's command, machine, settings, versions, skipped systems, failures and notes."""
+    meta, points, cfg = doc["meta"], doc["points"], doc["meta"]["config"]
+    how = (f"{cfg['iters']} iterations" if cfg["iters"] > 0
+           else f"a {cfg['budget_s']} s budget ({cfg['min_iters']}-{cfg['max_iters']} iterations)")
+    lines = ["# fastcoll benchmark", "", f"- command: `{' '.join(meta.get('argv', []))}`",
+             f"- machine: {meta.get('cpu', '?')}, {meta.get('cpus')} CPUs, {meta.get('platform')}, "
+             f"Python {meta.get('python')}",
+             f"- when: {meta.get('time')}; load average at start {meta.get('loadavg_start')}, "
+             f"at end {meta.get('loadavg_end')}",
+             f"- {cfg['rounds']} interleaved round(s), {how} per point and round, {cfg['warmup']} warm-up "
+             "iterations; float32; the time of an iteration is that of its slowest rank"]
+    if doc.get("versions"):
+        lines.append("- versions: " + "; ".join(f"{k}: {v}" for k, v in doc["versions"].items()))
+    lines += [f"- **{name} skipped**: {reason}" for name, reason in doc.get("skipped", {}).items()]
+    lines += [f"- **{f['system']} (world {f['world']}, round {f['round'] + 1}) failed**: {f['error'][:300]}"
+              for f in doc.get("failures", [])]
+    notes = sorted({f"{p['system']} {p['op']}: {p['emulated']}" for p in points if p.get("emulated")})
+    notes += sorted({f"{p['system']} {p['op']}: {p['reason']}" for p in points
+                     if p["status"] != "ok" and p.get("reason")})
+    if notes:
+        lines += ["", "Notes (* marks an emulated collective):", "", *[f"- {n}" for n in notes]]
+    return lines
+
+
+def _targets(doc: dict[str, Any]) -> list[str]:
+    if not doc.get("targets"):
+        return []
+    lines = ["", "## Targets (report.TARGETS: issue 7 against MLX ring and gloo, issue 24 against MPICH)", "",
+             "| ranks | fastcoll | peer | small (4 B-4 KiB) min speedup | target | "
+             "64 MiB all-reduce busbw ratio | target |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for t in doc["targets"]:
+        small = (f"{t['small_min_speedup']:.2f}x ({t['small_worst_at']}) {'PASS' if t['small_pass'] else 'FAIL'}"
+                 if "small_min_speedup" in t else "-")
+        large = (f"{t['large_busbw_ratio']:.2f}x {'PASS' if t['large_pass'] else 'FAIL'}"
+                 if "large_busbw_ratio" in t else "-")
+        lines.append(f"| {t['world']} | {t['fastcoll']} | {t['peer']} | {small} | >= {TARGETS[t['peer']][0]:g}x"
+                     f" | {large} | >= {TARGETS[t['peer']][1]:g}x |")
+    return lines
+
+
+def _op_tables(doc: dict[str, Any], op: str, world: int, present: list[str]) -> list[str]:
+    """Time, bus bandwidth, CPU per call and fastcoll's speedups for one (op, world)."""
+    idx = _index(doc["points"])
+    sizes = sorted({p["size"] for p in doc["points"] if p["op"] == op and p["world"] == world})
+    if not sizes:
+        return []
+    lines = ["", f"## {op}, {world} ranks"]
+    for title, what in (("Median (p90) time per collective in µs:", "time"),
+                        ("Bus bandwidth in GB/s (from the median):", "busbw"),
+                        ("CPU time per collective and rank (all its threads), median in µs:", "cpu")):
+        lines += ["", title, ""] + _table(["size"] + present, [
+            [format_size(s)] + [_cell(idx.get((sy, op, world, s)), what) for sy in present] for s in sizes])
+    pairs = [(f, q) for f in present if f.startswith("fastcoll") for q in present if not q.startswith("fastcoll")]
+    if pairs:
+        rindex = {(r["fastcoll"], r["peer"], r["size"]): r for r in doc["ratios"]
+                  if r["op"] == op and r["world"] == world}
+        lines += ["", "Speedup of fastcoll (peer time / fastcoll time; > 1: fastcoll faster):", ""]
+        lines += _table(["size"] + [f"{f} / {q}" for f, q in pairs], [
+            [format_size(s)] + [f"{rindex[(f, q, s)]['speedup']:.2f}x" if (f, q, s) in rindex else ""
+                                for f, q in pairs] for s in sizes])
+    return lines
 
 
 def markdown(doc: dict[str, Any]) -> str:
     """The report: setup, skipped peers, targets, and per (op, world) tables."""
-    meta, points, ratio_recs = doc["meta"], doc["points"], doc["ratios"]
-    idx = _index(points)
-    systems = list(dict.fromkeys(meta["config"]["systems"]))
-    present = [s for s in systems if any(p["system"] == s for p in points)]
-    fast = [s for s in present if s.startswith("fastcoll")]
-    peers = [s for s in present if not s.startswith("fastcoll")]
-    lines = ["# fastcoll benchmark", ""]
-    lines.append(f"- command: `{' '.join(meta.get('argv', []))}`")
-    lines.append(f"- machine: {meta.get('cpu', '?')}, {meta.get('cpus')} CPUs, "
-                 f"{meta.get('platform')}, Python {meta.get('python')}")
-    lines.append(f"- when: {meta.get('time')}; load average at start {meta.get('loadavg_start')}, "
-                 f"at end {meta.get('loadavg_end')}")
-    cfg = meta["config"]
-    how = (f"{cfg['iters']} iterations" if cfg["iters"] > 0
-           else f"a {cfg['budget_s']} s budget ({cfg['min_iters']}-{cfg['max_iters']} iterations)")
-    lines.append(f"- {cfg['rounds']} interleaved round(s), {how} per point and round, "
-                 f"{cfg['warmup']} warm-up iterations; float32; the time of an iteration is "
-                 "that of its slowest rank")
-    if doc.get("versions"):
-        lines.append("- versions: " + "; ".join(f"{k}: {v}" for k, v in doc["versions"].items()))
-    for name, reason in doc.get("skipped", {}).items():
-        lines.append(f"- **{name} skipped**: {reason}")
-    for f in doc.get("failures", []):
-        lines.append(f"- **{f['system']} (world {f['world']}, round {f['round'] + 1}) failed**: "
-                     f"{f['error'][:300]}")
-    notes = sorted({f"{p['system']} {p['op']}: {p['emulated']}"
-                    for p in points if p.get("emulated")})
-    notes += sorted({f"{p['system']} {p['op']}: {p['reason']}"
-                     for p in points if p["status"] != "ok" and p.get("reason")})
-    if notes:
-        lines += ["", "Notes (* marks an emulated collective):", ""]
-        lines += [f"- {n}" for n in notes]
-    if doc.get("targets"):
-        lines += ["", "## Targets (report.TARGETS: issue 7 against MLX ring and gloo, issue 24 against MPICH)", "",
-                  "| ranks | fastcoll | peer | small (4 B-4 KiB) min speedup | target | "
-                  "64 MiB all-reduce busbw ratio | target |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]
-        for t in doc["targets"]:
-            small = (f"{t['small_min_speedup']:.2f}x ({t['small_worst_at']}) "
-                     f"{'PASS' if t['small_pass'] else 'FAIL'}" if "small_min_speedup" in t else "-")
-            large = (f"{t['large_busbw_ratio']:.2f}x {'PASS' if t['large_pass'] else 'FAIL'}"
-                     if "large_busbw_ratio" in t else "-")
-            lines.append(f"| {t['world']} | {t['fastcoll']} | {t['peer']} | {small} | >= {TARGETS[t['peer']][0]:g}x"
-                         f" | {large} | >= {TARGETS[t['peer']][1]:g}x |")
-    rindex = {(r["fastcoll"], r["peer"], r["op"], r["world"], r["size"]): r for r in ratio_recs}
+    cfg = doc["meta"]["config"]
+    present = [s for s in dict.fromkeys(cfg["systems"]) if any(p["system"] == s for p in doc["points"])]
+    lines = _header(doc) + _targets(doc)
     for op in cfg["ops"]:
         for world in cfg["worlds"]:
-            sizes = sorted({p["size"] for p in points if p["op"] == op and p["world"] == world})
-            if not sizes:
-                continue
-            lines += ["", f"## {op}, {world} ranks", "",
-                      "Median (p90) time per collective in µs:", ""]
-            lines += _table(["size"] + present, [
-                [format_size(s)] + [_cell(idx.get((sy, op, world, s)), "time") for sy in present]
-                for s in sizes])
-            lines += ["", "Bus bandwidth in GB/s (from the median):", ""]
-            lines += _table(["size"] + present, [
-                [format_size(s)] + [_cell(idx.get((sy, op, world, s)), "busbw") for sy in present]
-                for s in sizes])
-            pairs = [(f, q) for f in fast for q in peers]
-            if pairs:
-                lines += ["", "Speedup of fastcoll (peer time / fastcoll time; > 1: fastcoll "
-                          "faster):", ""]
-                rows = []
-                for s in sizes:
-                    row = [format_size(s)]
-                    for f, q in pairs:
-                        r = rindex.get((f, q, op, world, s))
-                        row.append(f"{r['speedup']:.2f}x" if r else "")
-                    rows.append(row)
-                lines += _table(["size"] + [f"{f} / {q}" for f, q in pairs], rows)
+            lines += _op_tables(doc, op, world, present)
     return "\n".join(lines) + "\n"
 
 

@@ -4,11 +4,12 @@ A worker adapts one communication system to the small `Backend` interface below 
 `run_worker`, which, for every (op, size) point: builds the inputs, runs the collective once and
 checks the result on every rank (so a broken system cannot look fast), warms up, waits at a
 barrier, times each iteration separately, and gathers the per-iteration times of all ranks (the
-time of an iteration is that of its slowest rank). Rank 0 prints one JSON object to stdout.
+time of an iteration is that of its slowest rank) and each rank's CPU time per call (all its
+threads). Rank 0 prints one JSON object to stdout.
 
-Sizes follow nccl-tests: for all-gather and reduce-scatter the size S is the total gathered
-(scattered) buffer, so each rank contributes S/n; for all-reduce and broadcast S is the buffer.
-All buffers are float32.
+Sizes follow nccl-tests: S is the buffer for all-reduce, broadcast and reduce; the total gathered
+(scattered) buffer for all-gather, reduce-scatter, gather and scatter (each rank sends or keeps
+S/n); each rank's buffer for all-to-all (S/n to every rank). All buffers are float32.
 """
 
 from __future__ import annotations
@@ -26,11 +27,7 @@ from typing import Any, Callable
 import numpy as np
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")  # the default sweep
-# Also measured on request (--ops): MLX has none of them. For all_to_all S is each rank's buffer
-# (S/n to every rank); for gather and scatter the total gathered (scattered) buffer at the root;
-# for reduce the buffer.
-MORE_OPS = ("all_to_all", "gather", "scatter", "reduce")
-ALL_OPS = OPS + MORE_OPS
+ALL_OPS = OPS + ("all_to_all", "gather", "scatter", "reduce")  # MLX has none of these
 DTYPE = np.float32
 ITEMSIZE = 4
 ROOT = 0
@@ -98,12 +95,10 @@ def check_input(op: str, lay: Layout, rank: int) -> np.ndarray:
         return p * DTYPE(rank + 1)
     if op in ("all_gather", "gather", "all_to_all"):
         return p + DTYPE(100 * rank)
-    if op == "scatter":
+    if op in ("scatter", "broadcast"):
         return p if rank == ROOT else np.zeros(lay.in_elems, DTYPE)
     if op == "reduce_scatter":
         return p + DTYPE(rank)
-    if op == "broadcast":
-        return p if rank == ROOT else np.zeros(lay.in_elems, DTYPE)
     raise ValueError(f"unknown op {op!r}")
 
 
@@ -111,22 +106,18 @@ def expected(op: str, lay: Layout, rank: int, world: int) -> np.ndarray | None:
     """The result `rank` must get from `check_input` on every rank (None: nothing, off the root)."""
     if op in ("gather", "reduce") and rank != ROOT:
         return None
-    if op == "reduce":
+    mine = slice(rank * lay.out_elems, (rank + 1) * lay.out_elems)
+    if op in ("all_reduce", "reduce"):
         return _pattern(lay.in_elems) * DTYPE(world * (world + 1) // 2)
-    if op == "gather":
+    if op in ("all_gather", "gather"):
         return np.concatenate([check_input(op, lay, r) for r in range(world)])
     if op == "scatter":
-        return _pattern(lay.in_elems)[rank * lay.out_elems:(rank + 1) * lay.out_elems]
+        return _pattern(lay.in_elems)[mine]
     if op == "all_to_all":
         k = lay.in_elems // world
         return np.concatenate([check_input(op, lay, r)[rank * k:(rank + 1) * k] for r in range(world)])
-    if op == "all_reduce":
-        return _pattern(lay.in_elems) * DTYPE(world * (world + 1) // 2)
-    if op == "all_gather":
-        return np.concatenate([check_input(op, lay, r) for r in range(world)])
     if op == "reduce_scatter":
-        block = _pattern(lay.in_elems)[rank * lay.out_elems : (rank + 1) * lay.out_elems]
-        return block * DTYPE(world) + DTYPE(world * (world - 1) // 2)
+        return _pattern(lay.in_elems)[mine] * DTYPE(world) + DTYPE(world * (world - 1) // 2)
     if op == "broadcast":
         return _pattern(lay.in_elems)
     raise ValueError(f"unknown op {op!r}")
@@ -168,43 +159,49 @@ def choose_iters(settings: Settings, estimate_s: float) -> int:
     return int(min(settings.max_iters, max(settings.min_iters, n)))
 
 
+def _checked(backend: Backend, op: str, lay: Layout) -> tuple[Collective | None, dict[str, Any]]:
+    """The prepared collective, run once and checked on every rank, or None and why not."""
+    try:
+        fn = backend.prepare(op, check_input(op, lay, backend.rank), lay.out_elems)
+        problem = verify(op, lay, backend.rank, backend.world, fn())
+    except NotSupported as e:
+        return None, {"status": "n/a", "reason": str(e)}
+    oks = backend.gather_floats(np.array([0.0 if problem else 1.0]))  # every rank learns of all
+    if problem or oks.min() < 1.0:
+        bad = [r for r in range(backend.world) if oks[r, 0] < 1.0]
+        why = f"wrong result on ranks {bad}" + (f" (rank {backend.rank}: {problem})" if problem else "")
+        return None, {"status": "check failed", "reason": why}
+    return fn, {}
+
+
 def measure_point(backend: Backend, op: str, nominal: int, settings: Settings) -> dict[str, Any]:
     """Check, warm up and time one (op, size) point; the same on every rank."""
     lay = layout(op, nominal, backend.world)
     point: dict[str, Any] = {"op": op, "size": nominal, "bytes": lay.bytes}
     if op in backend.emulated:
         point["emulated"] = backend.emulated[op]
-    try:
-        fn = backend.prepare(op, check_input(op, lay, backend.rank), lay.out_elems)
-        problem = verify(op, lay, backend.rank, backend.world, fn())
-    except NotSupported as e:
-        return point | {"status": "n/a", "reason": str(e)}
-    # Every rank learns whether every rank got the right answer.
-    oks = backend.gather_floats(np.array([0.0 if problem else 1.0]))
-    if problem or oks.min() < 1.0:
-        bad = [r for r in range(backend.world) if oks[r, 0] < 1.0]
-        reason = f"wrong result on ranks {bad}" + (f" (rank {backend.rank}: {problem})" if problem else "")
-        return point | {"status": "check failed", "reason": reason}
-
+    fn, failed = _checked(backend, op, lay)
+    if fn is None:
+        return point | failed
     warm: list[float] = []
     for _ in range(settings.warmup):
         t0 = time.perf_counter()
         fn()
         warm.append(time.perf_counter() - t0)
-    estimate = float(np.median(warm)) if warm else 0.0
     # All ranks must run the same number of iterations: agree on the slowest estimate.
-    estimate = float(backend.gather_floats(np.array([estimate])).max())
+    estimate = float(backend.gather_floats(np.array([np.median(warm) if warm else 0.0])).max())
     iters = choose_iters(settings, estimate)
-
     times = np.empty(iters, dtype=np.float64)
     backend.barrier()
+    cpu = time.process_time()
     for i in range(iters):
         t0 = time.perf_counter()
         fn()
         times[i] = time.perf_counter() - t0
-    per_rank = backend.gather_floats(times)
-    slowest = per_rank.max(axis=0)
-    return point | {"status": "ok", "iters": iters, "times": [float(t) for t in slowest]}
+    cpu = (time.process_time() - cpu) / iters
+    per_rank = backend.gather_floats(np.append(times, cpu))
+    return point | {"status": "ok", "iters": iters, "times": [float(t) for t in per_rank[:, :-1].max(axis=0)],
+                    "cpu_s": [float(c) for c in per_rank[:, -1]]}
 
 
 def worker_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -222,26 +219,12 @@ def worker_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_known_args(argv)[0]
 
 
-def _write_partial(path: str | None, doc: dict[str, Any]) -> None:
-    if not path:
-        return
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f)
-    os.replace(tmp, path)
-
-
 def run_worker(backend: Backend, args: argparse.Namespace) -> dict[str, Any]:
     """Measure every requested point; rank 0 prints the JSON document and returns it."""
     settings = Settings(args.iters, args.warmup, args.budget, args.min_iters, args.max_iters)
     ops = [o for o in args.ops.split(",") if o]
     sizes = [int(s) for s in args.sizes.split(",") if s]
-    doc: dict[str, Any] = {
-        "system": backend.system,
-        "world": backend.world,
-        "meta": backend.meta | {"pid": os.getpid()},
-        "points": [],
-    }
+    doc: dict[str, Any] = {"system": backend.system, "world": backend.world, "meta": backend.meta, "points": []}
     for op in ops:
         for size in sizes:
             try:
@@ -251,9 +234,10 @@ def run_worker(backend: Backend, args: argparse.Namespace) -> dict[str, Any]:
                          "reason": f"{type(e).__name__}: {e}"}
                 traceback.print_exc(file=sys.stderr)
             doc["points"].append(point)
-            if backend.rank == 0:
-                _write_partial(args.partial, doc)
+            if backend.rank == 0 and args.partial:  # what the harness keeps if the job dies later
+                with open(f"{args.partial}.tmp", "w") as f:
+                    json.dump(doc, f)
+                os.replace(f"{args.partial}.tmp", args.partial)
     if backend.rank == 0:
-        sys.stdout.write("\n" + json.dumps(doc) + "\n")
-        sys.stdout.flush()
+        print("\n" + json.dumps(doc), flush=True)
     return doc
