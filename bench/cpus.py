@@ -1,65 +1,13 @@
-"""What this machine's CPUs and a process's threads do, for decode_bench (Linux /proc).
-
-On a lent (virtual) machine some CPUs run slower than others for a while, where another tenant
-keeps the same physical core busy (bench/NOTES.md 41): `cpu_map` times a fixed Python loop on
-each CPU in turn, `cpu_ticks`/`steal_share` read what the hypervisor stole, `pin_main_thread`
-puts a process's main thread alone on one CPU, and `Threads` says how each thread was scheduled.
-
-    python bench/cpus.py [--passes 3] [--fastest 4]     the map, fastest first; the last line
-                                                        lists the fastest CPUs for `taskset -c`
+"""What a lent machine's CPUs and a process's threads did during a run, for decode_bench (Linux
+/proc): `cpu_ticks`/`steal_share` read what the hypervisor gave to other tenants (bench/NOTES.md
+41), `Threads` how each thread of a process was scheduled.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import statistics
-import sys
 import threading
-import time
 from pathlib import Path
-
-
-def work(n: int = 200_000) -> float:
-    """Seconds for a fixed loop of Python arithmetic (what a rank's main thread does)."""
-    t = time.perf_counter()
-    acc = 0
-    for i in range(n):
-        acc = (acc + i * 7) & 0xFFFF
-    return time.perf_counter() - t
-
-
-def cpu_map(passes: int) -> dict[int, float]:
-    """CPU -> median seconds of work() there, over `passes` rounds through every allowed CPU."""
-    cpus = sorted(os.sched_getaffinity(0))
-    times: dict[int, list[float]] = {c: [] for c in cpus}
-    try:
-        for _ in range(passes):
-            for c in cpus:
-                os.sched_setaffinity(0, {c})
-                work(20_000)  # on the CPU now, caches warm
-                times[c].append(min(work() for _ in range(3)))
-    finally:
-        os.sched_setaffinity(0, cpus)
-    return {c: statistics.median(v) for c, v in times.items()}
-
-
-def pin_main_thread(rank: int) -> list[int] | None:
-    """DECODE_MAIN_CPUS (decode_bench's --fast-main): the calling thread alone onto its rank's CPU
-    of that list, and every other thread of the process onto every CPU the process had (a thread
-    inherits the mask of the thread that starts it, and MLX starts some lazily). Returns the
-    caller's CPUs, or None without DECODE_MAIN_CPUS."""
-    cpus = os.environ.get("DECODE_MAIN_CPUS")
-    if not cpus:
-        return None
-    listed = [int(c) for c in cpus.split(",")]
-    everywhere, me = os.sched_getaffinity(os.getpid()), threading.get_native_id()
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            os.sched_setaffinity(int(task.name), {listed[rank % len(listed)]} if int(task.name) == me else everywhere)
-        except OSError:  # a thread that has just ended
-            pass
-    return sorted(os.sched_getaffinity(0))
 
 
 def cpu_ticks() -> dict[int, tuple[int, int]]:
@@ -117,20 +65,3 @@ class Threads:
                          "last_cpu": e["last_cpu"]} | {k: e[k] - b[k] for k in ("waits", "preempted", "moves", "faults")})
         return sorted(rows, key=lambda r: -r["cpu_share"])
 
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--passes", type=int, default=3)
-    ap.add_argument("--fastest", type=int, default=4, help="how many CPUs the last line lists")
-    a = ap.parse_args()
-    if not hasattr(os, "sched_setaffinity"):
-        sys.exit("cpus.py needs Linux (sched_setaffinity)")
-    speeds = cpu_map(a.passes)
-    ranked = sorted(speeds, key=speeds.get)
-    for c in ranked:
-        print(f"cpu {c:3d}: {speeds[c] * 1e3:7.2f} ms  {speeds[c] / speeds[ranked[0]]:4.2f}x the fastest", file=sys.stderr)
-    print(",".join(map(str, ranked[: a.fastest])))
-
-
-if __name__ == "__main__":
-    main()

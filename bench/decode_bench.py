@@ -1,26 +1,14 @@
-"""Tensor-parallel decode through mlx-lm's own generation loop, on a llama of random weights made
-here (no download): one process unsharded, two ranks on fastcoll's host path, two ranks through
-the fence gate, in one run (docs/gate.md).
+"""Tensor-parallel decode through mlx-lm's own generation loop (generate_step, greedy), on a llama
+of random weights made here: one process unsharded, ranks on fastcoll's host path, ranks through
+the fence gate, in one run (docs/gate.md has every option and environment variable).
 
     python bench/decode_bench.py [--shape 8b] [--tokens 64] [--runs single,host,gate] [--out DIR]
-                                 [--fast-cpus N] [--fast-main]
 
-The loop is `mlx_lm.generate.generate_step` (greedy), which builds the next token's graph while
-this one runs (mx.async_eval). Ranks start through `fastcoll-launch` and run `model.shard(group)`
-under `fastcoll.mlx_compat`, as a user would. Prints ms per token of each rank, tokens/s and the
-ratio to the single process, and whether the gated runs generated the host path's tokens.
-
-Runs (RUNS): single, single_pair (two unsharded processes at once: a control), host, gate,
-gate_profile, gate_host_mode, gate_watch1, and the floors floor_identity, floor_kernel and
-floor_custom: sharded ranks whose all_sum exchanges nothing (`floor_all_sum`; wrong tokens).
-NAME_bound runs NAME under `fastcoll-launch --bind-to cores`, NAME#2 runs NAME again, NAME@S with
-sys.setswitchinterval(S). Diagnoses: DECODE_HOST_TIMES=1 (the model call and mx.async_eval per
-token), DECODE_HOST_COSTS=1 (the build of one all-reduce in the decode process), DECODE_THREADS=1
-(each thread's scheduling, bench/cpus.py), DECODE_PYSPY=BINARY (py-spy of rank 0 after the
-warm-up; DECODE_PYSPY_NATIVE=1 for MLX's C++ frames). --fast-cpus N runs each run on the N CPUs
-that ran Python fastest just before it; --fast-main puts each process's main thread alone on one
-of them. Without a GPU the gate is off (its runs take the host path) and the kernel floors fail,
-saying why; `--shape tiny` runs anywhere.
+Ranks start through `fastcoll-launch` and run `model.shard(group)` under `fastcoll.mlx_compat`,
+as a user would. Prints each run's ms per token against the single process, and whether the
+gated runs generated the host path's tokens. Runs: RUNS; NAME_bound is NAME under
+`fastcoll-launch --bind-to cores`, NAME#2 NAME again.
+Without a GPU the gate is off (its runs take the host path); `--shape tiny` runs anywhere.
 """
 
 from __future__ import annotations
@@ -44,8 +32,6 @@ from bench.systems import tool  # noqa: E402
 SHAPES = {
     "8b": dict(hidden_size=4096, num_hidden_layers=32, intermediate_size=14336, num_attention_heads=32,
                num_key_value_heads=8, vocab_size=128256),  # Llama 3 8B's shape
-    "2b": dict(hidden_size=2048, num_hidden_layers=16, intermediate_size=8192, num_attention_heads=16,
-               num_key_value_heads=8, vocab_size=32000),
     "tiny": dict(hidden_size=256, num_hidden_layers=2, intermediate_size=512, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=1000),  # a smoke test, on any machine
 }
@@ -70,6 +56,17 @@ def make_model(shape: str, seed: int = 0):
     return model
 
 
+def timed(fn, into: list[float]):
+    """fn, appending the ms each call takes to `into`."""
+    def call(*a, **k):
+        t = time.perf_counter()
+        out = fn(*a, **k)
+        into.append((time.perf_counter() - t) * 1e3)
+        return out
+
+    return call
+
+
 class HostTimes:
     """The model, with the host's time per token measured: building its graph (the model call)
     and handing it to the GPU (mx.async_eval, which mlx_lm.generate calls by name)."""
@@ -77,20 +74,12 @@ class HostTimes:
     def __init__(self, model):
         import mlx.core as mx
 
-        self._model, self.build, self.submit, plain = model, [], [], mx.async_eval
-
-        def timed(*a, **k):
-            t = time.perf_counter()
-            plain(*a, **k)
-            self.submit.append((time.perf_counter() - t) * 1e3)
-
-        mx.async_eval = timed
+        self.build, self.submit = [], []
+        self._model, self._call = model, timed(model, self.build)
+        mx.async_eval = timed(mx.async_eval, self.submit)
 
     def __call__(self, *a, **k):
-        t = time.perf_counter()
-        out = self._model(*a, **k)
-        self.build.append((time.perf_counter() - t) * 1e3)
-        return out
+        return self._call(*a, **k)
 
     def __getattr__(self, name):
         return getattr(self._model, name)
@@ -208,8 +197,6 @@ def rank_main(args: argparse.Namespace) -> None:
     """One rank (or the single process): build, shard, evaluate the weights, decode; print the result."""
     import mlx.core as mx
 
-    if os.environ.get("DECODE_SWITCH_INTERVAL"):
-        sys.setswitchinterval(float(os.environ["DECODE_SWITCH_INTERVAL"]))
     profile, model = ProfileLines(), make_model(args.shape)
     rank, info = int(os.environ.get("FASTCOLL_RANK", "0")), "single process"  # (a rank of single_pair)
     if args.run != "single":
@@ -219,63 +206,45 @@ def rank_main(args: argparse.Namespace) -> None:
     res = {"decode_run": args.run, "rank": rank, "transport": info, "load_s": time.perf_counter() - t0}
     if os.environ.get("DECODE_HOST_COSTS") == "1":
         res["host_costs"] = host_costs(args.run != "single")
-    main_cpus = []
-
-    def warmed_up() -> None:  # every thread exists now: pin the main thread, then start py-spy
-        main_cpus.append(cpus.pin_main_thread(rank))
+    def warmed_up() -> None:  # from the end of the warm-up (not the prompt's step, not compiling)
         spy = os.environ.get("DECODE_PYSPY")
         if spy and rank == 0:
             how = ["--native"] if os.environ.get("DECODE_PYSPY_NATIVE") == "1" else ["--nonblocking"]
             subprocess.Popen([spy, "record", "--pid", str(os.getpid()), "--duration", "3", "--rate", "400", "--idle",
                               "--threads", *how, "--format", "raw", "-o", f"{args.pyspy}.rank{rank}.txt"])
 
-    res |= decode(model, args.tokens, warmed_up) | {"main_thread_cpus": main_cpus[0] if main_cpus else None}
+    res |= decode(model, args.tokens, warmed_up)
     if args.run != "single":
         import fastcoll
 
         fastcoll.check()
         fastcoll.finalize()
     res |= {"profile": profile.lines[-1] if profile.lines else None, "mlx": mx.__version__,
-            "device": str(mx.default_device()), "switch_interval_s": sys.getswitchinterval()}
+            "device": str(mx.default_device())}
     print(json.dumps(res), flush=True)
 
 
-def command(run: str, name: str, args: argparse.Namespace, out: Path, cpu_list: list[int] | None) -> list[str]:
+def command(run: str, name: str, args: argparse.Namespace, out: Path) -> list[str]:
     """The run's processes: the single process itself, or its ranks through fastcoll-launch."""
     cmd = [sys.executable, __file__, "--rank-main", "single" if name == "single_pair" else name,
            "--shape", args.shape, "--tokens", str(args.tokens), "--pyspy", str(out / f"decode_{args.shape}_{run}.pyspy")]
-    if name != "single":
-        cmd = [tool("fastcoll-launch") or "fastcoll-launch", "-n", str(args.world), "--timeout", str(args.timeout),
-               "--bind-to", "cores" if run.split("@")[0].split("#")[0].endswith("_bound") else "none", *cmd]
-    return ["taskset", "-c", ",".join(map(str, cpu_list)), *cmd] if cpu_list else cmd
-
-
-def fast_cpus(run: str, name: str, args: argparse.Namespace, env: dict) -> list[int] | None:
-    """--fast-cpus / --fast-main: the CPUs that run Python fastest now; the run's share of them."""
-    speeds = cpus.cpu_map(passes=1)
-    ranked, best = sorted(speeds, key=speeds.get), min(speeds.values())
-    chosen = ranked[: args.fast_cpus] if args.fast_cpus else ranked[: 1 if name == "single" else args.world]
-    if args.fast_main:
-        env["DECODE_MAIN_CPUS"] = ",".join(map(str, ranked[: 1 if name == "single" else args.world]))
-    print(f"--- {run}: {'on CPUs' if args.fast_cpus else 'main threads on CPUs'} {chosen}, each "
-          f"{[round(speeds[c] / best, 2) for c in chosen]}x the fastest's time", flush=True)
-    return chosen if args.fast_cpus else None
+    if name == "single":
+        return cmd
+    return [tool("fastcoll-launch") or "fastcoll-launch", "-n", str(args.world), "--timeout", str(args.timeout),
+            "--bind-to", "cores" if run.split("#")[0].endswith("_bound") else "none", *cmd]
 
 
 def one_run(run: str, args: argparse.Namespace, out: Path) -> list[dict]:
     """One run (see RUNS); every rank's result, rank 0's first."""
-    name = run.split("@")[0].split("#")[0].removesuffix("_bound")
-    env = dict(RUNS[name], FASTCOLL_TIMEOUT="120")
-    if "@" in run:
-        env["DECODE_SWITCH_INTERVAL"] = run.split("@")[1]
-    cpu_list = fast_cpus(run, name, args, env) if args.fast_cpus or args.fast_main else None
+    name = run.split("#")[0].removesuffix("_bound")
     ticks = cpus.cpu_ticks()
-    res = harness.run_job([(command(run, name, args, out, cpu_list), env)], args.timeout + 30, key="decode_run")
+    res = harness.run_job([(command(run, name, args, out), dict(RUNS[name], FASTCOLL_TIMEOUT="120"))],
+                          args.timeout + 30, key="decode_run")
     stolen = cpus.steal_share(ticks, cpus.cpu_ticks(), sorted(ticks))
     print(f"--- {run}: {res.error or 'ok'} in {res.wall_s:.0f} s; the most any CPU lost to the hypervisor: "
           f"{max(stolen.values(), default=0)}\n{res.output[-2000:] if res.error else ''}", flush=True)
     docs = sorted(harness.documents(res.output, "decode_run"), key=lambda d: d["rank"])
-    (out / f"decode_{args.shape}_{run.replace('@', '_si').replace('#', '_')}.json").write_text(json.dumps(docs))
+    (out / f"decode_{args.shape}_{run.replace('#', '_')}.json").write_text(json.dumps(docs))
     return docs
 
 
@@ -310,10 +279,6 @@ def main() -> None:
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--out", default=str(harness.REPO_ROOT / "bench" / "out"))
-    ap.add_argument("--fast-cpus", type=int, default=0, metavar="N",
-                    help="run each run on the N CPUs that run Python fastest just before it (bench/cpus.py)")
-    ap.add_argument("--fast-main", action="store_true",
-                    help="put each process's main thread alone on one of the CPUs fastest just before the run")
     ap.add_argument("--rank-main", dest="run", help=argparse.SUPPRESS)
     ap.add_argument("--pyspy", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -321,9 +286,9 @@ def main() -> None:
         return rank_main(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    unknown = [r for r in args.runs.split(",") if r.split("@")[0].split("#")[0].removesuffix("_bound") not in RUNS]
+    unknown = [r for r in args.runs.split(",") if r.split("#")[0].removesuffix("_bound") not in RUNS]
     if unknown:
-        sys.exit(f"unknown run {unknown[0]!r}; known: {', '.join(RUNS)} (NAME_bound, NAME#N, NAME@SECONDS)")
+        sys.exit(f"unknown run {unknown[0]!r}; known: {', '.join(RUNS)} (and NAME_bound, NAME#N)")
     results = {run: docs for run in args.runs.split(",") if (docs := one_run(run, args, out))}
     lines = report(results, args)
     print("\n".join(lines))

@@ -7,13 +7,11 @@ path, the gate's own per-gate timings, and a peer killed mid-token (docs/gate.md
     python bench/gate_bench.py kill [--timeout 20] [--out DIR]
 
 A token is LAYERS dependent all-reduces y = all_reduce(y + 1, "mean") of a row, checked to give
-LAYERS; "serial" builds the token's graph, then evaluates it, "pipelined" builds token t + 1 while
-token t runs (mx.async_eval, as mlx-lm's generation loop does). The runs, each a job of --world
-ranks on this host: `host` (FASTCOLL_FAST_SYNC=0), `gate` (FASTCOLL_FAST_SYNC=1: the direct mode
-where the GPUs can share memory) and `gatehost` (also FASTCOLL_TUNING=gate_direct=0: the host
-mode). `profile` runs the gate in both modes with FASTCOLL_GATE_PROFILE=1 and keeps the summary
-it logs. `--exact N` checks N host-mode gates one by one. Without a GPU the gate is off and every
-run takes the host path. Rank r runs on GPU --gpus[r]; two ranks on one GPU need CUDA MPS.
+LAYERS; "serial" builds it, then evaluates it, "pipelined" builds token t + 1 while t runs. Runs,
+each a job of --world ranks here: `host` (FASTCOLL_FAST_SYNC=0), `gate` (=1: the direct mode where
+the GPUs share memory), `gatehost` (also FASTCOLL_TUNING=gate_direct=0: the host mode); `profile`
+runs both gates with FASTCOLL_GATE_PROFILE=1 and keeps the summary they log. Without a GPU the
+gate is off and every run takes the host path. Two ranks on one GPU (--gpus 0,0) need CUDA MPS.
 """
 
 from __future__ import annotations
@@ -209,19 +207,16 @@ def save(out: Path, name: str, data: object) -> None:
 
 
 def table(docs: dict[str, list[dict]], keys: list[str]) -> list[str]:
-    """Markdown: per row, the host path and each gated run of rank 0 (and rank 1), ms per token."""
+    """Markdown: per row and run, ms per token (median / p90) of each rank; the host path's us
+    per evaluated all-reduce."""
     cell = lambda d: f"{d['median']:.2f} / {d['p90']:.2f}" if d else "-"
-    gated = [r for r in docs if r != "host" and docs[r]]
-    lines = ["ms per token of 64 dependent all-reduces, median / p90, rank 0 (rank 1):", "",
-             "| row | host path, us per all-reduce | host path | " + " | ".join(
-                 f"{r} serial | {r} pipelined" for r in gated) + " |", "| --- " * (3 + 2 * len(gated)) + "|"]
+    lines = ["ms per token of 64 dependent all-reduces, median / p90, rank 0; rank 1:", "",
+             "| row | run | us per evaluated all-reduce | serial | pipelined |", "| --- | --- | --- | --- | --- |"]
     for key in keys:
-        per_rank = lambda run, what: " (".join(cell(d.get(key, {}).get(what)) for d in docs[run][:2]) + (
-            ")" if len(docs[run]) > 1 else "")
-        host = docs.get("host", [{}])[0].get(key, {})
-        lines.append(f"| {key} | {host.get('us_per_allreduce_evaluated', float('nan')):.1f} | "
-                     f"{per_rank('host', 'serial') if docs.get('host') else '-'} | "
-                     + " | ".join(f"{per_rank(r, 'serial')} | {per_rank(r, 'pipelined')}" for r in gated) + " |")
+        for run, ranks in docs.items():
+            got = [d[key] for d in ranks if key in d]
+            lines += [f"| {key} | {run} | {got[0]['us_per_allreduce_evaluated']:.1f} | "
+                      + " | ".join("; ".join(cell(g.get(what)) for g in got) for what in ("serial", "pipelined")) + " |"] if got else []
     return lines
 
 
@@ -234,15 +229,13 @@ def cmd_ranks(args: argparse.Namespace, runs: dict[str, dict]) -> dict[str, list
             more += ["--exact", str(args.exact)]
         docs[run] = job(run, env, args, more, args.timeout * 5)
         save(Path(args.out), f"{args.tag_prefix}{run}", docs[run])
-    keys = [f"{name}_{n}" for n, name in rows(args.rows)]
-    lines = table(docs, keys)
-    for run, ds in docs.items():
-        for d in ds:
-            if d.get("exact"):
-                lines.append(f"\n{run} rank {d['rank']}: {d['exact']['gates']} gates checked one by one, "
-                             f"{d['exact']['wrong']} wrong, error {d['exact']['error']}")
-            if d.get("profile") or "FASTCOLL_GATE_PROFILE" in runs[run]:
-                lines.append(f"\n{run} rank {d['rank']}: {d.get('profile') or 'no gate profile was logged (no gate ran)'}")
+    lines = table(docs, [f"{name}_{n}" for n, name in rows(args.rows)])
+    for run, d in ((run, d) for run, ds in docs.items() for d in ds):
+        if d.get("exact"):
+            lines.append(f"\n{run} rank {d['rank']}: {d['exact']['gates']} gates checked one by one, "
+                         f"{d['exact']['wrong']} wrong, error {d['exact']['error']}")
+        if "FASTCOLL_GATE_PROFILE" in runs[run]:
+            lines.append(f"\n{run} rank {d['rank']}: {d.get('profile') or 'no gate profile was logged (no gate ran)'}")
     print("\n".join(lines), flush=True)
     (Path(args.out) / f"{args.tag_prefix}results.md").write_text("\n".join(lines) + "\n")
     return docs

@@ -1,10 +1,7 @@
-"""The benchmark's one runner: start a job's processes, collect the JSON its ranks print, and run
-every system in interleaved rounds.
-
-Every bench entry point (run.py, multihost.py, crossover.py, gate_bench.py, decode_bench.py)
-starts its jobs through `run_job` and reads what they print with `documents`. A round runs every
-(world, system) job once, the systems in an order rotated by one per round, so that drift of a
-shared machine hits all systems alike; the samples of all rounds are pooled.
+"""The benchmark's one runner: every entry point starts its jobs with `run_job` and reads what
+their ranks print with `documents`; `run` runs every (world, system) job once a round, the systems
+in an order rotated by one per round so that drift of a shared machine hits all alike, and
+`points_table` pools the samples of all rounds.
 """
 
 from __future__ import annotations
@@ -161,13 +158,12 @@ def busy(count: int):
 
 def machine_info() -> dict[str, Any]:
     """Where and when the run happened; the load average shows whether the machine was shared."""
-    info: dict[str, Any] = {"host": socket.gethostname(), "platform": platform.platform(),
+    info: dict[str, Any] = {"host": socket.gethostname(), "platform": platform.platform(), "cpu": "?",
                             "python": platform.python_version(), "cpus": os.cpu_count(),
                             "time": time.strftime("%Y-%m-%d %H:%M:%S %z"),
                             "loadavg_start": [round(x, 2) for x in os.getloadavg()]}
-    with contextlib.suppress(OSError):
-        names = [ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")]
-        info["cpu"] = names[0] if names else "?"
+    with contextlib.suppress(OSError, StopIteration):
+        info["cpu"] = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         info["git"] = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"],
                                      capture_output=True, text=True, timeout=10).stdout.strip()
@@ -192,11 +188,9 @@ class Config:
 
     def worker_args(self) -> list[str]:
         """The command line of the workers (bench/workers/timing.py understands it)."""
-        args = ["--ops", ",".join(self.ops), "--sizes", ",".join(map(str, self.sizes)), "--warmup",
-                str(self.warmup), "--min-iters", str(self.min_iters), "--max-iters", str(self.max_iters)]
-        if self.iters > 0:
-            return args + ["--iters", str(self.iters), "--budget", "0"]
-        return args + ["--budget", str(self.budget_s)]
+        return ["--ops", ",".join(self.ops), "--sizes", ",".join(map(str, self.sizes)), "--warmup",
+                str(self.warmup), "--min-iters", str(self.min_iters), "--max-iters", str(self.max_iters),
+                "--iters", str(self.iters), "--budget", "0" if self.iters > 0 else str(self.budget_s)]
 
 
 @dataclass
@@ -213,9 +207,7 @@ class Job:
 
 def rotated(items: list[Any], k: int) -> list[Any]:
     """`items` rotated left by k (round k starts with the k-th system)."""
-    if not items:
-        return []
-    k %= len(items)
+    k %= max(len(items), 1)
     return items[k:] + items[:k]
 
 

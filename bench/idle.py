@@ -30,18 +30,16 @@ from bench.systems import tool  # noqa: E402
 REPO = harness.REPO_ROOT
 
 WORKER = """
-import os, sys, time
+import sys, time
 import numpy as np
 system, scenario, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
 if system == "mlx-ring":
     import mlx.core as mx
-    g = mx.distributed.init(strict=True, backend="ring")
-    rank = g.rank()
+    rank = mx.distributed.init(strict=True, backend="ring").rank()
     call = lambda: mx.eval(mx.distributed.all_sum(mx.ones(4), stream=mx.cpu))
 else:
     import fastcoll
-    g = fastcoll.init()
-    rank = g.rank()
+    rank = fastcoll.init().rank()
     call = lambda: fastcoll.all_reduce(np.ones(4, np.float32))
 call()
 if scenario == "idle" or rank == 1:  # waiting: rank 0 waits for rank 1 inside the next call

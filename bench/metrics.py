@@ -31,7 +31,7 @@ def bus_factor(op: str, world: int) -> float:
 
 
 def algbw(nbytes: int, seconds: float) -> float:
-    """Algorithm bandwidth in bytes per second: S / t."""
+    """S / t in bytes per second."""
     if seconds <= 0:
         raise ValueError(f"time must be positive, not {seconds}")
     return nbytes / seconds

@@ -22,20 +22,13 @@ def _index(points: Iterable[dict[str, Any]]) -> dict[tuple[str, str, int, int], 
 
 
 def ratios(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """fastcoll's speedup over each peer at every point both measured correctly.
-
-    speedup = t_peer / t_fastcoll (medians); busbw_ratio = busbw_fastcoll / busbw_peer, which is
-    the same number whenever both used the same byte count (it is reported for clarity).
-    """
+    """fastcoll's speedup over each peer at every point both measured correctly: t_peer /
+    t_fastcoll (medians), and busbw_fastcoll / busbw_peer (the same number at equal byte counts)."""
     idx = _index(points)
-    systems = sorted({p["system"] for p in points})
-    fast = [s for s in systems if s.startswith("fastcoll")]
-    peers = [s for s in systems if not s.startswith("fastcoll")]
+    peers = sorted({p["system"] for p in points if not p["system"].startswith("fastcoll")})
     out = []
     for (system, op, world, size), p in sorted(idx.items()):
-        if system not in fast or p["status"] != "ok":
-            continue
-        for peer in peers:
+        for peer in peers if system.startswith("fastcoll") and p["status"] == "ok" else ():
             q = idx.get((peer, op, world, size))
             if q is None or q["status"] != "ok":
                 continue
@@ -49,31 +42,22 @@ def ratios(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def targets(ratio_recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The speed targets (TARGETS) per world size, fastcoll system and peer, with pass/fail.
-
-    The targets are set for two ranks; at other world sizes they show whether fastcoll keeps
-    its lead ("no worse relative to the peers than with 2").
-    """
+    """The speed targets (TARGETS) per world size, fastcoll system and peer, with pass/fail (set
+    for two ranks; at other world sizes they show whether fastcoll keeps its lead)."""
     out = []
-    keys = sorted({(r["world"], r["fastcoll"], r["peer"]) for r in ratio_recs
-                   if r["peer"] in TARGETS})
-    for world, fast, peer in keys:
+    for world, fast, peer in sorted({(r["world"], r["fastcoll"], r["peer"]) for r in ratio_recs if r["peer"] in TARGETS}):
         small_min, large_min = TARGETS[peer]
-        mine = [r for r in ratio_recs
-                if r["fastcoll"] == fast and r["peer"] == peer and r["world"] == world]
+        mine = [r for r in ratio_recs if r["fastcoll"] == fast and r["peer"] == peer and r["world"] == world]
         small = [r for r in mine if r["size"] <= SMALL_MAX]
         large = [r for r in mine if r["op"] == "all_reduce" and r["size"] == LARGE]
         rec: dict[str, Any] = {"fastcoll": fast, "peer": peer, "world": world}
         if small:
             worst = min(small, key=lambda r: r["speedup"])
-            rec["small_min_speedup"] = worst["speedup"]
-            rec["small_worst_at"] = f"{worst['op']} {format_size(worst['size'])}"
-            rec["small_target"] = small_min
-            rec["small_pass"] = worst["speedup"] >= small_min
+            rec |= {"small_min_speedup": worst["speedup"], "small_worst_at": f"{worst['op']} {format_size(worst['size'])}",
+                    "small_target": small_min, "small_pass": worst["speedup"] >= small_min}
         if large:
-            rec["large_busbw_ratio"] = large[0]["busbw_ratio"]
-            rec["large_target"] = large_min
-            rec["large_pass"] = large[0]["busbw_ratio"] >= large_min
+            rec |= {"large_busbw_ratio": large[0]["busbw_ratio"], "large_target": large_min,
+                    "large_pass": large[0]["busbw_ratio"] >= large_min}
         out.append(rec)
     return out
 
@@ -110,11 +94,7 @@ def write(doc: dict[str, Any], out: Path, plots: bool = True) -> list[Path]:
 
 def _us(seconds: float) -> str:
     us = seconds * 1e6
-    if us < 10:
-        return f"{us:.2f}"
-    if us < 100:
-        return f"{us:.1f}"
-    return f"{us:,.0f}"
+    return f"{us:.2f}" if us < 10 else f"{us:.1f}" if us < 100 else f"{us:,.0f}"
 
 
 def _cell(p: dict[str, Any] | None, what: str) -> str:
@@ -211,52 +191,44 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return out
 
 
+def _panel(ax, points: list[dict[str, Any]], systems: list[str], key: str, scale: float, title: str) -> None:
+    """One (op, world)'s lines, one a system, against the size; dashed where emulated."""
+    for k, system in enumerate(systems):
+        mine = sorted((p for p in points if p["system"] == system), key=lambda p: p["size"])
+        emulated = any(p.get("emulated") for p in mine)
+        if mine:
+            ax.plot([p["size"] for p in mine], [p[key] * scale for p in mine], marker="o", markersize=3,
+                    linestyle="--" if emulated else "-", color=f"C{k}",
+                    label=system + (" (emulated)" if emulated else ""))
+    ax.set(yscale="log", title=title, xlabel="size (bytes)")
+    ax.set_xscale("log", base=2)
+    ax.grid(True, which="both", alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=7)
+
+
 def plot(doc: dict[str, Any], out_dir: Path) -> list[Path]:
     """latency.png and busbw.png: one panel per (op, world), one line per system, vs size.
-
-    Raises ImportError when matplotlib is absent (the caller reports it).
-    """
+    Raises ImportError when matplotlib is absent (the caller reports it)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cfg = doc["meta"]["config"]
-    ops, worlds = cfg["ops"], cfg["worlds"]
+    ops, worlds = doc["meta"]["config"]["ops"], doc["meta"]["config"]["worlds"]
     points = [p for p in doc["points"] if p["status"] == "ok"]
-    ran = {p["system"] for p in points}
-    systems = [s for s in dict.fromkeys(cfg["systems"]) if s in ran]  # stable colours
+    systems = [s for s in dict.fromkeys(doc["meta"]["config"]["systems"]) if any(p["system"] == s for p in points)]
     written = []
     for name, key, scale, label in (("latency.png", "median_s", 1e6, "median time (µs)"),
                                     ("busbw.png", "busbw_GBps", 1.0, "bus bandwidth (GB/s)")):
-        fig, axes = plt.subplots(len(ops), len(worlds), squeeze=False,
-                                 figsize=(5.5 * len(worlds), 3.6 * len(ops)))
+        fig, axes = plt.subplots(len(ops), len(worlds), squeeze=False, figsize=(5.5 * len(worlds), 3.6 * len(ops)))
         for i, op in enumerate(ops):
             for j, world in enumerate(worlds):
-                ax = axes[i][j]
-                for k, system in enumerate(systems):
-                    mine = sorted((p for p in points
-                                   if p["system"] == system and p["op"] == op
-                                   and p["world"] == world), key=lambda p: p["size"])
-                    if not mine:
-                        continue
-                    emulated = any(p.get("emulated") for p in mine)
-                    ax.plot([p["size"] for p in mine], [p[key] * scale for p in mine],
-                            marker="o", markersize=3,
-                            linestyle="--" if emulated else "-",
-                            label=system + (" (emulated)" if emulated else ""),
-                            color=f"C{k}")
-                ax.set_xscale("log", base=2)
-                ax.set_yscale("log")
-                ax.set_title(f"{op}, {world} ranks")
-                ax.set_xlabel("size (bytes)")
-                ax.set_ylabel(label)
-                ax.grid(True, which="both", alpha=0.3)
-                if ax.lines:
-                    ax.legend(fontsize=7)
+                mine = [p for p in points if p["op"] == op and p["world"] == world]
+                _panel(axes[i][j], mine, systems, key, scale, f"{op}, {world} ranks")
+                axes[i][j].set_ylabel(label)
         fig.tight_layout()
-        path = out_dir / name
-        fig.savefig(path, dpi=110)
+        fig.savefig(out_dir / name, dpi=110)
         plt.close(fig)
-        written.append(path)
+        written.append(out_dir / name)
     return written

@@ -1,18 +1,11 @@
-"""The systems the benchmark compares, and the processes that run one job of each on localhost.
+"""The systems the benchmark compares, and the processes of one job of each on localhost.
 
-A system's name is a base, `fastcoll-tcp`, `fastcoll-zmq`, `mlx-ring`, `mpi` or `gloo`, then
-`/`-separated variants:
-  /cN       N connections per neighbour (fastcoll: FASTCOLL_CONNECTIONS; mlx-ring:
-            `mlx.launch --connections-per-ip N`)
-  /aN       fastcoll: every rank listens on 127.0.0.1..127.0.0.N and connects to each
-  /mx       fastcoll: mx.array inputs instead of numpy arrays
-  /noshm    fastcoll-tcp: FASTCOLL_SHM=0, every byte over TCP
-  /py       fastcoll: FASTCOLL_NATIVE=0, the pure-Python engine
-  /KEY=VAL  fastcoll: KEY=VAL in FASTCOLL_TUNING (the README's knobs), e.g. fastcoll-tcp/doubling=0
-
-How each is started: fastcoll and gloo as N processes with their launcher's variables set here
-(FASTCOLL_RANK, FASTCOLL_COORDINATOR, ...; RANK, MASTER_ADDR, ...), mlx-ring by `mlx.launch
---backend ring`, mpi by the mpich wheel's `mpiexec`. Each runs its worker in bench/workers/.
+A name is `fastcoll-tcp`, `fastcoll-zmq`, `mlx-ring`, `mpi` or `gloo`, then `/`-separated
+variants: /cN N connections per neighbour (FASTCOLL_CONNECTIONS; mlx.launch
+--connections-per-ip), and for fastcoll /aN (listen on 127.0.0.1..N), /mx (mx.array inputs),
+/noshm (FASTCOLL_SHM=0), /py (FASTCOLL_NATIVE=0) and /KEY=VALUE (FASTCOLL_TUNING), e.g.
+`fastcoll-tcp/doubling=0`. fastcoll and gloo start as N processes with their launchers'
+variables set here, mlx-ring through `mlx.launch`, mpi through the mpich wheel's `mpiexec`.
 """
 
 from __future__ import annotations

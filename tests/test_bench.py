@@ -221,43 +221,6 @@ def test_decode_bench_on_the_cpu(tmp_path: Path) -> None:
     assert all(d["ms_per_token"]["median"] > 0 for docs in results.values() for d in docs)
 
 
-@pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity"), reason="cpu_map pins itself: Linux only")
-def test_cpu_map_times_every_cpu_and_unpins() -> None:
-    import os
-
-    from bench.cpus import cpu_map
-
-    before = os.sched_getaffinity(0)
-    speeds = cpu_map(passes=1)
-    assert set(speeds) == before and all(s > 0 for s in speeds.values())
-    assert os.sched_getaffinity(0) == before  # not left pinned to the last CPU it timed
-
-
-@pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity"), reason="pinning threads: Linux only")
-def test_fast_main_pins_the_main_thread_alone() -> None:
-    """decode_bench --fast-main: the thread that calls pin_main_thread goes onto its rank's CPU;
-    every other thread of the process (one started after the caller was narrowed, too) keeps
-    every CPU the process had."""
-    script = r"""
-import os, threading, time
-from bench.cpus import pin_main_thread
-everywhere = os.sched_getaffinity(0)
-cpu = max(everywhere)
-os.environ["DECODE_MAIN_CPUS"] = f"{min(everywhere)},{cpu}"
-os.sched_setaffinity(0, {cpu})  # as if MLX had started a thread from a narrowed one
-stop = threading.Event()
-t = threading.Thread(target=stop.wait, daemon=True)  # a failed assert ends the process at once
-t.start()
-os.sched_setaffinity(0, everywhere)
-assert pin_main_thread(1) == [cpu]
-assert os.sched_getaffinity(t.native_id) == everywhere, os.sched_getaffinity(t.native_id)
-stop.set()
-t.join()
-print("ok")
-"""
-    assert _run(["-c", script], 60).strip() == "ok"
-
-
 def test_steal_share_and_thread_stats() -> None:
     from bench.cpus import Threads, cpu_ticks, steal_share
 

@@ -22,7 +22,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -32,9 +32,7 @@ DTYPE = np.float32
 ITEMSIZE = 4
 ROOT = 0
 
-# A prepared collective: calling it runs the collective once, to completion, and returns the
-# result (anything np.asarray understands).
-Collective = Callable[[], Any]
+Collective = Callable[[], Any]  # runs the collective once, to completion; returns its result
 
 
 class NotSupported(Exception):
@@ -49,17 +47,13 @@ class Backend:
     rank: int
     world: int
     barrier: Callable[[], None]
-    # (k,) float64 on every rank -> (world, k) float64, rank order; uses the system itself.
-    gather_floats: Callable[[np.ndarray], np.ndarray]
-    # (op, input array, output element count) -> a prepared collective.
-    prepare: Callable[[str, np.ndarray, int], Collective]
-    # op -> a note when the system emulates that op with another collective.
-    emulated: dict[str, str] = field(default_factory=dict)
+    gather_floats: Callable[[np.ndarray], np.ndarray]  # (k,) on every rank -> (world, k), by the system itself
+    prepare: Callable[[str, np.ndarray, int], Collective]  # (op, input, output elements) -> a collective
+    emulated: dict[str, str] = field(default_factory=dict)  # op -> how the system emulates it
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class Layout:
+class Layout(NamedTuple):
     """Element counts of one point: what each rank sends and receives, and the size S."""
 
     in_elems: int
@@ -140,23 +134,11 @@ def verify(op: str, lay: Layout, rank: int, world: int, result: Any) -> str | No
     return None
 
 
-@dataclass
-class Settings:
-    """How long to measure each point."""
-
-    iters: int = 20
-    warmup: int = 3
-    budget_s: float = 0.0  # > 0: choose iters so that a point takes about this long
-    min_iters: int = 5
-    max_iters: int = 2000
-
-
-def choose_iters(settings: Settings, estimate_s: float) -> int:
-    """Iterations for one point: fixed, or from the time budget and a per-iteration estimate."""
-    if settings.budget_s <= 0:
-        return settings.iters
-    n = math.ceil(settings.budget_s / max(estimate_s, 1e-7))
-    return int(min(settings.max_iters, max(settings.min_iters, n)))
+def choose_iters(args: argparse.Namespace, estimate_s: float) -> int:
+    """Iterations for one point: --iters, or enough for --budget seconds (--min-iters..--max-iters)."""
+    if args.budget <= 0:
+        return args.iters
+    return int(min(args.max_iters, max(args.min_iters, math.ceil(args.budget / max(estimate_s, 1e-7)))))
 
 
 def _checked(backend: Backend, op: str, lay: Layout) -> tuple[Collective | None, dict[str, Any]]:
@@ -174,7 +156,7 @@ def _checked(backend: Backend, op: str, lay: Layout) -> tuple[Collective | None,
     return fn, {}
 
 
-def measure_point(backend: Backend, op: str, nominal: int, settings: Settings) -> dict[str, Any]:
+def measure_point(backend: Backend, op: str, nominal: int, settings: argparse.Namespace) -> dict[str, Any]:
     """Check, warm up and time one (op, size) point; the same on every rank."""
     lay = layout(op, nominal, backend.world)
     point: dict[str, Any] = {"op": op, "size": nominal, "bytes": lay.bytes}
@@ -209,11 +191,9 @@ def worker_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="one rank of a fastcoll benchmark worker")
     p.add_argument("--ops", default=",".join(OPS))  # any of ALL_OPS
     p.add_argument("--sizes", default="4,4096", help="comma-separated nominal sizes in bytes")
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--budget", type=float, default=0.0, help="seconds per point (0: fixed --iters)")
-    p.add_argument("--min-iters", type=int, default=5)
-    p.add_argument("--max-iters", type=int, default=2000)
+    for name, kind, default in (("iters", int, 20), ("warmup", int, 3), ("min-iters", int, 5),
+                                ("max-iters", int, 2000), ("budget", float, 0.0)):  # budget 0: fixed --iters
+        p.add_argument(f"--{name}", type=kind, default=default)
     p.add_argument("--partial", default=os.environ.get("BENCH_PARTIAL_FILE"),
                    help="rank 0 rewrites this file with the results so far after every point")
     return p.parse_known_args(argv)[0]
@@ -221,14 +201,12 @@ def worker_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run_worker(backend: Backend, args: argparse.Namespace) -> dict[str, Any]:
     """Measure every requested point; rank 0 prints the JSON document and returns it."""
-    settings = Settings(args.iters, args.warmup, args.budget, args.min_iters, args.max_iters)
-    ops = [o for o in args.ops.split(",") if o]
-    sizes = [int(s) for s in args.sizes.split(",") if s]
+    ops, sizes = [o for o in args.ops.split(",") if o], [int(s) for s in args.sizes.split(",") if s]
     doc: dict[str, Any] = {"system": backend.system, "world": backend.world, "meta": backend.meta, "points": []}
     for op in ops:
         for size in sizes:
             try:
-                point = measure_point(backend, op, size, settings)
+                point = measure_point(backend, op, size, args)
             except Exception as e:  # a failing point must not cost the others
                 point = {"op": op, "size": size, "status": "error",
                          "reason": f"{type(e).__name__}: {e}"}
