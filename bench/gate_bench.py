@@ -173,7 +173,8 @@ def killworker(args: argparse.Namespace) -> None:
     mx.eval(y)
     if g.rank() == 1:
         os.kill(os.getpid(), signal.SIGKILL)  # rank 0 waits for it in the second half
-    res, t0 = {"gate_run": args.run, "timeout_s": float(os.environ.get("FASTCOLL_TIMEOUT", "0")), "error": None}, time.perf_counter()
+    res = {"gate_run": args.run, "timeout_s": float(os.environ["FASTCOLL_TIMEOUT"]), "error": None}
+    t0 = time.perf_counter()
     try:
         for _ in range(LAYERS // 2):  # the host path raises here, the gate at the evaluation
             y = fastcoll.all_reduce(y + 1, op="mean")
@@ -205,7 +206,6 @@ def save(out: Path, name: str, data: object) -> None:
     (out / f"{name}.json").write_text(json.dumps(data, indent=1))
 
 
-
 def table(docs: dict[str, list[dict]], keys: list[str]) -> list[str]:
     """Markdown: per row and run, ms per token (median / p90) of each rank; the host path's us
     per evaluated all-reduce."""
@@ -215,8 +215,9 @@ def table(docs: dict[str, list[dict]], keys: list[str]) -> list[str]:
     for key in keys:
         for run, ranks in docs.items():
             got = [d[key] for d in ranks if key in d]
-            lines += [f"| {key} | {run} | {got[0]['us_per_allreduce_evaluated']:.1f} | "
-                      + " | ".join("; ".join(cell(g.get(what)) for g in got) for what in ("serial", "pipelined")) + " |"] if got else []
+            if got:
+                times = ["; ".join(cell(g.get(what)) for g in got) for what in ("serial", "pipelined")]
+                lines.append(f"| {key} | {run} | {got[0]['us_per_allreduce_evaluated']:.1f} | {' | '.join(times)} |")
     return lines
 
 
@@ -259,11 +260,12 @@ def main() -> None:
     ap.add_argument("--rows", default=f"16:float32,{ROW}:bfloat16,8192:bfloat16",
                     help="elements:dtype of each row to measure, comma-separated")
     ap.add_argument("--exact", type=int, default=0, help="host-mode gates checked one by one")
-    ap.add_argument("--timeout", type=float, default=60, help="FASTCOLL_TIMEOUT of the ranks")
+    ap.add_argument("--timeout", type=float, help="FASTCOLL_TIMEOUT of the ranks (default 60; kill: 20)")
     ap.add_argument("--tag-prefix", default="gate_ranks_", help="the names of the JSON files written")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--rank-of", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.timeout = args.timeout or (20.0 if args.what == "kill" else 60.0)
     if args.rank_of:
         args.run = args.rank_of
         (killworker if args.what == "kill" else worker)(args)
