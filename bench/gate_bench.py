@@ -30,6 +30,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT / "tests"))  # gate_sim: the test double of a GPU, which the package does not ship
 
 LAYERS = 64  # all-reduces per token
 ROW = 4096  # elements of a row: bf16 hidden size 4096 = 8 KiB
@@ -91,7 +92,7 @@ def release_latency(backend, n: int, count: int, dtype, warmup: int = 50) -> dic
 
     from fastcoll.gate import layout as L
     from fastcoll.gate.page import ControlPage
-    from fastcoll.gate.sim import raw_bytes
+    from gate_sim import raw_bytes
 
     page = ControlPage(backend.page, backend.layout)
     page.reset(1)
@@ -254,7 +255,7 @@ def cmd_profile(args) -> None:
     from fastcoll.gate.layout import ControlLayout
     from fastcoll.gate.mlx_backend import MlxBackend
     from fastcoll.gate.page import ControlPage
-    from fastcoll.gate.sim import SerialService
+    from gate_sim import SerialService
 
     if cuda.unavailable():
         sys.exit(f"gate_bench profile: {cuda.unavailable()}")
@@ -564,7 +565,7 @@ def cmd_poll(args) -> None:
     from fastcoll.gate import Gate
     from fastcoll.gate.layout import ControlLayout
     from fastcoll.gate.poll import DEFAULT_SPIN_S, Poller
-    from fastcoll.gate.sim import SerialService, SimDevice, loop_rate
+    from gate_sim import SerialService, SimDevice, loop_rate
 
     def with_poll(spin_s: float) -> float:
         device = SimDevice(ControlLayout(4096))

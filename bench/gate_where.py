@@ -317,7 +317,7 @@ def cmd_gate(args) -> None:
     from fastcoll.gate.layout import ControlLayout
     from fastcoll.gate.mlx_backend import MlxBackend
     from fastcoll.gate.page import ControlPage
-    from fastcoll.gate.sim import SerialService
+    from gate_sim import SerialService
 
     trace = Trace()
     stamp_gate_kernels(trace)

@@ -20,7 +20,8 @@ from fastcoll.errors import CollectiveTimeoutError, MismatchError, PeerLostError
 from fastcoll.gate import Gate
 from fastcoll.gate import layout as L
 from fastcoll.gate.layout import ControlLayout
-from fastcoll.gate.sim import SimDevice
+
+from gate_sim import SimDevice
 from fastcoll.transport import shm
 
 WAIT = 10.0

@@ -37,7 +37,7 @@ def gate():
 def test_gated_results_are_exact(gate):
     import mlx.core as mx
 
-    from fastcoll.gate.sim import SerialService
+    from gate_sim import SerialService
 
     service = SerialService()
     try:

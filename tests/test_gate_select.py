@@ -14,7 +14,8 @@ from fastcoll.gate import Gate, probe
 from fastcoll.gate.layout import ControlLayout
 from fastcoll.gate.select import gate_accepts
 from fastcoll.gate.seq import seq_add, seq_diff, seq_reached
-from fastcoll.gate.sim import SimDevice
+
+from gate_sim import SimDevice
 
 SHAPES = [(), (1,), (7,), (8,), (4096,), (2, 4096), (16384,), (16385,), (64, 64, 4), (0,)]
 DTYPES = [mx.bool_, mx.uint8, mx.int16, mx.uint32, mx.int64, mx.float16, mx.bfloat16, mx.float32, mx.complex64]
