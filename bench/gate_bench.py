@@ -230,11 +230,11 @@ def one_rank_direct_gate(config):
     """A CUDA gate in the direct mode over a gather segment of this process alone: each gate's
     spin waits for this GPU's own arrival only. None where no segment can be set up."""
     import fastcoll.cuda as cuda
-    from fastcoll.gate import Gate, direct
+    from fastcoll.gate import Gate, direct_mode
     from fastcoll.gate.layout import ControlLayout
     from fastcoll.gate.mlx_backend import MlxBackend
 
-    gather = direct.setup(lambda what, values: np.array([values], dtype=np.int64), 0, 1,
+    gather = direct_mode.setup(lambda what, values: np.array([values], dtype=np.int64), 0, 1,
                           config.gate_max_bytes, cuda.share_host_memory)
     if gather is None:
         return None
@@ -354,7 +354,7 @@ def cmd_profile(args) -> None:
     step("token_host_64b", tokens, host_path_1rank, args.tokens, mx.float32, 16)
     gate.check()
     # The direct mode with one rank: the GPU's own FLAG is all its spin waits for, so this is the
-    # gate's kernels with no host turn at all (fastcoll/gate/direct.py).
+    # gate's kernels with no host turn at all (fastcoll/gate/direct_mode.py).
     solo = one_rank_direct_gate(Config(fast_sync=True, gate_host_min_bytes=1, gate_max_bytes=64 * 1024,
                                        fence_max_iters=MAX_ITERS))
     res["direct_1rank_available"] = solo is not None

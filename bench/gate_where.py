@@ -312,7 +312,7 @@ def cmd_gate(args) -> None:
 
     import fastcoll.cuda as cuda
     from fastcoll.config import Config
-    from fastcoll.gate import Gate, direct
+    from fastcoll.gate import Gate, direct_mode
     from fastcoll.gate import layout as L
     from fastcoll.gate.layout import ControlLayout
     from fastcoll.gate.mlx_backend import MlxBackend
@@ -368,14 +368,14 @@ def cmd_gate(args) -> None:
     host = Gate(MlxBackend(cuda, layout, advise=cuda.advise_page), cfg)
     step("host_mode_8k", traced_tokens, trace, gated(host), args.tokens, mx.bfloat16, ROW)
     step("host_mode_64b", traced_tokens, trace, gated(host), args.tokens, mx.float32, 16)
-    gather = direct.setup(lambda what, values: np.array([values], dtype=np.int64), 0, 1, 64 * 1024,
+    gather = direct_mode.setup(lambda what, values: np.array([values], dtype=np.int64), 0, 1, 64 * 1024,
                           cuda.share_host_memory)
     if gather is not None:
         solo = Gate(MlxBackend(cuda, ControlLayout(64 * 1024, 1), advise=cuda.advise_page), cfg)
         solo.use_direct(gather)
         step("direct_8k", traced_tokens, trace, gated(solo), args.tokens, mx.bfloat16, ROW)
         full = Gate(MlxBackend(cuda, ControlLayout(64 * 1024, 1), advise=cuda.advise_page, trim_headers=False), cfg)
-        full.use_direct(direct.setup(lambda what, values: np.array([values], dtype=np.int64), 0, 1, 64 * 1024,
+        full.use_direct(direct_mode.setup(lambda what, values: np.array([values], dtype=np.int64), 0, 1, 64 * 1024,
                                      cuda.share_host_memory))  # every kernel with the whole header, as before
         step("direct_8k_untrimmed", traced_tokens, trace, gated(full), args.tokens, mx.bfloat16, ROW)
         full.check()

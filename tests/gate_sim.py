@@ -23,7 +23,7 @@ import numpy as np
 
 from fastcoll import dtypes
 from fastcoll.gate import layout as L
-from fastcoll.gate.select import dtype_name
+from fastcoll.gate.accept import dtype_name
 from fastcoll.gate.seq import seq_add, seq_diff
 
 

@@ -69,7 +69,7 @@ def test_headers_are_a_prelude_each_over_the_same_helpers():
 def test_each_language_names_every_gated_dtype_as_mlx_does():
     """A kind's element type is a define of its header (kernels.constants), in the backend's
     language: the names MLX's own kernels use (dtype_to_cuda_type, get_type_string)."""
-    from fastcoll.gate.select import GATE_DTYPES
+    from fastcoll.gate.accept import GATE_DTYPES
 
     assert set(cuda.TYPES) == set(metal.TYPES) == GATE_DTYPES
     assert cuda.TYPES["bfloat16"] == "__nv_bfloat16" and metal.TYPES["bfloat16"] == "bfloat16_t"

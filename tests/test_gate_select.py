@@ -12,7 +12,7 @@ from fastcoll import cuda
 from fastcoll.config import Config
 from fastcoll.gate import Gate, probe
 from fastcoll.gate.layout import ControlLayout
-from fastcoll.gate.select import gate_accepts
+from fastcoll.gate.accept import gate_accepts
 from fastcoll.gate.seq import seq_add, seq_diff, seq_reached
 
 from gate_sim import SimDevice

@@ -89,7 +89,7 @@ FC_DEVICE fc_uint fc_spin(fc_words_t words, fc_uint seq, fc_uint prev, fc_uint m
 }
 
 #if FC_DIRECT
-// The direct mode (ranks of one host: fastcoll/gate/direct.py). Every rank's GPU writes its x
+// The direct mode (ranks of one host: fastcoll/gate/direct_mode.py). Every rank's GPU writes its x
 // into the gather segment and raises its FLAG there; nobody's host moves a byte per gate.
 
 // Rank p's line in the gather segment.

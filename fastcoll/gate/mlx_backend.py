@@ -26,7 +26,7 @@ import numpy as np
 from fastcoll.gate import kernels
 from fastcoll.gate import layout as L
 from fastcoll.gate.page import ControlPage
-from fastcoll.gate.select import dtype_name
+from fastcoll.gate.accept import dtype_name
 
 log = logging.getLogger("fastcoll.gate")
 
@@ -74,7 +74,7 @@ class MlxBackend:
         return self._lang.share_host_memory(ptr, nbytes)
 
     def use_gather(self, address: int, gather: L.GatherLayout, rank: int) -> None:
-        """From now on build the direct mode's kernels (fastcoll/gate/direct.py): as rank `rank`,
+        """From now on build the direct mode's kernels (fastcoll/gate/direct_mode.py): as rank `rank`,
         over the gather segment whose GPU-visible address is `address` (compiled into them)."""
         self._gather, self._rank, self._gather_address = gather, rank, address
         self._kernels.clear()
