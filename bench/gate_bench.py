@@ -229,13 +229,13 @@ def host_path_1rank(y):
 def one_rank_direct_gate(config):
     """A CUDA gate in the direct mode over a gather segment of this process alone: each gate's
     spin waits for this GPU's own arrival only. None where no segment can be set up."""
-    import fastcoll.cuda as cuda
+    from fastcoll.cuda import LANGUAGE as cuda
     from fastcoll.gate import Gate, direct_mode
     from fastcoll.gate.layout import ControlLayout
-    from fastcoll.gate.mlx_backend import MlxBackend
+    from fastcoll.gpu.mlx_backend import MlxBackend
 
     gather = direct_mode.setup(lambda what, values: np.array([values], dtype=np.int64), 0, 1,
-                          config.gate_max_bytes, cuda.share_host_memory)
+                               config.gate_max_bytes, cuda.share_host_memory)
     if gather is None:
         return None
     gate = Gate(MlxBackend(cuda, ControlLayout(config.gate_max_bytes, 1), advise=cuda.advise_page), config)
@@ -247,14 +247,15 @@ def cmd_profile(args) -> None:
     """One rank, one GPU: where a gate's time goes, release latency and correctness, tokens."""
     import mlx.core as mx
 
-    import fastcoll.cuda as cuda
     from fastcoll import dtypes
     from fastcoll.config import Config
-    from fastcoll.gate import Gate, probe
+    from fastcoll.cuda import LANGUAGE as cuda
+    from fastcoll.gate import Gate
     from fastcoll.gate import layout as L
     from fastcoll.gate.layout import ControlLayout
-    from fastcoll.gate.mlx_backend import MlxBackend
     from fastcoll.gate.page import ControlPage
+    from fastcoll.gate.probe import probe
+    from fastcoll.gpu.mlx_backend import MlxBackend
     from gate_sim import SerialService
 
     if cuda.unavailable():

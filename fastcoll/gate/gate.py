@@ -23,7 +23,7 @@ ACCEPTED_MAX = 1024  # kinds of all-reduce whose accepts() answer a Gate remembe
 
 
 class Gate:
-    """A fence gate over one device backend; made by `fastcoll.gate.probe(config)`.
+    """A fence gate over one device backend; made by `fastcoll.gate.probe.probe(config)`.
 
     Thread use: `accepts`, `all_reduce`, `pending`, `drain` from the caller's thread; the function
     that `all_reduce` submits runs on the service thread; `check`, `abort` and `close` from any.
