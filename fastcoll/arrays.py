@@ -20,9 +20,28 @@ except ImportError:  # fastcoll still moves numpy arrays without MLX
     mx = None
 
 
+MX_ARRAY: Any = mx.array if mx is not None else None  # for `type(x) is MX_ARRAY`
+
+
 def is_mlx(x: Any) -> bool:
     """True for an mx.array."""
     return mx is not None and isinstance(x, mx.array)
+
+
+def mx_flat(x: Any) -> np.ndarray:
+    """An mx.array evaluated and viewed as a flat numpy array (bfloat16 as its uint16 bits),
+    copied only if it is strided: a repeated call's input (Group._planned)."""
+    if x.dtype == mx.bfloat16:
+        x = x.view(mx.uint16)
+    mx.eval(x)
+    return np.array(x, copy=False).reshape(-1)
+
+
+def mx_result(out: np.ndarray, dtype: Any) -> Any:
+    """A fresh mx.array of `dtype` holding `out` (a copy; bfloat16 from its uint16 bits)."""
+    if dtype == mx.bfloat16:
+        return mx.array(out, dtype=mx.uint16).view(mx.bfloat16)
+    return mx.array(out, dtype=dtype)
 
 
 @dataclass

@@ -37,13 +37,19 @@ def all_reduce(x: Any, op: str = "sum", group: Group | None = None, async_op: bo
         An array of x's type, shape and dtype.
     """
     g = lifecycle.resolve(group)
-    if type(x) is np.ndarray and not async_op and timeout is None:  # a repeated call: planned
+    kind = type(x)
+    if (kind is np.ndarray or kind is arrays.MX_ARRAY) and not async_op and timeout is None:  # planned
         plan = g._plans.get(("all_reduce", x.dtype, x.shape, op))
-        if plan is not None and x.flags.c_contiguous:
+        if plan is not None and kind is np.ndarray and x.flags.c_contiguous:
             out = np.empty(x.shape, x.dtype)
             y = g._planned(plan, x, out, out)
             if y is not NOT_PLANNED:
                 return y
+        elif plan is not None and kind is arrays.MX_ARRAY:  # tensor-parallel layers' all_sum
+            src = arrays.mx_flat(x)
+            out = np.empty(src.shape, src.dtype)
+            if g._planned(plan, src, out, out) is not NOT_PLANNED:
+                return arrays.mx_result(out.reshape(x.shape), x.dtype)
     g = _begin(g, timeout, drain=False)  # a gated all_reduce must not drain first
     if g._job.gate is not None:  # (tested first: the common case pays one attribute read)
         gate = g._gate_for(x, op)
@@ -58,7 +64,7 @@ def all_reduce(x: Any, op: str = "sum", group: Group | None = None, async_op: bo
     step = Op("all_reduce", select.algorithm("all_reduce", buf.nbytes, g.size(), g.config), h.flat, buf,
               h.name, op, result=out)
     sig = _sig("all_reduce", op, h.name, h.shape)
-    if _plannable(x, async_op, timeout):
+    if _plannable(x, async_op, timeout, mlx=True):
         g._plan(("all_reduce", x.dtype, x.shape, op), sig, step)
     return g._run(sig, step, timeout, async_op)
 
@@ -213,11 +219,12 @@ def _dtype_name(dtype: Any) -> tuple[str, bool]:
         raise TypeError(f"recv dtype {dtype!r}: {e}") from None
 
 
-def _plannable(x: Any, async_op: bool, timeout: Any) -> bool:
+def _plannable(x: Any, async_op: bool, timeout: Any, mlx: bool = False) -> bool:
     """Whether a call with x may be planned (Group._plan): a synchronous call of a contiguous
-    numpy array of native byte order, with the default time limit."""
-    return (type(x) is np.ndarray and not async_op and timeout is None and x.flags.c_contiguous
-            and x.dtype.isnative)
+    numpy array of native byte order (or, with `mlx`, of an mx.array), with the default time limit."""
+    if async_op or timeout is not None:
+        return False
+    return (mlx and type(x) is arrays.MX_ARRAY) or (type(x) is np.ndarray and x.flags.c_contiguous and x.dtype.isnative)
 
 
 def _begin(group: Any, timeout: Any, drain: bool = True) -> Group:

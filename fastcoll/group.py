@@ -343,8 +343,9 @@ class Group:
         new buffers of the same sizes go through `_planned`, skipping the checks and the choice
         already made (they depend on the key alone)."""
         job = self._job
-        if job.tracer is not None or _get_ident() != _MAIN_IDENT or len(self._plans) >= _PLANS_MAX:
-            return
+        if (job.tracer is not None or job.gate is not None or _get_ident() != _MAIN_IDENT
+                or len(self._plans) >= _PLANS_MAX):
+            return  # (_planned would refuse it under a gate: a plan would only hold a slot)
         task = Task(0, self._prefix + sig, self.config.timeout, self.config.rank, self.config.world_size,
                     self._ranks, op, self._recorded, self._no_fail, self.config.piece_bytes)
         plan = job.engine.plan(task)
