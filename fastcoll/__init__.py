@@ -9,9 +9,9 @@ Where things are: `lifecycle` (init, finalize, the default group), `group` (Grou
 how a call runs), `collectives` (the calls below), `exchange` (all_to_all, the rooted and uneven
 collectives, monitored_barrier, new_group), `objects` (msgpack values), `algorithms/` (direct,
 doubling, ring, pairwise, chain, and `select.py`, the rule that picks one), `transport/` (tcp with shared memory, zmq; the
-rendezvous), `service` (the service thread), `gate/` (the fence gate's host half; its GPU
-kernels in `metal/` and `cuda/`), `mlx_compat/` (fastcoll under mx.distributed), `launch/`
-(fastcoll-launch). docs/design.md walks through them.
+rendezvous), `service` (the service thread), `gate/` (the fence gate's host half), `gpu/` (its
+kernels, one body over a prelude per language in `metal/` and `cuda/`), `mlx_compat/` (fastcoll
+under mx.distributed), `launch/` (fastcoll-launch). docs/design.md walks through them.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ def init(config: Config | None = None) -> Group:
         _apply_log_level(config.log)
         gate = None
         if config.fast_sync:
-            from fastcoll.gate import probe
+            from fastcoll.gate.probe import probe
 
             gate = probe(config)
         group = Group(config, None, gate) if config.world_size == 1 else _connect(config, gate)

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from fastcoll.config import Config
-from fastcoll import cuda as cuda_kernels
-from fastcoll import metal as metal_kernels
+from fastcoll.cuda import LANGUAGE as CUDA
+from fastcoll.metal import LANGUAGE as METAL
 
-_reasons = [r for r in (metal_kernels.unavailable(), cuda_kernels.unavailable()) if r]
+_reasons = [r for r in (METAL.unavailable(), CUDA.unavailable()) if r]
 _GPU = len(_reasons) < 2
 if not _GPU:
     print(f"\ntest_gate_gpu: skipped, no GPU backend for the fence gate ({'; '.join(_reasons)})")
@@ -26,7 +26,7 @@ pytestmark = [
 
 @pytest.fixture
 def gate():
-    from fastcoll.gate import probe
+    from fastcoll.gate.probe import probe
 
     g = probe(Config(fast_sync=True, gate_host_min_bytes=1, gate_max_bytes=64 * 1024, fence_max_iters=50_000_000))
     assert g is not None, "a GPU is present but probe() returned None (see the log)"
@@ -37,7 +37,7 @@ def gate():
 def test_gated_results_are_exact(gate):
     import mlx.core as mx
 
-    from fastcoll.gate.sim import SerialService
+    from gate_sim import SerialService
 
     service = SerialService()
     try:

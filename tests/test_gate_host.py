@@ -1,4 +1,4 @@
-"""The fence gate's host half against a device played by a thread (fastcoll.gate.sim).
+"""The fence gate's host half against a device played by a thread (tests/gate_sim.py).
 
 Covers: ordinary releases in several dtypes, a peer dying mid-gate, a spin that hits its bound,
 a gate closed or aborted before it arrives, sequence numbers wrapping at 2**32, the profile, and
@@ -22,7 +22,8 @@ from fastcoll.gate import layout as L
 from fastcoll.gate.host import GateClosedError
 from fastcoll.gate.layout import ControlLayout
 from fastcoll.gate.poll import Poller
-from fastcoll.gate.sim import SerialService, SimDevice, loop_rate
+
+from gate_sim import SerialService, SimDevice, loop_rate
 
 WAIT = 10.0  # seconds a test waits on a simulated gate before calling it hung
 

@@ -8,13 +8,16 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from fastcoll import cuda
 from fastcoll.config import Config
-from fastcoll.gate import Gate, probe
+from fastcoll.cuda import LANGUAGE as CUDA
+from fastcoll.gate import Gate
 from fastcoll.gate.layout import ControlLayout
-from fastcoll.gate.select import gate_accepts
+from fastcoll.gate.probe import probe
+from fastcoll.gate.accept import gate_accepts
 from fastcoll.gate.seq import seq_add, seq_diff, seq_reached
-from fastcoll.gate.sim import SimDevice
+from fastcoll.gpu.language import Language
+
+from gate_sim import SimDevice
 
 SHAPES = [(), (1,), (7,), (8,), (4096,), (2, 4096), (16384,), (16385,), (64, 64, 4), (0,)]
 DTYPES = [mx.bool_, mx.uint8, mx.int16, mx.uint32, mx.int64, mx.float16, mx.bfloat16, mx.float32, mx.complex64]
@@ -87,33 +90,16 @@ def test_probe_falls_back_without_a_gpu():
     assert probe(Config(fast_sync=True, gate_host_min_bytes=1)) is None
 
 
-class _SilentGpu:
-    """A GPU backend that says it is available but whose kernels never run (outputs of zeros):
+class _SilentGpu(Language):
+    """A GPU language that says it is available but whose kernels never run (outputs of zeros):
     the gate's self-test must fail, or, with `broken`, building a kernel raises."""
 
-    LANGUAGE = "silent"
-    THREAD_INDEX = ("threadIdx.x", "blockDim.x")
-    X_SPACES = ("",)
-    TYPES = cuda.TYPES
-
     def __init__(self, broken: bool = False):
+        super().__init__(name="silent", title="Silent", package="fastcoll.cuda", prelude_file="prelude.cuh",
+                         types=CUDA.types)
         self.broken = broken
 
     def unavailable(self):
-        return None
-
-    def prelude(self) -> str:
-        from fastcoll import cuda
-
-        return cuda.prelude()
-
-    def x_space(self, size: int) -> str:
-        return ""
-
-    def advise_page(self, page):
-        return None
-
-    def share_host_memory(self, ptr, nbytes):
         return None
 
     def make_kernel(self, name, input_names, output_names, source, header):

@@ -1,4 +1,5 @@
-"""cudaMemAdvise for the control page, through cuda-python where it is installed.
+"""cudaMemAdvise for the control page, and cudaHostRegister for the direct mode's gather segment,
+through cuda-python where it is installed.
 
 MLX's CUDA arrays that the host has viewed live in managed memory, which migrates a page to
 whichever side touched it last. The control page is touched by both on every gate (the GPU spins
@@ -92,6 +93,15 @@ def advise_towards_host(page: np.ndarray, device: int = 0) -> Callable[[], None]
             log.debug("could not undo the control page's memory advice: %s", e)
 
     return undo
+
+
+def advise_page(page: np.ndarray) -> Callable[[], None] | None:
+    """Prefer host memory for the gate's control page and map it for MLX's GPU; an undo, or None."""
+    import mlx.core as mx
+
+    # MLX runs on CUDA device 0 of those visible (CUDA_VISIBLE_DEVICES picks which GPU that is).
+    ordinal = getattr(mx.default_device(), "index", 0) or 0
+    return advise_towards_host(page, ordinal)
 
 
 def register_host_memory(ptr: int, nbytes: int) -> tuple[int, Callable[[], None]] | None:

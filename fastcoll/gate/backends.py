@@ -1,19 +1,21 @@
 """The one place that knows the GPU backends: which exist, in which order they are tried, and
-how one is opened. Nothing else in the host half imports a backend.
+how one is opened (its self-test run, and the fall-back to the host path said aloud). Nothing
+else in the host half imports a backend.
 
-A backend is a package (fastcoll/metal/, fastcoll/cuda/) with LANGUAGE, THREAD_INDEX, X_SPACES,
-TYPES (each gated dtype's name in the language), prelude(), x_space(size), make_kernel(...),
-unavailable(), advise_page(page) and share_host_memory(ptr, nbytes); the kernels themselves are
-the shared body in fastcoll/gate/kernels.py over the backend's prelude.
+A backend is a package (fastcoll/metal/, fastcoll/cuda/) whose LANGUAGE (fastcoll/gpu/language.py)
+says what differs between the GPU languages; the kernels themselves are the shared body in
+fastcoll/gpu/ over the language's prelude, run through MLX by fastcoll/gpu/mlx_backend.py.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import warnings
 
 from fastcoll.gate.layout import ControlLayout
-from fastcoll.gate.mlx_backend import MlxBackend, verified
+from fastcoll.gpu.language import Language
+from fastcoll.gpu.mlx_backend import MlxBackend, self_test
 
 log = logging.getLogger("fastcoll.gate")
 
@@ -21,9 +23,9 @@ log = logging.getLogger("fastcoll.gate")
 BACKENDS = {"metal": "fastcoll.metal", "cuda": "fastcoll.cuda"}
 
 
-def language(name: str):
-    """The backend package for `name` ('metal' or 'cuda')."""
-    return importlib.import_module(BACKENDS[name])
+def language(name: str) -> Language:
+    """The GPU language of backend `name` ('metal' or 'cuda')."""
+    return importlib.import_module(BACKENDS[name]).LANGUAGE
 
 
 def open_backend(name: str, layout: ControlLayout, run_self_test: bool = True) -> MlxBackend | None:
@@ -36,3 +38,23 @@ def open_backend(name: str, layout: ControlLayout, run_self_test: bool = True) -
         return None
     backend = MlxBackend(lang, layout, advise=lang.advise_page)
     return verified(backend, name, run_self_test)
+
+
+def verified(backend: MlxBackend, name: str, run_self_test: bool = True) -> MlxBackend | None:
+    """`backend` if it passes its self-test (or the test is skipped), else None, closed and
+    reported, so that the caller falls back to the host path."""
+    if run_self_test:
+        problem = self_test(backend)
+        if problem is not None:
+            backend.close()
+            fell_back(f"the {name} fence gate failed its self-test, so the host path is used: {problem}")
+            return None
+    return backend
+
+
+def fell_back(why: str) -> None:
+    """Say that a GPU was there but its gate cannot run: in the log, and as a RuntimeWarning,
+    which Python shows even where nobody configured logging (the job asked for the gate with
+    FASTCOLL_FAST_SYNC=1, and gets the slower host path)."""
+    log.warning("%s", why)
+    warnings.warn(f"fastcoll: {why}", RuntimeWarning, stacklevel=2)

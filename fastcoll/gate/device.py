@@ -10,7 +10,7 @@ from fastcoll.gate.layout import ControlLayout
 
 
 class DeviceBackend(Protocol):
-    """A GPU (or a thread playing one) that runs the gate's kernels (fastcoll/gate/kernels.py).
+    """A GPU (or a thread playing one) that runs the gate's kernels (fastcoll/gpu/).
 
     `launch` enqueues, lazily, the gate's kernel: x -> send mailbox, then ARRIVAL = seq (the
     previous token's plus one), the release spin, and the reduction of the receive mailbox into

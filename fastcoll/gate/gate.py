@@ -13,7 +13,7 @@ from fastcoll.gate.host import Exchange, HostHalf, Serve, Ticket
 from fastcoll.gate.page import ControlPage
 from fastcoll.gate.poll import Poller
 from fastcoll.gate.profile import GateProfile
-from fastcoll.gate.select import dtype_name, gate_accepts
+from fastcoll.gate.accept import dtype_name, gate_accepts
 from fastcoll.gate.seq import seq_add
 
 log = logging.getLogger("fastcoll.gate")
@@ -23,7 +23,7 @@ ACCEPTED_MAX = 1024  # kinds of all-reduce whose accepts() answer a Gate remembe
 
 
 class Gate:
-    """A fence gate over one device backend; made by `fastcoll.gate.probe(config)`.
+    """A fence gate over one device backend; made by `fastcoll.gate.probe.probe(config)`.
 
     Thread use: `accepts`, `all_reduce`, `pending`, `drain` from the caller's thread; the function
     that `all_reduce` submits runs on the service thread; `check`, `abort` and `close` from any.
@@ -55,7 +55,7 @@ class Gate:
         self._direct_allowed = config.gate_direct
         self._watch_s = max(config.gate_watch_ms, 1) / 1000
         self._accepted: dict[tuple, bool] = {}  # (shape, dtype, op) -> accepts()
-        self._gather = None  # the direct mode's segment (fastcoll/gate/direct.py), once set up
+        self._gather = None  # the direct mode's segment (fastcoll/gate/direct_mode.py), once set up
         self._watcher = None
         self._closed = False
         self._log_handler: logging.Handler | None = None
@@ -66,28 +66,28 @@ class Gate:
     def connect(self, gather_ints: Any, rank: int, size: int, same_host: bool,
                 share: Any = None, alive: Any = None) -> None:
         """Once the job has formed: switch to the direct mode where every rank can (all ranks on
-        one host, a backend that shares host memory with its GPU; fastcoll/gate/direct.py), else
-        stay in the host mode. Every rank of the job calls it; `gather_ints` all-gathers over the
-        job's transport."""
+        one host, a backend that shares host memory with its GPU; fastcoll/gate/direct_mode.py),
+        else stay in the host mode. Every rank of the job calls it; `gather_ints` all-gathers over
+        the job's transport."""
         share = share or getattr(self._backend, "share_host_memory", None)
         if not (self._direct_allowed and size > 1 and same_host and share is not None):
             return
-        from fastcoll.gate import direct
+        from fastcoll.gate import direct_mode
 
-        gather = direct.setup(gather_ints, rank, size, self._max_bytes, share)
+        gather = direct_mode.setup(gather_ints, rank, size, self._max_bytes, share)
         if gather is not None:
             self.use_direct(gather, alive)
 
     def use_direct(self, gather: Any, alive: Any = None) -> None:
-        """Run the direct mode over `gather` (a direct.Gather this rank set up with its peers)."""
-        from fastcoll.gate import direct
+        """Run the direct mode over `gather` (a direct_mode.Gather this rank set up with its peers)."""
+        from fastcoll.gate import direct_mode
 
         self._backend.use_gather(gather.address, gather.layout, gather.rank)
         self._gather = gather
         self._min_bytes = 0
         self._accepted.clear()
         self._host.direct = True
-        self._watcher = direct.Watcher(self._host, gather, self._timeout, alive, nap_s=self._watch_s)
+        self._watcher = direct_mode.Watcher(self._host, gather, self._timeout, alive, nap_s=self._watch_s)
 
     @property
     def direct(self) -> bool:
@@ -106,7 +106,7 @@ class Gate:
     def accepts(self, x: Any, op: str) -> bool:
         """Whether all_reduce(x, op) takes the gate: x an mx.array of a supported dtype whose
         nbytes <= gate_max_bytes (and, in the host mode, >= gate_host_min_bytes), op one of
-        sum/prod/min/max/mean (fastcoll/gate/select.py).
+        sum/prod/min/max/mean (fastcoll/gate/accept.py).
         Depends only on x's shape and dtype, op and init-fixed config, so every rank decides alike."""
         if not isinstance(x, _MxArray):
             return False

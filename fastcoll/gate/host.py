@@ -121,7 +121,7 @@ class HostHalf:
         self._outstanding = 0  # the host mode's gates not served yet
         self._native: NativeServer | None = None  # the engine that serves the gates, if native
         self._watching = False  # the direct mode's watcher is on (see issue())
-        self.direct = False  # the direct mode (fastcoll/gate/direct.py): the GPUs gather
+        self.direct = False  # the direct mode (fastcoll/gate/direct_mode.py): the GPUs gather
         page.reset(start_seq)
 
     # ----- the caller's side -----

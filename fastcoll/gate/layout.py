@@ -109,7 +109,7 @@ class ControlLayout:
 
 @dataclass(frozen=True)
 class GatherLayout:
-    """The gather segment of the direct mode (fastcoll/gate/direct.py): host memory that every
+    """The gather segment of the direct mode (fastcoll/gate/direct_mode.py): host memory that every
     rank of one host maps and its GPU reaches directly.
 
         rank p's line (128 bytes at p * 128)   FLAG (the last gate it arrived at), SIG (the

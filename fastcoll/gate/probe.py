@@ -9,7 +9,6 @@ from fastcoll.config import Config
 from fastcoll.gate import backends
 from fastcoll.gate.gate import Gate
 from fastcoll.gate.layout import ControlLayout
-from fastcoll.gate.mlx_backend import fell_back
 
 log = logging.getLogger("fastcoll.gate")
 
@@ -30,7 +29,7 @@ def probe(config: Config) -> Gate | None:
         try:
             backend = backends.open_backend(name, layout)
         except Exception as e:  # a broken GPU stack must cost the gate, never the job
-            fell_back(f"the {name} fence gate could not be set up, so the host path is used: {e}")
+            backends.fell_back(f"the {name} fence gate could not be set up, so the host path is used: {e}")
             continue
         if backend is not None:
             log.info("fence gate on %s: all-reduces of up to %d bytes run without stopping the GPU",

@@ -8,11 +8,9 @@ constexpr constant metal::thread_scope thread_scope_system =
 #endif
 #include <metal_atomic>
 
-// ---- fastcoll fence gate: the Metal prelude. The body both languages share follows it
-// (fastcoll/gate/kernels.py); fastcoll/cuda/prelude.cu is the CUDA prelude. ----
-@DEFINES@
-// The address space that x lives in (Metal has several; CUDA has one).
-#define FC_X_SPACE @X_SPACE@
+// ---- fastcoll fence gate: the Metal prelude. It follows the control page's defines and
+// FC_X_SPACE, the address space that x lives in (Metal has several); the helpers both languages
+// share follow it (fastcoll/gpu/gate.h); fastcoll/cuda/prelude.cuh is the CUDA prelude. ----
 #define FC_DEVICE inline
 #define FC_WORDS(p) ((fc_words_t)(p))
 #define FC_BYTES(p) ((fc_bytes_t)(p))

@@ -1,5 +1,5 @@
 """One rank of tests/test_gate_ranks.py: the fence gate's host mode across real rank processes,
-each rank's device played by a thread (fastcoll/gate/sim.py), on the engine FASTCOLL_NATIVE
+each rank's device played by a thread (tests/gate_sim.py), on the engine FASTCOLL_NATIVE
 names (the native one serves the host half in C, the Python one on its service thread).
 
     gate_worker.py many      300 gated all-reduces of every gated dtype and op, of several
@@ -27,7 +27,9 @@ from fastcoll import dtypes, testhooks
 from fastcoll.gate import Gate
 from fastcoll.gate import layout as L
 from fastcoll.gate.layout import ControlLayout
-from fastcoll.gate.sim import SimDevice
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for the test double
+from gate_sim import SimDevice  # noqa: E402
 
 testhooks.set_gate_factory(lambda c: Gate(SimDevice(ControlLayout(c.gate_max_bytes, c.world_size)), c))
 SCENARIO = sys.argv[1]

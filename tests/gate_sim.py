@@ -1,13 +1,14 @@
 """A device played by a thread, and a serial service thread: the gate's host half without a GPU.
+Test support, which the package does not ship.
 
 SimDevice runs each launched gate on one "stream" thread, in order, doing what the kernels do
-(fastcoll/gate/kernels.py): the arrival publish copies x into the send mailbox and stores ARRIVAL
-(the previous token's seq plus one); the release spin polls RELEASE with the same iteration bound
-and the same wrap-aware compare, unless the previous gate failed; then the receive mailbox's slots
-(every rank's x) are reduced in rank order into the result (or all-ones bytes on an error status),
-and SPIN_ITERS, ACK and, on hitting the bound, SPIN_FAILED are written. Unlike a GPU it yields the
-GIL on every spin iteration: a real GPU never competes with Python for it. Used by the tests and
-by bench/gate_bench.py.
+(fastcoll/gpu/fc_gate.inc and gate.h): the arrival publish copies x into the send mailbox and
+stores ARRIVAL (the previous token's seq plus one); the release spin polls RELEASE with the same
+iteration bound and the same wrap-aware compare, unless the previous gate failed; then the receive
+mailbox's slots (every rank's x) are reduced in rank order into the result (or all-ones bytes on
+an error status), and SPIN_ITERS, ACK and, on hitting the bound, SPIN_FAILED are written. Unlike a
+GPU it yields the GIL on every spin iteration: a real GPU never competes with Python for it. Used
+by the tests and by bench/gate_bench.py (which imports it by path).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 
 from fastcoll import dtypes
 from fastcoll.gate import layout as L
-from fastcoll.gate.select import dtype_name
+from fastcoll.gate.accept import dtype_name
 from fastcoll.gate.seq import seq_add, seq_diff
 
 

@@ -1,8 +1,9 @@
-"""The gate's device side through MLX custom kernels, for either language (Metal or CUDA).
+"""The gate's device side through MLX custom kernels, for either language (Metal or CUDA): a
+DeviceBackend (fastcoll/gate/device.py) for the host half, and its self-test.
 
 One persistent, evaluated uint32 array is the control page; the host reaches it through its
 zero-copy numpy view (on CUDA, taking that view moves MLX's buffer into managed memory for good).
-Each gate adds one kernel of fastcoll/gate/kernels.py to the caller's lazy graph:
+Each gate adds one kernel (fastcoll/gpu/kernels.py) to the caller's lazy graph:
 
     fc_gate (one threadgroup of GATE_THREADS)   x -> this rank's slot, ARRIVAL = seq; thread 0
                                                 alone spins; every rank's slot -> reduced -> out
@@ -14,21 +15,17 @@ host.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
-import warnings
-from types import ModuleType
 from typing import Any, Callable
 
 import numpy as np
 
-from fastcoll.gate import kernels
 from fastcoll.gate import layout as L
+from fastcoll.gate.accept import dtype_name
 from fastcoll.gate.page import ControlPage
-from fastcoll.gate.select import dtype_name
-
-log = logging.getLogger("fastcoll.gate")
+from fastcoll.gpu import kernels
+from fastcoll.gpu.language import Language
 
 # fc_gate's threadgroup: one thread spins, all of them copy x in and reduce (at 8 KiB of bf16,
 # 16 elements each).
@@ -39,22 +36,15 @@ Advise = Callable[[np.ndarray], "Callable[[], None] | None"]
 
 class MlxBackend:
     """A DeviceBackend (fastcoll/gate/device.py) whose kernels are the shared body in `lang`
-    (the fastcoll.metal or fastcoll.cuda package)."""
+    (fastcoll.metal.LANGUAGE or fastcoll.cuda.LANGUAGE)."""
 
-    def __init__(
-        self,
-        lang: ModuleType,
-        layout: L.ControlLayout,
-        advise: Advise | None = None,
-        trim_headers: bool = True,
-    ):
+    def __init__(self, lang: Language, layout: L.ControlLayout, advise: Advise | None = None):
         import mlx.core as mx
 
         self._mx = mx
         self._lang = lang
-        self.name: str = lang.LANGUAGE
+        self.name: str = lang.name
         self.layout = layout
-        self._trim = trim_headers  # each kernel's header holds only the helpers its body reaches
         # Made from host memory, so MLX allocates it where the host can reach it (managed memory on
         # CUDA); the numpy view is the host's window on it for the life of the gate.
         self._ctrl = mx.array(np.zeros(layout.total_words, dtype=np.uint32))
@@ -74,8 +64,9 @@ class MlxBackend:
         return self._lang.share_host_memory(ptr, nbytes)
 
     def use_gather(self, address: int, gather: L.GatherLayout, rank: int) -> None:
-        """From now on build the direct mode's kernels (fastcoll/gate/direct.py): as rank `rank`,
-        over the gather segment whose GPU-visible address is `address` (compiled into them)."""
+        """From now on build the direct mode's kernels (fastcoll/gate/direct_mode.py): as rank
+        `rank`, over the gather segment whose GPU-visible address is `address` (compiled into
+        them)."""
         self._gather, self._rank, self._gather_address = gather, rank, address
         self._kernels.clear()
         self._calls.clear()
@@ -140,38 +131,15 @@ class MlxBackend:
         key = f"{which}:{space}:{kind_name}"
         k = self._kernels.get(key)
         if k is None:
-            lang = self._lang
-            inputs, outputs, source = kernels.source(lang, which)
+            lang, kernel = self._lang, kernels.KERNELS[which]
             name = "_".join(part for part in ("fastcoll_gate", which, kind_name, space,
                                               "direct" if self._gather else "") if part)
-            header = kernels.header(lang, space or lang.X_SPACES[0], self.layout, self._rank, self._gather,
-                                    self._gather_address, kind)
-            direct = self._gather is not None
+            header = kernels.header(lang, which, space or lang.x_spaces[0], self.layout, self._rank,
+                                    self._gather, self._gather_address, kind)
             k = self._kernels[key] = lang.make_kernel(
-                name, inputs, outputs, kernels.compiled(source, direct=direct),
-                kernels.compiled(header, source if self._trim else None, direct=direct))
+                name, list(kernel.inputs), list(kernel.outputs), kernels.minified(kernels.source(which)),
+                kernels.minified(header))
         return k
-
-
-def verified(backend: MlxBackend, name: str, run_self_test: bool = True) -> MlxBackend | None:
-    """`backend` if it passes self_test() (or the test is skipped), else None, closed and
-    reported, so that the caller falls back to the host path. Shared by the Metal and CUDA
-    openers."""
-    if run_self_test:
-        problem = self_test(backend)
-        if problem is not None:
-            backend.close()
-            fell_back(f"the {name} fence gate failed its self-test, so the host path is used: {problem}")
-            return None
-    return backend
-
-
-def fell_back(why: str) -> None:
-    """Say that a GPU was there but its gate cannot run: in the log, and as a RuntimeWarning,
-    which Python shows even where nobody configured logging (the job asked for the gate with
-    FASTCOLL_FAST_SYNC=1, and gets the slower host path)."""
-    log.warning("%s", why)
-    warnings.warn(f"fastcoll: {why}", RuntimeWarning, stacklevel=2)
 
 
 def self_test(backend: MlxBackend, timeout_s: float = 30.0, max_iters: int = 20_000_000,
@@ -196,7 +164,7 @@ def self_test(backend: MlxBackend, timeout_s: float = 30.0, max_iters: int = 20_
     page.reset(1)
     n = backend.layout.ranks
     cases = [(5, "float32"), (9, "float16"), (130, "bfloat16")]  # each gated dtype
-    if len(backend._lang.X_SPACES) > 1:
+    if len(backend._lang.x_spaces) > 1:
         cases[:0] = [(4, "float32")]  # Metal: an x small enough for MLX's constant address space
     # Small integers: exact in every dtype, whatever the order of the sum.
     values = [np.arange(size, dtype=np.float32) % 16 for size, _ in cases]

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from fastcoll import dtypes
 
-# The GPU reduces in float (fastcoll/gate/kernels.py): the float types a model's activations
+# The GPU reduces in float (fastcoll/gpu/gate.h): the float types a model's activations
 # have. Other dtypes keep the host path.
 GATE_DTYPES = frozenset({"float32", "float16", "bfloat16"})
 GATE_OPS = frozenset(dtypes.OPS)
