@@ -20,6 +20,7 @@ except ImportError:  # fastcoll still moves numpy arrays without MLX
     mx = None
 
 
+MX_ARRAY: Any = mx.array if mx is not None else None  # for `type(x) is MX_ARRAY`
 # What fastcoll calls the caller's dtypes, by dtype object: a lookup is cheaper than dtype.name.
 _BY_NUMPY = {dtypes.host_dtype(name): name for name in dtypes.names() if name != "bfloat16"}
 MLX_NAMES = {} if mx is None else {
@@ -30,6 +31,13 @@ MLX_NAMES = {} if mx is None else {
 def is_mlx(x: Any) -> bool:
     """True for an mx.array."""
     return mx is not None and isinstance(x, mx.array)
+
+
+def mx_result(out: np.ndarray, dtype: Any) -> Any:
+    """A fresh mx.array of `dtype` holding `out` (a copy; bfloat16 from its uint16 bits)."""
+    if dtype == mx.bfloat16:
+        return mx.array(out, dtype=mx.uint16).view(mx.bfloat16)
+    return mx.array(out, dtype=dtype)
 
 
 @dataclass

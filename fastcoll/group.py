@@ -268,8 +268,9 @@ class Group:
         no more. The collective files it in `plans` under a key that fixes every check and
         choice the call made, so that a call with that key skips them."""
         job = self._job
-        if job.tracer is not None or _get_ident() != _MAIN_IDENT or len(self.plans) >= _PLANS_MAX:
-            return None
+        if (job.tracer is not None or job.gate is not None or _get_ident() != _MAIN_IDENT
+                or len(self.plans) >= _PLANS_MAX):
+            return None  # run_plan refuses every plan under a gate: one would only hold a slot
         task = Task(0, self._prefix + sig, self.config.timeout, self.config.rank, self.config.world_size,
                     self._ranks, op, job.recorded, _no_fail, self.config.piece_bytes)
         return job.engine.plan(task)

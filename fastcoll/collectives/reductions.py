@@ -31,18 +31,21 @@ def all_reduce(x: Any, op: str = "sum", group: Group | None = None, async_op: bo
         An array of x's type, shape and dtype.
     """
     g = lifecycle.resolve(group)
-    repeat = type(x) is np.ndarray and not async_op and timeout is None  # a call a plan may serve
+    kind = type(x)
     if g.gate is not None:  # the gate takes x before it is evaluated, or the call goes on
         y = begin(g, timeout, drain=False).launch_gated(x, op, async_op, timeout)
         if y is not NOT_GATED:
             return y
-    elif repeat:
-        plan = g.plans.get(("all_reduce", x.dtype, x.shape, op))
-        if plan is not None and x.flags.c_contiguous:
-            out = np.empty(x.shape, x.dtype)
-            y = g.run_plan(plan, x, out, out)
-            if y is not NOT_PLANNED:
-                return y
+    elif (kind is np.ndarray or kind is arrays.MX_ARRAY) and not async_op and timeout is None:
+        plan = g.plans.get(("all_reduce", x.dtype, x.shape, op))  # a repeated call, planned
+        if plan is not None and (kind is arrays.MX_ARRAY or x.flags.c_contiguous):
+            if kind is np.ndarray:
+                src = x
+            else:  # an mx.array's bytes, evaluated (numpy has no bfloat16: its bits as uint16)
+                src = np.array(x.view(arrays.mx.uint16) if x.dtype == arrays.mx.bfloat16 else x, copy=False).reshape(-1)
+            out = np.empty(src.shape, src.dtype)
+            if g.run_plan(plan, src, out, out) is not NOT_PLANNED:
+                return out if kind is np.ndarray else arrays.mx_result(out.reshape(x.shape), x.dtype)
     g = begin(g, timeout)
     h = arrays.to_host(x)
     out, buf = arrays.output(h.name, h.shape, h.mlx) if g.size() > 1 else (x, None)
@@ -51,7 +54,8 @@ def all_reduce(x: Any, op: str = "sum", group: Group | None = None, async_op: bo
         return Done(x) if async_op else x
     step = Op("all_reduce", g.choose("all_reduce", buf.nbytes), h.flat, buf, h.name, op, result=out)
     sig = signature("all_reduce", op, h.name, h.shape)
-    if repeat and x.flags.c_contiguous and x.dtype.isnative:
+    if not async_op and timeout is None and (kind is arrays.MX_ARRAY or kind is np.ndarray and x.flags.c_contiguous
+                                             and x.dtype.isnative):
         plan = g.prepare(sig, step)
         if plan is not None:
             g.plans[("all_reduce", x.dtype, x.shape, op)] = plan

@@ -24,9 +24,31 @@ static int receive_all(fc_call *c, const uint8_t *own, size_t count, const uint8
 /* out = parts[0] op parts[1] op ... in rank order. */
 static void combine_in_order(fc_call *c, const fc_op *op, const uint8_t **parts, uint8_t *out, size_t count)
 {
+    if (c->size == 1) {
+        memmove(out, parts[0], count * c->itemsize);
+        return;
+    }
     fc_combine(op, parts[0], parts[1], out, count);
     for (int p = 2; p < c->size; p++)
         fc_combine(op, out, parts[p], out, count);
+}
+
+/* Every rank's contribution (this rank's is `own`) received, then (with `flush`, once this rank's own sends have left)
+ * combined in rank order into op->dst. */
+static int combine_all(fc_call *c, const fc_op *op, const uint8_t *own, size_t count, int flush)
+{
+    const uint8_t **parts = calloc((size_t)c->size, sizeof *parts);
+    uint8_t *store = fc_scratch(c, (size_t)c->size * count * c->itemsize);
+    int rc = -1;
+    if (parts && store && !receive_all(c, own, count, parts, store) && !(flush && fc_flush(c))) {
+        combine_in_order(c, op, parts, op->dst, count);
+        rc = 0;
+    }
+    if (!parts)
+        fc_err_set(c->err, FC_E_NOMEM, -1);
+    free(parts);
+    free(store);
+    return rc;
 }
 
 static int all_reduce(fc_call *c, const fc_op *op)
@@ -43,18 +65,7 @@ static int all_reduce(fc_call *c, const fc_op *op)
             fc_combine(op, op->dst, op->src, op->dst, count);
         return 0;
     }
-    const uint8_t **parts = calloc((size_t)c->size, sizeof *parts);
-    uint8_t *store = fc_scratch(c, (size_t)c->size * count * c->itemsize);
-    int rc = -1;
-    if (parts && store && !receive_all(c, op->src, count, parts, store) && !fc_flush(c)) {
-        combine_in_order(c, op, parts, op->dst, count);
-        rc = 0;
-    }
-    if (!parts)
-        fc_err_set(c->err, FC_E_NOMEM, -1);
-    free(parts);
-    free(store);
-    return rc;
+    return combine_all(c, op, op->src, count, 1);
 }
 
 static int all_gather(fc_call *c, const fc_op *op)
@@ -80,22 +91,7 @@ static int reduce_scatter(fc_call *c, const fc_op *op)
         if (fc_send(c, p, 0, FC_AT(op->src, b[2 * p], c->itemsize), (size_t)(b[2 * p + 1] - b[2 * p])))
             return -1;
     }
-    size_t count = (size_t)(b[2 * r + 1] - b[2 * r]);
-    const uint8_t **parts = calloc((size_t)c->size, sizeof *parts);
-    uint8_t *store = fc_scratch(c, (size_t)c->size * count * c->itemsize);
-    int rc = -1;
-    if (parts && store && !receive_all(c, FC_AT(op->src, b[2 * r], c->itemsize), count, parts, store) &&
-        !fc_flush(c)) {
-        memcpy(op->dst, parts[0], count * c->itemsize);
-        for (int p = 1; p < c->size; p++)
-            fc_combine(op, op->dst, parts[p], op->dst, count);
-        rc = 0;
-    }
-    if (!parts)
-        fc_err_set(c->err, FC_E_NOMEM, -1);
-    free(parts);
-    free(store);
-    return rc;
+    return combine_all(c, op, FC_AT(op->src, b[2 * r], c->itemsize), (size_t)(b[2 * r + 1] - b[2 * r]), 1);
 }
 
 static int broadcast(fc_call *c, const fc_op *op)
@@ -188,18 +184,7 @@ static int reduce(fc_call *c, const fc_op *op)
     size_t count = op->src_count;
     if (c->rank != op->root)
         return fc_send(c, op->root, 0, op->src, count) || fc_flush(c) ? -1 : 0;
-    const uint8_t **parts = calloc((size_t)c->size, sizeof *parts);
-    uint8_t *store = fc_scratch(c, (size_t)c->size * count * c->itemsize);
-    int rc = -1;
-    if (parts && store && !receive_all(c, op->src, count, parts, store)) {
-        combine_in_order(c, op, parts, op->dst, count);
-        rc = 0;
-    }
-    if (!parts)
-        fc_err_set(c->err, FC_E_NOMEM, -1);
-    free(parts);
-    free(store);
-    return rc;
+    return combine_all(c, op, op->src, count, 0);
 }
 
 static int send_p2p(fc_call *c, const fc_op *op)

@@ -217,6 +217,23 @@ int fc_link_wait_room(fc_link *l)
     return l->shm && fc_ring_wait_room(&l->tx);
 }
 
+/* One non-blocking read: the bytes read, 0 if none are there yet, -1 at the end of the stream
+ * or on an error (noted in the link). */
+static ssize_t recv_some(fc_link *l, void *dst, size_t n)
+{
+    ssize_t got = recv(l->fd, dst, n, MSG_DONTWAIT);
+    if (got > 0)
+        return got;
+    if (got == 0) {
+        l->eof = 1;
+        return -1;
+    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+        return 0;
+    l->recv_errno = errno;
+    return -1;
+}
+
 static int pull_tcp(fc_link *l)
 {
     if (l->rend == FC_READ_BUFFER && l->rstart > 0) {
@@ -226,19 +243,10 @@ static int pull_tcp(fc_link *l)
     }
     if (l->rend == FC_READ_BUFFER)
         return 0; /* full: the reader takes first */
-    ssize_t n = recv(l->fd, l->rbuf + l->rend, FC_READ_BUFFER - l->rend, MSG_DONTWAIT);
-    if (n > 0) {
+    ssize_t n = recv_some(l, l->rbuf + l->rend, FC_READ_BUFFER - l->rend);
+    if (n > 0)
         l->rend += (size_t)n;
-        return 1;
-    }
-    if (n == 0) {
-        l->eof = 1;
-        return -1;
-    }
-    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
-        return 0;
-    l->recv_errno = errno;
-    return -1;
+    return n > 0 ? 1 : (int)n;
 }
 
 static int pull_bells(fc_link *l)
@@ -306,17 +314,7 @@ ssize_t fc_link_recv_direct(fc_link *l, void *dst, size_t n)
 {
     if (l->eof || l->recv_errno)
         return -1;
-    ssize_t got = recv(l->fd, dst, n, MSG_DONTWAIT);
-    if (got > 0)
-        return got;
-    if (got == 0) {
-        l->eof = 1;
-        return -1;
-    }
-    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
-        return 0;
-    l->recv_errno = errno;
-    return -1;
+    return recv_some(l, dst, n);
 }
 
 int fc_link_may_sleep(fc_link *l)

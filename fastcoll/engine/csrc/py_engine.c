@@ -331,6 +331,16 @@ static void join_words(EngineObject *self)
     }
 }
 
+/* The end of the engine's threads (without the GIL): no gate waits on, the service thread has
+ * run or dropped what was queued, the last words' thread is done. */
+static void stop_threads(EngineObject *self)
+{
+    if (self->gated)
+        atomic_store(&self->gate.stop, 1);
+    fc_service_stop(&self->service);
+    join_words(self);
+}
+
 static PyObject *interrupt(EngineObject *self, PyObject *unused)
 {
     (void)unused;
@@ -363,11 +373,8 @@ static PyObject *close_(EngineObject *self, PyObject *args)
     if (!self->ready || self->closed)
         Py_RETURN_NONE;
     self->closed = 1;
-    if (self->gated)
-        atomic_store(&self->gate.stop, 1);
     Py_BEGIN_ALLOW_THREADS
-    fc_service_stop(&self->service);
-    join_words(self);
+    stop_threads(self);
     if (atomic_load(&self->engine.aborted))
         fc_engine_linger(&self->engine, fc_deadline_in(linger_s));
     else
@@ -384,11 +391,8 @@ static void engine_dealloc(EngineObject *self)
     if (self->ready) {
         if (!self->closed) {
             self->closed = 1;
-            if (self->gated)
-                atomic_store(&self->gate.stop, 1);
             Py_BEGIN_ALLOW_THREADS
-            fc_service_stop(&self->service);
-            join_words(self);
+            stop_threads(self);
             Py_END_ALLOW_THREADS
         }
         py_reap(self);
