@@ -6,12 +6,13 @@
     fastcoll.finalize()
 
 Where things are: `lifecycle` (init, finalize, the default group), `group` (Group, sub-groups,
-how a call runs), `collectives` (the calls below), `exchange` (all_to_all, the rooted and uneven
-collectives, monitored_barrier, new_group), `objects` (msgpack values), `algorithms/` (direct,
-doubling, ring, pairwise, chain, and `select.py`, the rule that picks one), `transport/` (tcp with shared memory, zmq; the
-rendezvous), `service` (the service thread), `gate/` (the fence gate's host half), `gpu/` (its
-kernels, one body over a prelude per language in `metal/` and `cuda/`), `mlx_compat/` (fastcoll
-under mx.distributed), `launch/` (fastcoll-launch). docs/design.md walks through them.
+how a call runs), `collectives/` (the calls below, one family a module: reductions, gathers,
+scatters, p2p, sync, objects), `algorithms/` (direct, doubling, ring, pairwise, chain, and
+`select.py`, the rule that picks one), `engine/` (the data plane), `transport/` (tcp with shared
+memory, zmq; the rendezvous), `service` (the service thread), `gate/` (the fence gate's host
+half), `gpu/` (its kernels, one body over a prelude per language in `metal/` and `cuda/`),
+`mlx_compat/` (fastcoll under mx.distributed), `launch/` (fastcoll-launch). docs/design.md walks
+through them.
 """
 
 from __future__ import annotations
@@ -22,13 +23,23 @@ __version__ = "0.1.0"
 
 from fastcoll.collectives import (  # noqa: E402
     all_gather,
+    all_gather_object,
+    all_gather_v,
     all_reduce,
+    all_to_all,
+    all_to_all_v,
     barrier,
     broadcast,
+    broadcast_object,
+    gather,
     irecv,
     isend,
+    monitored_barrier,
+    new_group,
     recv,
+    reduce,
     reduce_scatter,
+    scatter,
     send,
 )
 from fastcoll.config import Config  # noqa: E402
@@ -40,19 +51,8 @@ from fastcoll.errors import (  # noqa: E402
     PeerLostError,
 )
 from fastcoll.gradients import average_gradients  # noqa: E402
-from fastcoll.exchange import (  # noqa: E402
-    all_gather_v,
-    all_to_all,
-    all_to_all_v,
-    gather,
-    monitored_barrier,
-    new_group,
-    reduce,
-    scatter,
-)
 from fastcoll.group import Group, NonMember  # noqa: E402
 from fastcoll.lifecycle import check, finalize, init, is_initialized  # noqa: E402
-from fastcoll.objects import all_gather_object, broadcast_object  # noqa: E402
 from fastcoll.service import Work  # noqa: E402
 
 logging.getLogger("fastcoll").addHandler(logging.NullHandler())

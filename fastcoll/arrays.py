@@ -21,20 +21,16 @@ except ImportError:  # fastcoll still moves numpy arrays without MLX
 
 
 MX_ARRAY: Any = mx.array if mx is not None else None  # for `type(x) is MX_ARRAY`
+# What fastcoll calls the caller's dtypes, by dtype object: a lookup is cheaper than dtype.name.
+_BY_NUMPY = {dtypes.host_dtype(name): name for name in dtypes.names() if name != "bfloat16"}
+MLX_NAMES = {} if mx is None else {
+    getattr(mx, "bool_" if name == "bool" else name): name for name in dtypes.names()
+    if hasattr(mx, "bool_" if name == "bool" else name)}
 
 
 def is_mlx(x: Any) -> bool:
     """True for an mx.array."""
     return mx is not None and isinstance(x, mx.array)
-
-
-def mx_flat(x: Any) -> np.ndarray:
-    """An mx.array evaluated and viewed as a flat numpy array (bfloat16 as its uint16 bits),
-    copied only if it is strided: a repeated call's input (Group._planned)."""
-    if x.dtype == mx.bfloat16:
-        x = x.view(mx.uint16)
-    mx.eval(x)
-    return np.array(x, copy=False).reshape(-1)
 
 
 def mx_result(out: np.ndarray, dtype: Any) -> Any:
@@ -54,25 +50,45 @@ class Host:
     mlx: bool
 
 
-def mx_name(dtype: Any) -> str:
-    """'float32' for mx.float32; TypeError for an MLX dtype fastcoll does not move."""
-    name = str(dtype).rsplit(".", 1)[-1]
-    if name not in dtypes.names():
-        raise TypeError(f"fastcoll does not support MLX dtype {name}")
+def name_of_numpy(dtype: np.dtype) -> str:
+    """The fastcoll name of a numpy dtype; TypeError for one fastcoll cannot move."""
+    name = _BY_NUMPY.get(dtype)
+    if name is None:
+        dtype = np.dtype(dtype)
+        name = _BY_NUMPY.get(dtype.newbyteorder("="))
+        if name is None:
+            raise TypeError(f"fastcoll does not support numpy dtype {dtype}")
     return name
+
+
+def name_of_mlx(dtype: Any) -> str:
+    """'float32' for mx.float32; TypeError for an MLX dtype fastcoll does not move."""
+    name = MLX_NAMES.get(dtype)
+    if name is None:
+        raise TypeError(f"fastcoll does not support MLX dtype {str(dtype).rsplit('.', 1)[-1]}")
+    return name
+
+
+def name_of(x: Any) -> str:
+    """x's dtype name, without evaluating or copying x; TypeError for anything but an array."""
+    if isinstance(x, np.ndarray):
+        return name_of_numpy(x.dtype)
+    if is_mlx(x):
+        return name_of_mlx(x.dtype)
+    raise TypeError(f"expected an mx.array or a numpy.ndarray, got {type(x).__name__}")
 
 
 def to_host(x: Any) -> Host:
     """Evaluate `x` if it is lazy and view it as a flat host buffer (copying only if strided)."""
     if isinstance(x, np.ndarray):
-        name = dtypes.name_of_numpy(x.dtype)
+        name = name_of_numpy(x.dtype)
         if x.flags.c_contiguous and x.dtype.isnative:  # the usual case, without a copy's checks
             return Host(name, x.shape, x.reshape(-1), False)
         native = x.dtype.newbyteorder("=")
         flat = np.ascontiguousarray(x, dtype=native).reshape(-1)
         return Host(name, x.shape, flat, False)
     if is_mlx(x):
-        name = mx_name(x.dtype)
+        name = name_of_mlx(x.dtype)
         if name == "bfloat16":
             x = x.view(mx.uint16)
         mx.eval(x)

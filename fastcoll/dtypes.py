@@ -45,20 +45,6 @@ def host_dtype(name: str) -> np.dtype:
     return _HOST[name]
 
 
-_BY_NUMPY = {dt: name for name, dt in _HOST.items() if name != "bfloat16"}
-
-
-def name_of_numpy(dtype: np.dtype) -> str:
-    """The fastcoll name of a numpy dtype; TypeError for one fastcoll cannot move."""
-    name = _BY_NUMPY.get(dtype)  # a dict lookup: dtype.name costs microseconds per call
-    if name is None:
-        dtype = np.dtype(dtype)
-        name = _BY_NUMPY.get(dtype.newbyteorder("="))
-        if name is None:
-            raise TypeError(f"fastcoll does not support numpy dtype {dtype}")
-    return name
-
-
 def check_reduction(name: str, op: str) -> None:
     """Raise before any byte moves when `op` is not a reduction of dtype `name`."""
     if op not in OPS:

@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from fastcoll import arrays, collectives, dtypes, lifecycle
+from fastcoll import arrays, dtypes, lifecycle
+from fastcoll.collectives import reductions
 from fastcoll.config import DEFAULT_DIRECT_MAX_BYTES
 
 DEFAULT_BUCKET_BYTES = DEFAULT_DIRECT_MAX_BYTES
@@ -69,10 +70,6 @@ def _rebuild(tree: Any, it) -> Any:
     return tree
 
 
-def _name(x: Any) -> str:
-    return arrays.mx_name(x.dtype) if arrays.is_mlx(x) else dtypes.name_of_numpy(x.dtype)
-
-
 def average_gradients(grads: Any, group: Any = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Any:
     """Average every array of `grads` over the ranks of `group`; the tree keeps its structure.
 
@@ -98,7 +95,7 @@ def average_gradients(grads: Any, group: Any = None, bucket_bytes: int = DEFAULT
     if not leaves:
         return grads
     is_mx = [arrays.is_mlx(x) for x in leaves]
-    names = [_name(x) for x in leaves]
+    names = [arrays.name_of(x) for x in leaves]
     for x, name in zip(leaves, names):
         if name not in _AVERAGEABLE:
             raise TypeError(f"average_gradients needs floating or complex arrays; got a {name} array of shape {tuple(x.shape)}")
@@ -127,7 +124,7 @@ def average_gradients(grads: Any, group: Any = None, bucket_bytes: int = DEFAULT
     for kind, members in units:
         if kind == "alone":
             x = leaves[members[0]]
-            pending.append((members, None, collectives.all_reduce(x, op="mean", group=g, async_op=True)))
+            pending.append((members, None, reductions.all_reduce(x, op="mean", group=g, async_op=True)))
             continue
         name = names[members[0]]
         if name == "bfloat16":
@@ -143,7 +140,7 @@ def average_gradients(grads: Any, group: Any = None, bucket_bytes: int = DEFAULT
                 view = np.array(x, copy=False) if is_mx[i] else x
                 flat[start : start + x.size] = view.reshape(-1)
                 start += x.size
-        pending.append((members, flat, collectives.all_reduce(flat, op="mean", group=g, async_op=True)))
+        pending.append((members, flat, reductions.all_reduce(flat, op="mean", group=g, async_op=True)))
     for members, flat, work in pending:
         out = work.wait()
         if flat is None:

@@ -79,7 +79,7 @@ def _connect(config: Config, gate: Any) -> Group:
     group = Group(config, eng, gate, hosts)
     if gate is not None:
         try:
-            gate.connect(lambda what, values: group._gather_ints(what, values, None), config.rank,
+            gate.connect(lambda what, values: group.gather_ints(what, values, None), config.rank,
                          config.world_size, same_host=len(table.same_host(config.rank)) == config.world_size)
             eng.attach_gate(gate)
         except BaseException:

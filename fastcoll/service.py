@@ -37,6 +37,17 @@ class Work:
         self._done.set()
 
 
+class Done(Work):
+    """A Work that ended before it was returned: what a call that needed no communication, or
+    one that the GPU finishes (the fence gate), gives with async_op."""
+
+    __slots__ = ()
+
+    def __init__(self, result: Any) -> None:
+        super().__init__()
+        self._finish(result)
+
+
 class Service:
     """One thread that runs submitted functions one at a time, in submission order.
 

@@ -7,8 +7,9 @@ only ever read into a buffer the receiver sized itself, so a peer cannot make a 
 
 from __future__ import annotations
 
+import functools
 import struct
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -33,6 +34,12 @@ class Header(NamedTuple):
     sig: str
     chunk: int
     nbytes: int
+
+
+@functools.lru_cache(maxsize=1024)  # a training loop repeats a handful of signatures
+def signature(kind: str, *parts: Any) -> str:
+    """'all_reduce(sum,float32,(4, 8))': the `sig` of a call's headers, which every rank must agree on."""
+    return kind + "(" + ",".join(map(str, parts)) + ")"
 
 
 def pack(h: Header) -> bytes:

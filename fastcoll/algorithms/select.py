@@ -12,6 +12,7 @@ module (the functions of `direct.py` with the same arguments) and give it a line
         pairwise   all_to_all
         chain      reduce
     gather, scatter: direct at every size (the root's link carries every block once anyway)
+    barrier, send, recv: direct (one message to each peer is all there is)
 
 direct and pairwise send the same messages for all_to_all (each block in pieces), so ranks whose
 buffers differ in size (all_to_all_v) may choose differently.
@@ -24,12 +25,11 @@ from typing import Any
 
 from fastcoll.algorithms import chain, direct, doubling, pairwise, ring
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "gather", "scatter", "reduce")
+# The collectives whose algorithm depends on the size, and those that always run direct.
+_SIZED = frozenset(("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "reduce"))
+_DIRECT = frozenset(("gather", "scatter", "barrier", "send", "recv"))
 _LARGE = {"all_to_all": pairwise, "reduce": chain}
-_KNOWN = frozenset(COLLECTIVES)
-_DOUBLING = frozenset(c for c in COLLECTIVES if hasattr(doubling, c))
-_ROOT_DIRECT = frozenset(("gather", "scatter"))
-_SIZED = _KNOWN - _ROOT_DIRECT  # the collectives whose algorithm depends on the size
+_DOUBLING = frozenset(c for c in _SIZED if hasattr(doubling, c))
 # The algorithms by the name an Op carries (fastcoll/engine/ops.py).
 ALGORITHMS = {"direct": direct, "doubling": doubling, "ring": ring, "pairwise": pairwise, "chain": chain}
 _NAMES = {module: name for name, module in ALGORITHMS.items()}
@@ -48,7 +48,7 @@ def choose(collective: str, nbytes: int, size: int, config: Any) -> ModuleType:
         if size != 2 and config.doubling and collective in _DOUBLING and doubling.applies(size):
             return doubling
         return direct
-    if collective in _ROOT_DIRECT:
+    if collective in _DIRECT:
         return direct
     raise ValueError(f"no algorithm serves {collective!r}")
 

@@ -1,5 +1,5 @@
 """One rank of tests/test_collectives.py's repeated-calls test: the same small calls many times
-(the native engine plans them after the first: Group._plan), interleaved with calls that take
+(the native engine plans them after the first: Group.prepare), interleaved with calls that take
 the ordinary way (async, a timeout, another shape), every result checked exactly."""
 
 from __future__ import annotations

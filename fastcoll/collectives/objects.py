@@ -20,10 +20,9 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from fastcoll.algorithms import select
+from fastcoll.collectives.call import begin, check_rank
+from fastcoll.collectives.uneven import cut
 from fastcoll.engine.ops import Op
-from fastcoll.collectives import _begin, _check_rank
-from fastcoll.exchange import _cut
 from fastcoll.errors import MismatchError
 from fastcoll.group import Group
 
@@ -71,7 +70,7 @@ def pack(obj: Any, what: str) -> bytes:
     data = msgpack.packb(obj, use_bin_type=True)
     if len(data) > MAX_OBJECT_BYTES:
         raise ValueError(f"{what}: the value packs to {len(data)} bytes, over "
-                         f"fastcoll.objects.MAX_OBJECT_BYTES ({MAX_OBJECT_BYTES})")
+                         f"fastcoll.collectives.objects.MAX_OBJECT_BYTES ({MAX_OBJECT_BYTES})")
     return data
 
 
@@ -96,46 +95,46 @@ def _sizes_ok(sizes: np.ndarray, what: str) -> None:
     bad = [int(s) for s in sizes if not 0 < s <= MAX_OBJECT_BYTES]
     if bad:
         raise MismatchError(f"{what}: a rank reported a packed size of {bad[0]} bytes, outside "
-                            f"1..{MAX_OBJECT_BYTES} (fastcoll.objects.MAX_OBJECT_BYTES)")
+                            f"1..{MAX_OBJECT_BYTES} (fastcoll.collectives.objects.MAX_OBJECT_BYTES)")
 
 
 def broadcast_object(obj: Any, root: int = 0, group: Group | None = None, timeout: float | None = None) -> Any:
     """Every rank gets root's `obj` (a msgpack value, see the module), decoded from the same bytes
     on every rank, root included (so tuples are lists everywhere). `obj` is ignored on the other
     ranks (pass None)."""
-    g = _begin(group, timeout)
-    _check_rank(root, g, "root")
+    g = begin(group, timeout)
+    check_rank(root, g, "root")
     me = g.rank() == root
     data = pack(obj, "broadcast_object") if me else b""
     if g.size() == 1:
         return unpack(data, "broadcast_object")
     size = np.array([len(data)], dtype=np.int64)
-    n = g.size()
-    g._run(f"broadcast_object.size({root})", Op("broadcast", select.algorithm("broadcast", 8, n, g.config), dst=size,
-                                                root=root, after=lambda: _sizes_ok(size, "broadcast_object")), timeout)
+    step = Op("broadcast", g.choose("broadcast", size.nbytes), dst=size, root=root,
+              after=lambda: _sizes_ok(size, "broadcast_object"))
+    g.run(f"broadcast_object.size({root})", step, timeout)
     buf = np.frombuffer(data, dtype=np.uint8).copy() if me else np.empty(int(size[0]), dtype=np.uint8)
-    step = Op("broadcast", select.algorithm("broadcast", buf.nbytes, n, g.config), dst=buf, root=root)
-    g._run(f"broadcast_object({root},{buf.nbytes})", step, timeout)
+    step = Op("broadcast", g.choose("broadcast", buf.nbytes), dst=buf, root=root)
+    g.run(f"broadcast_object({root},{buf.nbytes})", step, timeout)
     return unpack(memoryview(buf), "broadcast_object")
 
 
 def all_gather_object(obj: Any, group: Group | None = None, timeout: float | None = None) -> list[Any]:
     """Every rank's `obj` (a msgpack value, see the module), as a list in rank order, the same on
     every rank."""
-    g = _begin(group, timeout)
+    g = begin(group, timeout)
     data = pack(obj, "all_gather_object")
     n = g.size()
     if n == 1:
         return [unpack(data, "all_gather_object")]
-    table = g._gather_ints("all_gather_object.size", [len(data)], timeout)
+    table = g.gather_ints("all_gather_object.size", [len(data)], timeout)
     sizes = table[:, 0]
     _sizes_ok(sizes, "all_gather_object")
     buf = np.empty(int(sizes.sum()), dtype=np.uint8)
-    bounds = _cut([int(s) for s in sizes], 1)
+    bounds = cut([int(s) for s in sizes], 1)
     a, b = bounds[g.rank()]
     buf[a:b] = np.frombuffer(data, dtype=np.uint8)
-    step = Op("all_gather", select.algorithm("all_gather", buf.nbytes, n, g.config), dst=buf, bounds=bounds)
-    g._run(f"all_gather_object(uint8,{buf.nbytes})", step, timeout)
+    step = Op("all_gather", g.choose("all_gather", buf.nbytes), dst=buf, bounds=bounds)
+    g.run(f"all_gather_object(uint8,{buf.nbytes})", step, timeout)
     mv = memoryview(buf)
     return [unpack(mv[a:b], "all_gather_object") for a, b in bounds]
 

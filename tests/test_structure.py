@@ -1,0 +1,142 @@
+"""The code's shape, read with `ast`: modules talk through named interfaces, never through each
+other's underscore names; one place asks the algorithm rule.
+
+Nothing here imports fastcoll: each rule reads the source of fastcoll/ as it stands.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from dataclasses import dataclass, field
+
+from conftest import ROOT
+
+PACKAGE = os.path.join(ROOT, "fastcoll")
+@dataclass
+class Module:
+    """One source file of fastcoll/: its path, dotted name and tree."""
+
+    path: str
+    name: str
+    tree: ast.Module
+    defined: set[str] = field(default_factory=set)  # underscore names it defines itself
+
+
+def private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def modules() -> list[Module]:
+    found = []
+    for folder, _, files in os.walk(PACKAGE):
+        for f in sorted(files):
+            if f.endswith(".py"):
+                path = os.path.join(folder, f)
+                rel = os.path.relpath(path, ROOT).replace(os.sep, "/")
+                name = rel[:-3].replace("/", ".").removesuffix(".__init__")
+                with open(path) as fh:
+                    found.append(Module(rel, name, ast.parse(fh.read(), rel)))
+    for m in found:
+        for node in ast.walk(m.tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                m.defined.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                m.defined.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                m.defined.add(node.id)
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                m.defined.add(node.target.id)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and private(node.value):
+                m.defined.add(node.value)  # __slots__ entries, getattr names
+        m.defined = {n for n in m.defined if private(n)}
+    return found
+
+
+def imported_modules(m: Module, names: set[str]) -> dict[str, str]:
+    """The local names that `m` binds to fastcoll modules, and which module each is."""
+    bound = {}
+    for node in ast.walk(m.tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("fastcoll"):
+                    bound[a.asname or a.name.split(".")[0]] = a.name if a.asname else "fastcoll"
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fastcoll"):
+            for a in node.names:
+                if f"{node.module}.{a.name}" in names:
+                    bound[a.asname or a.name] = f"{node.module}.{a.name}"
+    return bound
+
+
+def own_package(m: Module, module: str) -> bool:
+    """Whether `module` is m itself or a package that holds m (whose private parts are m's too)."""
+    return m.name == module or m.name.startswith(module + ".")
+
+
+def private_uses(m: Module, everyone: list[Module]) -> list[str]:
+    """Where `m` takes an underscore name of another fastcoll module: `from x import _y`,
+    `x._y` on a module x, or `obj._y` for a name that only other modules define."""
+    names = {o.name for o in everyone}
+    elsewhere = set().union(*(o.defined for o in everyone if o is not m)) - m.defined
+    bound = imported_modules(m, names)
+    found = []
+    for node in ast.walk(m.tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fastcoll"):
+            for a in node.names:
+                if private(a.name) and not own_package(m, node.module):
+                    found.append(f"{m.path}:{node.lineno}: from {node.module} import {a.name}")
+        elif isinstance(node, ast.Attribute) and private(node.attr):
+            base = node.value
+            if isinstance(base, ast.Name) and base.id in bound:
+                if bound[base.id] != m.name:
+                    found.append(f"{m.path}:{node.lineno}: {base.id}.{node.attr} (module {bound[base.id]})")
+            elif not (isinstance(base, ast.Name) and base.id in ("self", "cls")) and node.attr in elsewhere:
+                found.append(f"{m.path}:{node.lineno}: {ast.unparse(base)}.{node.attr}")
+    return found
+
+
+def test_no_module_uses_another_modules_underscore_names():
+    everyone = modules()
+    found = [use for m in everyone for use in private_uses(m, everyone)]
+    assert not found, "\n".join(found)
+
+
+def test_the_check_sees_each_kind_of_private_use():
+    """The rule above, on a made-up module: it must flag what it is for, and only that."""
+    source = (
+        "from fastcoll.engine import _native\n"  # its own package's private module: allowed
+        "from fastcoll.group import _PLANS_MAX\n"
+        "from fastcoll import lifecycle\n"
+        "lifecycle._default\n"
+        "def f(g):\n"
+        "    g._seq += 1\n"
+        "    self._own = 1\n"
+        "    return g._own\n"
+    )
+    m = Module("fastcoll/engine/made_up.py", "fastcoll.engine.made_up", ast.parse(source))
+    m.defined = {"_own"}
+    others = [Module("fastcoll/group.py", "fastcoll.group", ast.parse(""), {"_PLANS_MAX", "_seq"}),
+              Module("fastcoll/lifecycle.py", "fastcoll.lifecycle", ast.parse(""), {"_default"}),
+              Module("fastcoll/engine/_native.py", "fastcoll.engine._native", ast.parse(""))]
+    found = private_uses(m, [m, *others])
+    assert [u.split(": ", 1)[1] for u in found] == [
+        "from fastcoll.group import _PLANS_MAX", "lifecycle._default (module fastcoll.lifecycle)", "g._seq"], found
+
+
+def test_one_place_asks_the_algorithm_rule_and_every_op_names_its_algorithm():
+    """`Group.choose` is the only caller of fastcoll/algorithms/select.py's rule, and every Op
+    built outside the engine says which algorithm runs it (an Op's default is no choice)."""
+    asks, silent = [], []
+    for m in modules():
+        if m.name.startswith(("fastcoll.algorithms", "fastcoll.engine")):
+            continue
+        for node in ast.walk(m.tree):
+            if not isinstance(node, ast.Call):
+                continue
+            called = ast.unparse(node.func)
+            if called in ("select.algorithm", "select.choose"):
+                asks.append(m.path)
+            if called == "Op" and len(node.args) < 2 and not any(k.arg == "algorithm" for k in node.keywords):
+                silent.append(f"{m.path}:{node.lineno}")
+    assert asks == ["fastcoll/group.py"], asks
+    assert not silent, silent
