@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import cpus, harness  # noqa: E402
 from bench.gate_bench import ProfileLines  # noqa: E402
-from bench.systems import tool  # noqa: E402
+from bench.systems import launcher  # noqa: E402
 
 SHAPES = {
     "8b": dict(hidden_size=4096, num_hidden_layers=32, intermediate_size=14336, num_attention_heads=32,
@@ -230,7 +230,7 @@ def command(run: str, name: str, args: argparse.Namespace, out: Path) -> list[st
            "--shape", args.shape, "--tokens", str(args.tokens), "--pyspy", str(out / f"decode_{args.shape}_{run}.pyspy")]
     if name == "single":
         return cmd
-    return [tool("fastcoll-launch") or "fastcoll-launch", "-n", str(args.world), "--timeout", str(args.timeout),
+    return [*launcher(), "-n", str(args.world), "--timeout", str(args.timeout),
             "--bind-to", "cores" if run.split("#")[0].endswith("_bound") else "none", *cmd]
 
 

@@ -40,7 +40,7 @@ decode=(python3 bench/decode_bench.py --shape "${DECODE_SHAPE:-8b}")
 while [ $# -gt 0 ]; do
   case $1 in
     build) run 200 env FASTCOLL_BUILD_STRICT=1 python3 setup.py -q build_ext --inplace --force
-      run 60 fastcoll-launch -n 2 python3 -c "import fastcoll; print(fastcoll.init().transport_info())" ;;
+      run 60 python3 -m fastcoll.launch -n 2 python3 -c "import fastcoll; print(fastcoll.init().transport_info())" ;;
     tests) mps off; run 200 python3 -m pytest -q -x tests/test_gate_gpu.py tests/test_gate_host.py \
       tests/test_gate_kernels.py tests/test_gate_direct.py tests/test_gate_ranks.py ;;
     ranks) mps on; run 400 python3 bench/gate_bench.py ranks --world 2 --gpus 0,0 --tokens 20 --out "$out" \

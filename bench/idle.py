@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import harness  # noqa: E402
-from bench.systems import tool  # noqa: E402
+from bench.systems import launcher, tool  # noqa: E402
 
 REPO = harness.REPO_ROOT
 
@@ -58,7 +58,7 @@ def command(system: str, worker: str, scenario: str, seconds: float) -> list[str
     if system == "mlx-ring":
         return [tool("mlx.launch") or "mlx.launch", "--backend", "ring", "-n", "2", "-p",
                 str(harness.free_port_range(2)), "--python", py, "--", *args]
-    return [tool("fastcoll-launch") or "fastcoll-launch", "-n", "2", py, *args]
+    return [*launcher(), "-n", "2", py, *args]
 
 
 def cpu_of(argv: list[str], env: dict[str, str], timeout: float) -> tuple[float, float]:

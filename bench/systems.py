@@ -73,6 +73,13 @@ def parse_system(name: str) -> System:
     return System(name.strip(), base, **fields)
 
 
+def launcher() -> list[str]:
+    """fastcoll-launch: the console script, or the module where only PYTHONPATH names fastcoll
+    (the GPU machine, which installs nothing)."""
+    script = tool("fastcoll-launch")
+    return [script] if script else [sys.executable, "-m", "fastcoll.launch"]
+
+
 def tool(name: str) -> str | None:
     """A console script installed beside this interpreter, else the first one on PATH."""
     beside = Path(sys.executable).parent / name
