@@ -21,6 +21,9 @@ except ImportError:  # fastcoll still moves numpy arrays without MLX
 
 
 MX_ARRAY: Any = mx.array if mx is not None else None  # for `type(x) is MX_ARRAY`
+# The largest mx.array a repeated call plans: its result is copied into a fresh mx.array, which
+# costs more than the plan saves from here on (output() writes a large one in place).
+MX_PLAN_BYTES = 256 * 1024
 # What fastcoll calls the caller's dtypes, by dtype object: a lookup is cheaper than dtype.name.
 _BY_NUMPY = {dtypes.host_dtype(name): name for name in dtypes.names() if name != "bfloat16"}
 MLX_NAMES = {} if mx is None else {

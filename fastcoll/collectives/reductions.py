@@ -54,8 +54,8 @@ def all_reduce(x: Any, op: str = "sum", group: Group | None = None, async_op: bo
         return Done(x) if async_op else x
     step = Op("all_reduce", g.choose("all_reduce", buf.nbytes), h.flat, buf, h.name, op, result=out)
     sig = signature("all_reduce", op, h.name, h.shape)
-    if not async_op and timeout is None and (kind is arrays.MX_ARRAY or kind is np.ndarray and x.flags.c_contiguous
-                                             and x.dtype.isnative):
+    if not async_op and timeout is None and (kind is arrays.MX_ARRAY and buf.nbytes <= arrays.MX_PLAN_BYTES
+                                             or kind is np.ndarray and x.flags.c_contiguous and x.dtype.isnative):
         plan = g.prepare(sig, step)
         if plan is not None:
             g.plans[("all_reduce", x.dtype, x.shape, op)] = plan
