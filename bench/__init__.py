@@ -1,6 +1,4 @@
-"""fastcoll's side-by-side benchmark harness: `python bench/run.py --help`.
-
-Modules: `metrics` (statistics and nccl-tests bandwidths), `systems` (the systems and how each
-is launched), `harness` (the interleaved run), `report` (JSON, Markdown and plots), `run` (CLI).
-The per-rank workers live in `bench/workers/` and run as scripts.
-"""
+"""fastcoll's benchmarks, users of its public API only (bench/README.md): `run.py` beside its
+peers on localhost, `multihost.py` across simulated hosts, `gate_bench.py` and `decode_bench.py`
+for the fence gate, all through one runner (`harness`) and one per-rank timing loop
+(`workers/timing.py`)."""

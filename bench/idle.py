@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
@@ -23,28 +22,28 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import harness  # noqa: E402
+from bench.systems import tool  # noqa: E402
+
+REPO = harness.REPO_ROOT
 
 WORKER = """
-import os, sys, time
+import sys, time
 import numpy as np
 system, scenario, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
 if system == "mlx-ring":
     import mlx.core as mx
-    g = mx.distributed.init(strict=True, backend="ring")
-    rank = g.rank()
+    rank = mx.distributed.init(strict=True, backend="ring").rank()
     call = lambda: mx.eval(mx.distributed.all_sum(mx.ones(4), stream=mx.cpu))
 else:
     import fastcoll
-    g = fastcoll.init()
-    rank = g.rank()
+    rank = fastcoll.init().rank()
     call = lambda: fastcoll.all_reduce(np.ones(4, np.float32))
 call()
-if scenario == "idle":
+if scenario == "idle" or rank == 1:  # waiting: rank 0 waits for rank 1 inside the next call
     time.sleep(seconds)
-elif rank == 1:
-    time.sleep(seconds)  # rank 0 waits for it inside the next call
 call()
 if system != "mlx-ring":
     fastcoll.finalize()
@@ -53,26 +52,41 @@ if system != "mlx-ring":
 SYSTEMS = {"fastcoll": {"FASTCOLL_NATIVE": "1"}, "fastcoll/py": {"FASTCOLL_NATIVE": "0"}, "mlx-ring": {}}
 
 
-def command(system: str, worker: str, scenario: str, seconds: float, port: int) -> list[str]:
-    py = sys.executable
-    args = [worker, system, scenario, str(seconds)]
+def command(system: str, worker: str, scenario: str, seconds: float) -> list[str]:
+    """The job as its users start it: fastcoll-launch, or mlx.launch for MLX's ring."""
+    py, args = sys.executable, [worker, system, scenario, str(seconds)]
     if system == "mlx-ring":
-        launcher = shutil.which("mlx.launch", path=os.path.dirname(py)) or "mlx.launch"
-        return [launcher, "--backend", "ring", "-n", "2", "-p", str(port), "--python", py, "--", *args]
-    launcher = shutil.which("fastcoll-launch", path=os.path.dirname(py)) or "fastcoll-launch"
-    return [launcher, "-n", "2", py, *args]
+        return [tool("mlx.launch") or "mlx.launch", "--backend", "ring", "-n", "2", "-p",
+                str(harness.free_port_range(2)), "--python", py, "--", *args]
+    return [tool("fastcoll-launch") or "fastcoll-launch", "-n", "2", py, *args]
 
 
 def cpu_of(argv: list[str], env: dict[str, str], timeout: float) -> tuple[float, float]:
     """(CPU seconds charged to the job and everything it started, wall seconds)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.monotonic()
+    before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
     r = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
-    wall = time.monotonic() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall, after = time.monotonic() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
     if r.returncode != 0:
         raise RuntimeError(f"{argv} exited {r.returncode}: {r.stderr[-2000:]}")
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), wall
+
+
+def measure(systems: list[str], seconds: float, rounds: int) -> list[dict]:
+    """Every (system, scenario) `rounds` times, interleaved; a row of medians each."""
+    rows: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        worker = os.path.join(tmp, "idle_worker.py")
+        Path(worker).write_text(WORKER)
+        for rnd in range(rounds):
+            for system in harness.rotated(systems, rnd):
+                for scenario in ("idle", "waiting"):
+                    env = harness.worker_env(SYSTEMS.get(system, {}))
+                    used = cpu_of(command(system, worker, scenario, seconds), env, 120)
+                    rows.setdefault((system, scenario), []).append(used)
+                    print(f"round {rnd + 1} {system} {scenario}: {used[0]:.2f} CPU-s in {used[1]:.2f} s", flush=True)
+    return [{"system": s, "scenario": sc, "cpu_s_median": statistics.median(c for c, _ in v),
+             "wall_s_median": statistics.median(w for _, w in v), "cpu_s": [round(c, 3) for c, _ in v]}
+            for (s, sc), v in rows.items()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,25 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(REPO / "bench" / "out" / "idle"))
     args = p.parse_args(argv)
     systems = [s for s in args.systems.split(",") if s]
-    rows: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        worker = os.path.join(tmp, "idle_worker.py")
-        Path(worker).write_text(WORKER)
-        for rnd in range(args.rounds):
-            for i, system in enumerate(systems[rnd % len(systems):] + systems[:rnd % len(systems)]):
-                for scenario in ("idle", "waiting"):
-                    env = dict(os.environ, PYTHONPATH=str(REPO), **SYSTEMS.get(system, {}))
-                    port = 31000 + 100 * rnd + 10 * i + (scenario == "waiting") * 5
-                    used = cpu_of(command(system, worker, scenario, args.seconds, port), env, 120)
-                    rows.setdefault((system, scenario), []).append(used)
-                    print(f"round {rnd + 1} {system} {scenario}: {used[0]:.2f} CPU-s in {used[1]:.2f} s", flush=True)
-    table = [{"system": s, "scenario": sc, "cpu_s_median": statistics.median(c for c, _ in v),
-              "wall_s_median": statistics.median(w for _, w in v), "cpu_s": [round(c, 3) for c, _ in v]}
-             for (s, sc), v in rows.items()]
+    table = measure(systems, args.seconds, args.rounds)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"seconds": args.seconds, "rounds": args.rounds, "time": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-            "loadavg": os.getloadavg(), "cpus": os.cpu_count(), "argv": sys.argv}
+    meta = harness.machine_info() | {"seconds": args.seconds, "rounds": args.rounds, "argv": sys.argv}
     (out / "idle.json").write_text(json.dumps({"meta": meta, "rows": table}, indent=1) + "\n")
     md = [f"A two-rank job, {args.seconds:g} s without work, CPU seconds of the whole job (launcher and ranks, "
           f"start-up included), median of {args.rounds} interleaved rounds:", "",

@@ -31,7 +31,7 @@ def bus_factor(op: str, world: int) -> float:
 
 
 def algbw(nbytes: int, seconds: float) -> float:
-    """Algorithm bandwidth in bytes per second: S / t."""
+    """S / t in bytes per second."""
     if seconds <= 0:
         raise ValueError(f"time must be positive, not {seconds}")
     return nbytes / seconds
@@ -56,10 +56,7 @@ def summarize(times: Sequence[float]) -> dict[str, float]:
 
 
 def speedup(t_peer: float, t_fastcoll: float) -> float:
-    """How many times faster fastcoll is than a peer: t_peer / t_fastcoll (> 1: fastcoll wins).
-
-    At equal S and n this is also fastcoll's busbw divided by the peer's.
-    """
+    """How many times faster fastcoll is than a peer: t_peer / t_fastcoll (> 1: fastcoll wins)."""
     if t_peer <= 0 or t_fastcoll <= 0:
         raise ValueError("times must be positive")
     return t_peer / t_fastcoll

@@ -1,4 +1,5 @@
-"""The benchmark harness (bench/): its arithmetic, and a --quick run of the systems present."""
+"""The benchmark (bench/): its arithmetic, its runner, a --quick run of the systems present, and
+the GPU benchmarks run on the CPU (where the gate is off and every run takes the host path)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import harness, metrics, report  # noqa: E402
-from bench.systems import parse_system, parse_document  # noqa: E402
+from bench.systems import parse_system  # noqa: E402
 from bench.workers import timing  # noqa: E402
 
 
@@ -80,9 +81,30 @@ def test_names_rotation_and_parsing() -> None:
     assert parse_system("mlx-ring").kind == "mlx"
     with pytest.raises(ValueError):
         parse_system("nccl")
+    tuned = parse_system("fastcoll-tcp/py/doubling=0/yield_reads=0")
+    assert tuned.python_engine and tuned.tuning == ("doubling=0", "yield_reads=0")
+    with pytest.raises(ValueError, match="KEY=VALUE for fastcoll"):
+        parse_system("gloo/doubling=0")
     assert harness.rotated([1, 2, 3], 1) == [2, 3, 1]
-    assert parse_document('noise\n{"points": [], "system": "x"}\n') == {"points": [], "system": "x"}
-    assert parse_document("no json here") is None
+    text = 'noise\n[1] {"points": [], "system": "x"}\n{"other": 1}\n{"points": [2]} trailing\n'
+    assert harness.documents(text, "points") == [{"points": [], "system": "x"}, {"points": [2]}]
+    assert harness.documents("no json here {", "points") == []
+
+
+def test_run_job_collects_documents_failures_and_timeouts() -> None:
+    """The runner every entry point uses: rank 0's document, a failed rank's exit and output,
+    and a job past its timeout ended (with what its rank 0 had printed before)."""
+    py = sys.executable
+    ok = harness.run_job([([py, "-c", 'print("[0] {\\"points\\": [1]}")'], {}),
+                          ([py, "-c", "pass"], {})], timeout=30)
+    assert ok.error is None and ok.doc == {"points": [1]}
+    bad = harness.run_job([([py, "-c", "import sys; print('boom'); sys.exit(3)"], {})], timeout=30)
+    assert bad.doc is None and bad.error.startswith("process 0 exited with 3") and "boom" in bad.error
+    t0 = __import__("time").monotonic()
+    slow = harness.run_job([([py, "-c", 'import time; print("{\\"points\\": []}", flush=True); '
+                                        'time.sleep(60)'], {})], timeout=2)
+    assert slow.error.startswith("timed out after 2 s") and slow.doc == {"points": []}
+    assert __import__("time").monotonic() - t0 < 20
 
 
 def test_quick_run(tmp_path: Path) -> None:
@@ -109,13 +131,14 @@ def test_quick_run(tmp_path: Path) -> None:
         want = metrics.busbw(p["op"], 2, p["bytes"], p["median_s"]) / metrics.GB
         assert p["busbw_GBps"] == pytest.approx(want)
         assert p["algbw_GBps"] == pytest.approx(p["bytes"] / p["median_s"] / metrics.GB)
+        assert p["cpu_s"] > 0  # each rank's CPU time per call
     ok = {(p["system"], p["op"], p["size"]): p for p in doc["points"] if p["status"] == "ok"}
     for rec in doc["ratios"]:
         f = ok[(rec["fastcoll"], rec["op"], rec["size"])]
         q = ok[(rec["peer"], rec["op"], rec["size"])]
         assert rec["speedup"] == pytest.approx(q["median_s"] / f["median_s"])
     md = (out / "results.md").read_text()
-    assert "## all_reduce, 2 ranks" in md and "| 4 KiB |" in md
+    assert "## all_reduce, 2 ranks" in md and "| 4 KiB |" in md and "CPU time per collective" in md
     for name in doc["skipped"]:
         assert f"**{name} skipped**" in md
     if "plots skipped" not in r.stdout:
@@ -124,7 +147,7 @@ def test_quick_run(tmp_path: Path) -> None:
 
 def test_decode_floor_all_sum() -> None:
     """decode_bench's floors stand in for mx.distributed.all_sum with its signature; a floor it
-    does not know is an error that names it (the kernel floors need a CUDA GPU, run on the H200)."""
+    does not know, or a kernel floor without CUDA, is an error that says so."""
     mx = pytest.importorskip("mlx.core")
     from bench.decode_bench import floor_all_sum
 
@@ -132,55 +155,81 @@ def test_decode_floor_all_sum() -> None:
     assert floor_all_sum("identity")(x, group=None, stream=None) is x
     with pytest.raises(ValueError, match="DECODE_FLOOR='nccl'"):
         floor_all_sum("nccl")
+    if not mx.cuda.is_available():
+        with pytest.raises(RuntimeError, match="DECODE_FLOOR=custom: the copy kernel needs MLX's CUDA"):
+            floor_all_sum("custom")
 
 
-@pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity"), reason="cpu_map pins itself: Linux only")
-def test_cpu_map_times_every_cpu_and_unpins() -> None:
-    import os
+def test_gate_profile_summary_is_read_from_the_log() -> None:
+    """gate_bench reads FASTCOLL_GATE_PROFILE's summary from the `fastcoll` logger, as a user
+    would: the line the gate's profile logs is the line it keeps."""
+    import logging
 
-    from bench.micro.cpu_map import cpu_map
+    from bench.gate_bench import ProfileLines
+    from fastcoll.gate.profile import GateProfile, GateTiming
 
-    before = os.sched_getaffinity(0)
-    speeds = cpu_map(passes=1)
-    assert set(speeds) == before and all(s > 0 for s in speeds.values())
-    assert os.sched_getaffinity(0) == before  # not left pinned to the last CPU it timed
-
-
-@pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity"), reason="pinning threads: Linux only")
-def test_fast_main_pins_the_main_thread_alone() -> None:
-    """decode_bench --fast-main: the thread that calls pin_main_thread goes onto its rank's CPU;
-    every other thread of the process (one started after the caller was narrowed, too) keeps
-    every CPU the process had."""
-    import subprocess
-    import sys
-
-    script = r"""
-import os, threading, time
-from bench.decode_bench import pin_main_thread
-everywhere = os.sched_getaffinity(0)
-cpu = max(everywhere)
-os.environ["DECODE_MAIN_CPUS"] = f"{min(everywhere)},{cpu}"
-os.sched_setaffinity(0, {cpu})  # as if MLX had started a thread from a narrowed one
-stop = threading.Event()
-t = threading.Thread(target=stop.wait, daemon=True)  # a failed assert ends the process at once
-t.start()
-os.sched_setaffinity(0, everywhere)
-assert pin_main_thread(1) == [cpu]
-assert os.sched_getaffinity(t.native_id) == everywhere, os.sched_getaffinity(t.native_id)
-stop.set()
-t.join()
-print("ok")
-"""
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
-                       cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+    lines, log = ProfileLines(), logging.getLogger("fastcoll.gate")
+    level = log.level
+    log.setLevel(logging.INFO)  # as the gate does when FASTCOLL_GATE_PROFILE=1
+    try:
+        profile = GateProfile(warmup=0, logger=log)
+        profile.record(GateTiming(1, 2.0, 3.0, 4.0, 5.0, 6, "ok"))
+        profile.log_summary()
+    finally:
+        logging.getLogger("fastcoll").removeHandler(lines)
+        log.setLevel(level)
+    assert len(lines.lines) == 1 and "arrival wait 2.0 us" in lines.lines[0], lines.lines
 
 
-def test_steal_share_is_the_stolen_part_of_each_cpus_ticks() -> None:
-    from bench.decode_bench import cpu_ticks, steal_share
+def _run(args: list[str], timeout: float) -> str:
+    r = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r.stdout
+
+
+def test_gate_bench_on_the_cpu(tmp_path: Path) -> None:
+    """gate_bench's ranks and kill parts, run where the gate is off: every run's chain gives the
+    right tokens on both ranks, the exact gates are all right, and a rank killed mid-token makes
+    its peer raise PeerLostError within the timeout, its device still running."""
+    pytest.importorskip("mlx.core")
+    _run(["bench/gate_bench.py", "ranks", "--tokens", "2", "--ops", "3", "--rows", "16:float32,512:bfloat16",
+          "--exact", "64", "--timeout", "30", "--out", str(tmp_path)], 240)
+    for run in ("host", "gate", "gatehost"):
+        docs = json.loads((tmp_path / f"gate_ranks_{run}.json").read_text())
+        assert [d["rank"] for d in docs] == [0, 1], docs
+        assert all(d["float32_16"]["serial"]["median"] > 0 and d["bfloat16_512"]["serial"]["n"] == 2 for d in docs)
+        assert ("pipelined" in docs[0]["float32_16"]) == (run != "host")
+    gatehost = json.loads((tmp_path / "gate_ranks_gatehost.json").read_text())
+    assert all(d["exact"] == {"gates": 64, "wrong": 0, "error": None} for d in gatehost)
+    assert "| bfloat16_512 |" in (tmp_path / "gate_ranks_results.md").read_text()
+    _run(["bench/gate_bench.py", "kill", "--timeout", "20", "--out", str(tmp_path)], 240)
+    for run in ("kill_direct", "kill_hostmode"):
+        res = json.loads((tmp_path / f"{run}.json").read_text())
+        assert res["error"].startswith("PeerLostError") and res["seconds_to_error"] < 20, res
+        assert res["device_runs_after"] is True
+
+
+def test_decode_bench_on_the_cpu(tmp_path: Path) -> None:
+    """decode_bench's tiny llama through mlx-lm on the CPU: one process, two ranks on the host
+    path and two 'gate' ranks (the host path here) make the same tokens; the diagnoses run."""
+    pytest.importorskip("mlx_lm")
+    out = _run(["bench/decode_bench.py", "--shape", "tiny", "--tokens", "12", "--runs", "single,host,gate",
+                "--out", str(tmp_path)], 400)
+    assert "gate generated the same 12 tokens as the host path: True" in out, out
+    results = json.loads((tmp_path / "decode_tiny.json").read_text())
+    assert [len(results[r]) for r in ("single", "host", "gate")] == [1, 2, 2]
+    assert all(d["ms_per_token"]["median"] > 0 for docs in results.values() for d in docs)
+
+
+def test_steal_share_and_thread_stats() -> None:
+    from bench.cpus import Threads, cpu_ticks, steal_share
 
     before = {0: (1000, 10), 1: (1000, 0)}
     after = {0: (1200, 60), 1: (1000, 0)}  # CPU 1: no ticks between the reads, so no share
     assert steal_share(before, after, [0, 1, 2]) == {0: 0.25}
-    ticks = cpu_ticks()
-    assert all(total >= stolen >= 0 for total, stolen in ticks.values())
+    assert all(total >= stolen >= 0 for total, stolen in cpu_ticks().values())
+    if __import__("os").path.isdir("/proc/self/task"):
+        threads = Threads()
+        sum(i * i for i in range(300_000))  # some CPU time on this thread
+        rows = threads.summary(1.0)
+        assert rows[0]["cpu_share"] > 0 and {"waits", "preempted", "moves", "faults"} <= set(rows[0])

@@ -1,7 +1,7 @@
-"""One rank of `bench/multihost.py outage`: all-reduce 4 KiB every 10 ms for SECONDS, then
-write (rank 0) OUT: the longest all-reduce and when it began (time.time()).
+"""One rank of `bench/multihost.py outage` (started by fastcoll-launch): all-reduce 4 KiB every
+10 ms for SECONDS, then rank 0 writes OUT: the longest all-reduce and when it began.
 
-    stall_worker.py OUT SECONDS        (started by fastcoll-launch)
+    stall_worker.py OUT SECONDS
 """
 
 from __future__ import annotations
@@ -14,19 +14,16 @@ import numpy as np
 
 import fastcoll
 
-
-def main() -> None:
+if __name__ == "__main__":
     out, seconds = sys.argv[1], float(sys.argv[2])
     g = fastcoll.init()
     x = np.ones(1024, np.float32)
     fastcoll.barrier()
     print("ready", flush=True)
-    longest, longest_at, calls = 0.0, time.time(), 0
-    end = time.monotonic() + seconds
+    longest, longest_at, calls, end = 0.0, time.time(), 0, time.monotonic() + seconds
     while True:
         x[1] = 1.0 if time.monotonic() >= end else 0.0  # every rank stops after the same call
-        began = time.time()
-        t0 = time.perf_counter()
+        began, t0 = time.time(), time.perf_counter()
         y = fastcoll.all_reduce(x)
         took = time.perf_counter() - t0
         assert y[0] == g.size()
@@ -41,7 +38,3 @@ def main() -> None:
         with open(out, "w") as f:
             json.dump({"longest_s": longest, "longest_at": longest_at, "calls": calls}, f)
     fastcoll.finalize()
-
-
-if __name__ == "__main__":
-    main()

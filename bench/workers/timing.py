@@ -4,11 +4,12 @@ A worker adapts one communication system to the small `Backend` interface below 
 `run_worker`, which, for every (op, size) point: builds the inputs, runs the collective once and
 checks the result on every rank (so a broken system cannot look fast), warms up, waits at a
 barrier, times each iteration separately, and gathers the per-iteration times of all ranks (the
-time of an iteration is that of its slowest rank). Rank 0 prints one JSON object to stdout.
+time of an iteration is that of its slowest rank) and each rank's CPU time per call (all its
+threads). Rank 0 prints one JSON object to stdout.
 
-Sizes follow nccl-tests: for all-gather and reduce-scatter the size S is the total gathered
-(scattered) buffer, so each rank contributes S/n; for all-reduce and broadcast S is the buffer.
-All buffers are float32.
+Sizes follow nccl-tests: S is the buffer for all-reduce, broadcast and reduce; the total gathered
+(scattered) buffer for all-gather, reduce-scatter, gather and scatter (each rank sends or keeps
+S/n); each rank's buffer for all-to-all (S/n to every rank). All buffers are float32.
 """
 
 from __future__ import annotations
@@ -21,23 +22,17 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")  # the default sweep
-# Also measured on request (--ops): MLX has none of them. For all_to_all S is each rank's buffer
-# (S/n to every rank); for gather and scatter the total gathered (scattered) buffer at the root;
-# for reduce the buffer.
-MORE_OPS = ("all_to_all", "gather", "scatter", "reduce")
-ALL_OPS = OPS + MORE_OPS
+ALL_OPS = OPS + ("all_to_all", "gather", "scatter", "reduce")  # MLX has none of these
 DTYPE = np.float32
 ITEMSIZE = 4
 ROOT = 0
 
-# A prepared collective: calling it runs the collective once, to completion, and returns the
-# result (anything np.asarray understands).
-Collective = Callable[[], Any]
+Collective = Callable[[], Any]  # runs the collective once, to completion; returns its result
 
 
 class NotSupported(Exception):
@@ -52,17 +47,13 @@ class Backend:
     rank: int
     world: int
     barrier: Callable[[], None]
-    # (k,) float64 on every rank -> (world, k) float64, rank order; uses the system itself.
-    gather_floats: Callable[[np.ndarray], np.ndarray]
-    # (op, input array, output element count) -> a prepared collective.
-    prepare: Callable[[str, np.ndarray, int], Collective]
-    # op -> a note when the system emulates that op with another collective.
-    emulated: dict[str, str] = field(default_factory=dict)
+    gather_floats: Callable[[np.ndarray], np.ndarray]  # (k,) on every rank -> (world, k), by the system itself
+    prepare: Callable[[str, np.ndarray, int], Collective]  # (op, input, output elements) -> a collective
+    emulated: dict[str, str] = field(default_factory=dict)  # op -> how the system emulates it
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class Layout:
+class Layout(NamedTuple):
     """Element counts of one point: what each rank sends and receives, and the size S."""
 
     in_elems: int
@@ -98,12 +89,10 @@ def check_input(op: str, lay: Layout, rank: int) -> np.ndarray:
         return p * DTYPE(rank + 1)
     if op in ("all_gather", "gather", "all_to_all"):
         return p + DTYPE(100 * rank)
-    if op == "scatter":
+    if op in ("scatter", "broadcast"):
         return p if rank == ROOT else np.zeros(lay.in_elems, DTYPE)
     if op == "reduce_scatter":
         return p + DTYPE(rank)
-    if op == "broadcast":
-        return p if rank == ROOT else np.zeros(lay.in_elems, DTYPE)
     raise ValueError(f"unknown op {op!r}")
 
 
@@ -111,22 +100,18 @@ def expected(op: str, lay: Layout, rank: int, world: int) -> np.ndarray | None:
     """The result `rank` must get from `check_input` on every rank (None: nothing, off the root)."""
     if op in ("gather", "reduce") and rank != ROOT:
         return None
-    if op == "reduce":
+    mine = slice(rank * lay.out_elems, (rank + 1) * lay.out_elems)
+    if op in ("all_reduce", "reduce"):
         return _pattern(lay.in_elems) * DTYPE(world * (world + 1) // 2)
-    if op == "gather":
+    if op in ("all_gather", "gather"):
         return np.concatenate([check_input(op, lay, r) for r in range(world)])
     if op == "scatter":
-        return _pattern(lay.in_elems)[rank * lay.out_elems:(rank + 1) * lay.out_elems]
+        return _pattern(lay.in_elems)[mine]
     if op == "all_to_all":
         k = lay.in_elems // world
         return np.concatenate([check_input(op, lay, r)[rank * k:(rank + 1) * k] for r in range(world)])
-    if op == "all_reduce":
-        return _pattern(lay.in_elems) * DTYPE(world * (world + 1) // 2)
-    if op == "all_gather":
-        return np.concatenate([check_input(op, lay, r) for r in range(world)])
     if op == "reduce_scatter":
-        block = _pattern(lay.in_elems)[rank * lay.out_elems : (rank + 1) * lay.out_elems]
-        return block * DTYPE(world) + DTYPE(world * (world - 1) // 2)
+        return _pattern(lay.in_elems)[mine] * DTYPE(world) + DTYPE(world * (world - 1) // 2)
     if op == "broadcast":
         return _pattern(lay.in_elems)
     raise ValueError(f"unknown op {op!r}")
@@ -149,62 +134,56 @@ def verify(op: str, lay: Layout, rank: int, world: int, result: Any) -> str | No
     return None
 
 
-@dataclass
-class Settings:
-    """How long to measure each point."""
-
-    iters: int = 20
-    warmup: int = 3
-    budget_s: float = 0.0  # > 0: choose iters so that a point takes about this long
-    min_iters: int = 5
-    max_iters: int = 2000
+def choose_iters(args: argparse.Namespace, estimate_s: float) -> int:
+    """Iterations for one point: --iters, or enough for --budget seconds (--min-iters..--max-iters)."""
+    if args.budget <= 0:
+        return args.iters
+    return int(min(args.max_iters, max(args.min_iters, math.ceil(args.budget / max(estimate_s, 1e-7)))))
 
 
-def choose_iters(settings: Settings, estimate_s: float) -> int:
-    """Iterations for one point: fixed, or from the time budget and a per-iteration estimate."""
-    if settings.budget_s <= 0:
-        return settings.iters
-    n = math.ceil(settings.budget_s / max(estimate_s, 1e-7))
-    return int(min(settings.max_iters, max(settings.min_iters, n)))
+def _checked(backend: Backend, op: str, lay: Layout) -> tuple[Collective | None, dict[str, Any]]:
+    """The prepared collective, run once and checked on every rank, or None and why not."""
+    try:
+        fn = backend.prepare(op, check_input(op, lay, backend.rank), lay.out_elems)
+        problem = verify(op, lay, backend.rank, backend.world, fn())
+    except NotSupported as e:
+        return None, {"status": "n/a", "reason": str(e)}
+    oks = backend.gather_floats(np.array([0.0 if problem else 1.0]))  # every rank learns of all
+    if problem or oks.min() < 1.0:
+        bad = [r for r in range(backend.world) if oks[r, 0] < 1.0]
+        why = f"wrong result on ranks {bad}" + (f" (rank {backend.rank}: {problem})" if problem else "")
+        return None, {"status": "check failed", "reason": why}
+    return fn, {}
 
 
-def measure_point(backend: Backend, op: str, nominal: int, settings: Settings) -> dict[str, Any]:
+def measure_point(backend: Backend, op: str, nominal: int, settings: argparse.Namespace) -> dict[str, Any]:
     """Check, warm up and time one (op, size) point; the same on every rank."""
     lay = layout(op, nominal, backend.world)
     point: dict[str, Any] = {"op": op, "size": nominal, "bytes": lay.bytes}
     if op in backend.emulated:
         point["emulated"] = backend.emulated[op]
-    try:
-        fn = backend.prepare(op, check_input(op, lay, backend.rank), lay.out_elems)
-        problem = verify(op, lay, backend.rank, backend.world, fn())
-    except NotSupported as e:
-        return point | {"status": "n/a", "reason": str(e)}
-    # Every rank learns whether every rank got the right answer.
-    oks = backend.gather_floats(np.array([0.0 if problem else 1.0]))
-    if problem or oks.min() < 1.0:
-        bad = [r for r in range(backend.world) if oks[r, 0] < 1.0]
-        reason = f"wrong result on ranks {bad}" + (f" (rank {backend.rank}: {problem})" if problem else "")
-        return point | {"status": "check failed", "reason": reason}
-
+    fn, failed = _checked(backend, op, lay)
+    if fn is None:
+        return point | failed
     warm: list[float] = []
     for _ in range(settings.warmup):
         t0 = time.perf_counter()
         fn()
         warm.append(time.perf_counter() - t0)
-    estimate = float(np.median(warm)) if warm else 0.0
     # All ranks must run the same number of iterations: agree on the slowest estimate.
-    estimate = float(backend.gather_floats(np.array([estimate])).max())
+    estimate = float(backend.gather_floats(np.array([np.median(warm) if warm else 0.0])).max())
     iters = choose_iters(settings, estimate)
-
     times = np.empty(iters, dtype=np.float64)
     backend.barrier()
+    cpu = time.process_time()
     for i in range(iters):
         t0 = time.perf_counter()
         fn()
         times[i] = time.perf_counter() - t0
-    per_rank = backend.gather_floats(times)
-    slowest = per_rank.max(axis=0)
-    return point | {"status": "ok", "iters": iters, "times": [float(t) for t in slowest]}
+    cpu = (time.process_time() - cpu) / iters
+    per_rank = backend.gather_floats(np.append(times, cpu))
+    return point | {"status": "ok", "iters": iters, "times": [float(t) for t in per_rank[:, :-1].max(axis=0)],
+                    "cpu_s": [float(c) for c in per_rank[:, -1]]}
 
 
 def worker_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -212,48 +191,31 @@ def worker_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="one rank of a fastcoll benchmark worker")
     p.add_argument("--ops", default=",".join(OPS))  # any of ALL_OPS
     p.add_argument("--sizes", default="4,4096", help="comma-separated nominal sizes in bytes")
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--budget", type=float, default=0.0, help="seconds per point (0: fixed --iters)")
-    p.add_argument("--min-iters", type=int, default=5)
-    p.add_argument("--max-iters", type=int, default=2000)
+    for name, kind, default in (("iters", int, 20), ("warmup", int, 3), ("min-iters", int, 5),
+                                ("max-iters", int, 2000), ("budget", float, 0.0)):  # budget 0: fixed --iters
+        p.add_argument(f"--{name}", type=kind, default=default)
     p.add_argument("--partial", default=os.environ.get("BENCH_PARTIAL_FILE"),
                    help="rank 0 rewrites this file with the results so far after every point")
     return p.parse_known_args(argv)[0]
 
 
-def _write_partial(path: str | None, doc: dict[str, Any]) -> None:
-    if not path:
-        return
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f)
-    os.replace(tmp, path)
-
-
 def run_worker(backend: Backend, args: argparse.Namespace) -> dict[str, Any]:
     """Measure every requested point; rank 0 prints the JSON document and returns it."""
-    settings = Settings(args.iters, args.warmup, args.budget, args.min_iters, args.max_iters)
-    ops = [o for o in args.ops.split(",") if o]
-    sizes = [int(s) for s in args.sizes.split(",") if s]
-    doc: dict[str, Any] = {
-        "system": backend.system,
-        "world": backend.world,
-        "meta": backend.meta | {"pid": os.getpid()},
-        "points": [],
-    }
+    ops, sizes = [o for o in args.ops.split(",") if o], [int(s) for s in args.sizes.split(",") if s]
+    doc: dict[str, Any] = {"system": backend.system, "world": backend.world, "meta": backend.meta, "points": []}
     for op in ops:
         for size in sizes:
             try:
-                point = measure_point(backend, op, size, settings)
+                point = measure_point(backend, op, size, args)
             except Exception as e:  # a failing point must not cost the others
                 point = {"op": op, "size": size, "status": "error",
                          "reason": f"{type(e).__name__}: {e}"}
                 traceback.print_exc(file=sys.stderr)
             doc["points"].append(point)
-            if backend.rank == 0:
-                _write_partial(args.partial, doc)
+            if backend.rank == 0 and args.partial:  # what the harness keeps if the job dies later
+                with open(f"{args.partial}.tmp", "w") as f:
+                    json.dump(doc, f)
+                os.replace(f"{args.partial}.tmp", args.partial)
     if backend.rank == 0:
-        sys.stdout.write("\n" + json.dumps(doc) + "\n")
-        sys.stdout.flush()
+        print("\n" + json.dumps(doc), flush=True)
     return doc

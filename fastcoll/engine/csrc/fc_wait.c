@@ -49,6 +49,11 @@ static fc_chan *peer_here(fc_engine *e, fc_chan *awaited, int cpu)
     return awaited && awaited->link.shm && fc_ring_writer_cpu(&awaited->link.rx) == cpu ? awaited : NULL;
 }
 
+/* A spin yields the CPU this often, as MPICH's progress loop does: where the ranks outnumber the
+ * CPUs without this process knowing it (hosts that share a machine), the peer that owes the reply
+ * may be waiting for this very CPU; where nothing else is runnable the yield returns at once. */
+#define SPIN_YIELD_EVERY_NS (10 * 1000LL)
+
 /* How often at most a wait moves this thread off the CPU it shares with its peer. */
 #define STEP_ASIDE_EVERY_NS (100 * 1000 * 1000LL)
 
@@ -252,6 +257,7 @@ int fc_engine_wait(fc_engine *e, fc_step step, void *ctx, fc_chan *awaited, fc_n
     int cpu = say_cpu(e);
     fc_ns spin = e->spin_ns;
     int looked = 0; /* whether the peer's CPU was looked at since this wait began to idle */
+    fc_ns yielded = 0; /* when the spin last yielded, counted from idle_since */
     for (;;) {
         int moved = fc_engine_push_all(e);
         int r = step(e, ctx, &moved, err);
@@ -265,6 +271,7 @@ int fc_engine_wait(fc_engine *e, fc_step step, void *ctx, fc_chan *awaited, fc_n
         if (moved) {
             idle_since = now;
             looked = 0;
+            yielded = 0;
             continue;
         }
         if (now >= deadline)
@@ -283,7 +290,12 @@ int fc_engine_wait(fc_engine *e, fc_step step, void *ctx, fc_chan *awaited, fc_n
             }
         }
         if (idle < spin) {
-            relax();
+            if (idle - yielded >= SPIN_YIELD_EVERY_NS) {
+                sched_yield(); /* a rank that owes the reply may be waiting for this very CPU */
+                yielded = idle;
+            } else {
+                relax();
+            }
         } else if (idle < spin + e->yield_ns) {
             sched_yield();
         } else if (block(e, awaited, deadline, &checked, err) < 0) {

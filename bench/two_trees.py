@@ -1,6 +1,6 @@
 """Two versions of fastcoll on the same benchmark, alternating: is a change slower?
 
-    python bench/ab/two_trees.py BEFORE AFTER [--rounds 5] [-- RUN.PY ARGS...]
+    python bench/two_trees.py BEFORE AFTER [--rounds 5] [-- RUN.PY ARGS...]
 
 BEFORE and AFTER are git revisions (or "." for the working tree as it is). Each is checked out
 with `git archive` into a temporary folder, and each round runs that version's own
@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = ["--ops", "all_reduce,all_gather,reduce_scatter,broadcast", "--world", "2", "--sizes", "4,4KiB",
            "--systems", "fastcoll-tcp,fastcoll-tcp/noshm,fastcoll-zmq", "--rounds", "1", "--no-plots"]
 
