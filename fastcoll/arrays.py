@@ -100,9 +100,8 @@ def to_host(x: Any) -> Host:
     raise TypeError(f"expected an mx.array or a numpy.ndarray, got {type(x).__name__}")
 
 
-# Below this size a fresh mx.array is made from an uninitialised numpy buffer (a small copy,
-# ~3 us); above it by mx.zeros, whose evaluation costs ~70 us of MLX scheduling but only writes
-# the memory rather than copying it.
+# A small result is copied from an uninitialised numpy buffer, because evaluating mx.zeros costs
+# more in MLX's scheduling than the copy; a large one is mx.zeros, which writes and never copies.
 _MX_ZEROS_BYTES = 256 * 1024
 
 

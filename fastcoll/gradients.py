@@ -94,65 +94,70 @@ def average_gradients(grads: Any, group: Any = None, bucket_bytes: int = DEFAULT
     _leaves(grads, leaves)
     if not leaves:
         return grads
-    is_mx = [arrays.is_mlx(x) for x in leaves]
     names = [arrays.name_of(x) for x in leaves]
     for x, name in zip(leaves, names):
         if name not in _AVERAGEABLE:
             raise TypeError(f"average_gradients needs floating or complex arrays; got a {name} array of shape {tuple(x.shape)}")
-    mlx_leaves = [x for x, m in zip(leaves, is_mx) if m]
+    mlx_leaves = [x for x in leaves if arrays.is_mlx(x)]
     if mlx_leaves:
         arrays.mx.eval(*mlx_leaves)  # one evaluation for the whole tree, not one per array
-
-    # Plan in tree order (identical on every rank): units are single arrays or per-dtype
-    # buckets (mx.array and numpy leaves of one dtype share a bucket).
-    units: list[tuple[str, list[int]]] = []
-    open_buckets: dict[str, tuple[list[int], int]] = {}
-    for i, x in enumerate(leaves):
-        nbytes = x.nbytes
-        if bucket_bytes <= 0 or nbytes >= bucket_bytes:
-            units.append(("alone", [i]))
-            continue
-        members, size = open_buckets.get(names[i], ([], 0))
-        if members and size + nbytes > bucket_bytes:
-            units.append(("bucket", members))
-            members, size = [], 0
-        open_buckets[names[i]] = (members + [i], size + nbytes)
-    units.extend(("bucket", members) for members, _ in open_buckets.values() if members)
-
-    results: list[Any] = [None] * len(leaves)
     pending = []
-    for kind, members in units:
-        if kind == "alone":
-            x = leaves[members[0]]
-            pending.append((members, None, reductions.all_reduce(x, op="mean", group=g, async_op=True)))
-            continue
-        name = names[members[0]]
-        if name == "bfloat16":
-            # numpy has no bfloat16 (and only mx.arrays hold it): pack with MLX
-            parts = [leaves[i].reshape(-1) for i in members]
-            flat = arrays.mx.concatenate(parts) if len(parts) > 1 else parts[0]
-        else:
-            # pack on the host: the leaves are evaluated, so their numpy views cost nothing
-            flat = np.empty(sum(leaves[i].size for i in members), dtype=dtypes.host_dtype(name))
-            start = 0
-            for i in members:
-                x = leaves[i]
-                view = np.array(x, copy=False) if is_mx[i] else x
-                flat[start : start + x.size] = view.reshape(-1)
-                start += x.size
-        pending.append((members, flat, reductions.all_reduce(flat, op="mean", group=g, async_op=True)))
+    for alone, members in _units(leaves, names, bucket_bytes):
+        flat = None if alone else _pack([leaves[i] for i in members], names[members[0]])
+        x = leaves[members[0]] if alone else flat
+        pending.append((members, flat, reductions.all_reduce(x, op="mean", group=g, async_op=True)))
+    results: list[Any] = [None] * len(leaves)
     for members, flat, work in pending:
         out = work.wait()
         if flat is None:
             results[members[0]] = out
-            continue
-        host_out = isinstance(out, np.ndarray)
-        start = 0
-        for i in members:
-            x = leaves[i]
-            piece = out[start : start + x.size].reshape(x.shape)
-            if is_mx[i] and host_out:
-                piece = arrays.mx.array(piece, dtype=x.dtype)  # a copy, in the leaf's dtype
-            results[i] = piece
-            start += x.size
+        else:
+            _unpack(out, [leaves[i] for i in members], members, results)
     return _rebuild(grads, iter(results))
+
+
+def _units(leaves: list, names: list[str], bucket_bytes: int) -> list[tuple[bool, list[int]]]:
+    """The collectives to issue, in tree order (the same on every rank): (True, [i]) for a leaf
+    reduced alone, (False, members) for a bucket of leaves of one dtype (mx.array and numpy
+    leaves share one)."""
+    units: list[tuple[bool, list[int]]] = []
+    open_buckets: dict[str, tuple[list[int], int]] = {}
+    for i, x in enumerate(leaves):
+        nbytes = x.nbytes
+        if bucket_bytes <= 0 or nbytes >= bucket_bytes:
+            units.append((True, [i]))
+            continue
+        members, size = open_buckets.get(names[i], ([], 0))
+        if members and size + nbytes > bucket_bytes:
+            units.append((False, members))
+            members, size = [], 0
+        open_buckets[names[i]] = (members + [i], size + nbytes)
+    units.extend((False, members) for members, _ in open_buckets.values() if members)
+    return units
+
+
+def _pack(parts: list, name: str) -> Any:
+    """The evaluated `parts` (of dtype `name`) end to end in one flat array."""
+    if name == "bfloat16":  # numpy has no bfloat16 (and only mx.arrays hold it): pack with MLX
+        flats = [x.reshape(-1) for x in parts]
+        return arrays.mx.concatenate(flats) if len(flats) > 1 else flats[0]
+    # On the host: the leaves are evaluated, so their numpy views cost nothing.
+    flat = np.empty(sum(x.size for x in parts), dtype=dtypes.host_dtype(name))
+    start = 0
+    for x in parts:
+        view = np.array(x, copy=False) if arrays.is_mlx(x) else x
+        flat[start : start + x.size] = view.reshape(-1)
+        start += x.size
+    return flat
+
+
+def _unpack(out: Any, parts: list, members: list[int], results: list) -> None:
+    """Each leaf's piece of a reduced bucket `out` into results[i], shaped and typed as its leaf."""
+    host_out = isinstance(out, np.ndarray)
+    start = 0
+    for i, x in zip(members, parts):
+        piece = out[start : start + x.size].reshape(x.shape)
+        if host_out and arrays.is_mlx(x):
+            piece = arrays.mx.array(piece, dtype=x.dtype)  # a copy, in the leaf's dtype
+        results[i] = piece
+        start += x.size

@@ -49,8 +49,8 @@ from fastcoll.wire import signature
 
 log = logging.getLogger("fastcoll")
 
-_MAIN_IDENT = threading.main_thread().ident
-_monotonic = time.monotonic  # calls from other threads tag their signature
+_MAIN_IDENT = threading.main_thread().ident  # calls from other threads tag their signature
+_monotonic = time.monotonic  # (globals: a planned call's own work is counted in nanoseconds)
 _get_ident = threading.get_ident
 NOT_PLANNED = object()  # Group.run_plan's answer when a call must take the ordinary way
 NOT_GATED = object()  # Group.launch_gated's answer when the gate does not take the call

@@ -52,9 +52,8 @@ class Service:
     """One thread that runs submitted functions one at a time, in submission order.
 
     `claim_if_idle` lets a synchronous caller run its function on its own thread when nothing is
-    queued or running: handing a small collective to another thread and back costs about
-    100 us on a 2-core machine, four times the socket exchange itself (bench/NOTES.md), so the
-    service thread is kept for what is asynchronous. Whoever runs a function holds `_running`,
+    queued or running, because handing a small collective to another thread and back costs
+    several times the exchange itself. Whoever runs a function holds `_running`,
     so the sockets still have one user at a time and calls still run in call order.
     """
 

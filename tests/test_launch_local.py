@@ -285,6 +285,27 @@ def test_max_restarts_exhausted_gives_the_last_attempts_code(launches):
     assert survivors(launches.marker) == []
 
 
+def test_the_launch_api_restarts_as_the_command_does(launches):
+    """fastcoll.launch.api.launch, called from Python: a plan it cannot make is a LaunchError
+    with the command's exit code; a rank that fails on the first attempt is started again."""
+    program = ["python", *launches.rank_args("fail-first", "1", "3")[1:]]
+    code = (
+        "import sys\n"
+        "from fastcoll.launch.api import LaunchConfig, LaunchError, launch\n"
+        "try:\n"
+        "    launch(LaunchConfig(['python', 'x.py'], nprocs=0))\n"
+        "except LaunchError as e:\n"
+        "    print('REFUSED', e.code, e, file=sys.stderr, flush=True)\n"
+        f"sys.exit(launch(LaunchConfig({program!r}, nprocs=2, max_restarts=1)))\n"
+    )
+    status, out, err, _ = launches.run([], argv=[sys.executable, "-c", code])
+    assert status == 0, err.decode()
+    assert b"REFUSED 2 -n must be at least 1, not 0" in err, err.decode()
+    assert b"restarting every rank (restart 1 of 1, FASTCOLL_RESTART_COUNT=1)" in err, err.decode()
+    assert sorted(_restart_runs(out)) == ["0", "1"]
+    assert survivors(launches.marker) == []
+
+
 def test_without_max_restarts_a_failure_is_final(launches):
     code, out, err, _ = launches.run(["-n", "2", *launches.rank_args("fail-first", "0", "5")])
     assert code == 5 and b"restarting" not in err, err.decode()

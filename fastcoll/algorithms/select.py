@@ -38,10 +38,7 @@ _NAMES = {module: name for name, module in ALGORITHMS.items()}
 def choose(collective: str, nbytes: int, size: int, config: Any) -> ModuleType:
     """The algorithm module whose `collective` function runs this call. `config`: a
     fastcoll.Config (its thresholds and switches)."""
-    # Every small collective passes here: the common case (a small collective of two ranks) is
-    # a set lookup and two comparisons, with no call (doubling never serves two ranks).
-    # Small: the whole buffer (an all_gather's result, a reduce_scatter's input) at most the
-    # threshold for this many ranks.
+    # Ordered so that the common case, a small collective of two ranks, makes no call.
     if collective in _SIZED:
         if nbytes > (config.direct_max_bytes_two_ranks if size == 2 else config.direct_max_bytes):
             return _LARGE.get(collective, ring)

@@ -18,6 +18,11 @@ from fastcoll.group import NOT_GATED, NOT_PLANNED, Group
 from fastcoll.service import Done
 from fastcoll.wire import signature
 
+# Globals, not module attributes: a repeated call's own work is counted in tens of nanoseconds.
+_NDARRAY = np.ndarray
+_MX_ARRAY = arrays.MX_ARRAY
+_empty = np.empty
+
 
 def all_reduce(x: Any, op: str = "sum", group: Group | None = None, async_op: bool = False, timeout: float | None = None) -> Any:
     """Reduce `x` element-wise over all ranks; every rank gets the same result.
@@ -36,16 +41,16 @@ def all_reduce(x: Any, op: str = "sum", group: Group | None = None, async_op: bo
         y = begin(g, timeout, drain=False).launch_gated(x, op, async_op, timeout)
         if y is not NOT_GATED:
             return y
-    elif (kind is np.ndarray or kind is arrays.MX_ARRAY) and not async_op and timeout is None:
+    elif (kind is _NDARRAY or kind is _MX_ARRAY) and not async_op and timeout is None:
         plan = g.plans.get(("all_reduce", x.dtype, x.shape, op))  # a repeated call, planned
-        if plan is not None and (kind is arrays.MX_ARRAY or x.flags.c_contiguous):
-            if kind is np.ndarray:
+        if plan is not None and (kind is _MX_ARRAY or x.flags.c_contiguous):
+            if kind is _NDARRAY:
                 src = x
             else:  # an mx.array's bytes, evaluated (numpy has no bfloat16: its bits as uint16)
                 src = np.array(x.view(arrays.mx.uint16) if x.dtype == arrays.mx.bfloat16 else x, copy=False).reshape(-1)
-            out = np.empty(src.shape, src.dtype)
+            out = _empty(src.shape, src.dtype)
             if g.run_plan(plan, src, out, out) is not NOT_PLANNED:
-                return out if kind is np.ndarray else arrays.mx_result(out.reshape(x.shape), x.dtype)
+                return out if kind is _NDARRAY else arrays.mx_result(out.reshape(x.shape), x.dtype)
     g = begin(g, timeout)
     h = arrays.to_host(x)
     out, buf = arrays.output(h.name, h.shape, h.mlx) if g.size() > 1 else (x, None)

@@ -4,7 +4,8 @@
     fastcoll-launch --hostfile hosts.json python train.py
     fastcoll-launch --check --hostfile hosts.json
 
-Modules, one job each: `cli` (options, the entry point), `hostfile` (both hostfile formats),
+Modules, one job each: `api` (the launch API: LaunchConfig, launch, the restart loop), `cli`
+(the options, a parser over `api`), `hostfile` (both hostfile formats),
 `job` (ranks, placement, environment), `procs` (local and remote rank processes), `supervise`
 (waiting, failure, signals, timeout), `output` (rank-prefixed lines, log files), `remote` (the
 ssh side), `agent` (the standard-library program that runs on a remote host), `check`

@@ -70,57 +70,90 @@ def main() -> None:
 
 def run_mode(request: dict) -> int:
     """Start the rank, relay its output and signals, beat, and return its exit status."""
-    marker = request["marker"]
-    grace = float(request.get("grace", 5.0))
-    heartbeat = float(request.get("heartbeat", 0) or 0)
+    status = Status(request["marker"])
     env = dict(os.environ)
     env.update(request.get("env", {}))
-    host = socket.gethostname()
-    out_lock = threading.Lock()
-    err_lock = threading.Lock()  # status lines go out between the rank's stderr lines
+    try:
+        child = start_rank(request, env)
+    except NotStarted as e:
+        sys.stderr.write(f"fastcoll-launch: on {socket.gethostname()}: {e}\n")
+        status(f"exit {e.code}")
+        return e.code
+    status(f"started {child.pid}")
+    relays = [relay(child.stdout, sys.stdout.buffer, threading.Lock()),
+              relay(child.stderr, sys.stderr.buffer, status.lock)]
+    threading.Thread(target=listen, args=(child, float(request.get("grace", 5.0))), daemon=True).start()
+    ended = threading.Event()
+    heartbeat = float(request.get("heartbeat", 0) or 0)
+    if heartbeat > 0:
+        threading.Thread(target=beat, args=(status, heartbeat, ended), daemon=True).start()
+    # The launcher's signals are for the rank; this helper ends when the rank does.
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, lambda s, f: killpg(child, s))
+    code = child.wait()
+    killpg(child, signal.SIGKILL)  # whatever the rank left behind in its group goes with it
+    deadline = time.monotonic() + 2.0  # its last lines (a traceback, often) before the status
+    for t in relays:
+        t.join(max(0.0, deadline - time.monotonic()))
+    ended.set()
+    if code < 0:
+        status(f"signal {-code}")
+        return 128 - code
+    status(f"exit {code}")
+    return code
 
-    def status(text: str) -> None:
-        with err_lock:
+
+class Status:
+    """Status lines to the launcher on stderr, after the marker, between the rank's lines."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+        self.lock = threading.Lock()  # held while a whole line goes out, the rank's or a status
+
+    def __call__(self, text: str) -> None:
+        with self.lock:
             try:
-                sys.stderr.write(f"{marker}{text}\n")
+                sys.stderr.write(f"{self.marker}{text}\n")
                 sys.stderr.flush()
             except OSError:
                 pass  # the launcher is gone; nobody is left to tell
 
+
+class NotStarted(Exception):
+    """The rank could not be started here; the message says why, `code` is its exit status."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def start_rank(request: dict, env: dict) -> subprocess.Popen:
+    """The rank's process, in its own session, in the request's directory and on its CPUs."""
     try:
         os.chdir(request.get("cwd") or os.path.expanduser("~"))
     except OSError as e:
-        sys.stderr.write(f"fastcoll-launch: on {host}: cannot enter {request.get('cwd')}: "
-                         f"{e.strerror} (pass --cwd)\n")
-        status("exit 127")
-        return 127
+        raise NotStarted(f"cannot enter {request.get('cwd')}: {e.strerror} (pass --cwd)", 127) from None
     problem = trace_problem(env.get("FASTCOLL_TRACE", ""), env.get("FASTCOLL_RANK", "0"))
     if problem:
-        sys.stderr.write(f"fastcoll-launch: on {host}: {problem}\n")
-        status("exit 2")
-        return 2
+        raise NotStarted(problem, 2)
     share = request.get("cpu_share")
     try:
         cpus = cpu_share(int(share[0]), int(share[1])) if share else None
     except BindError as e:
-        sys.stderr.write(f"fastcoll-launch: on {host}: {e}\n")
-        status("exit 2")
-        return 2
+        raise NotStarted(str(e), 2) from None
     try:
         with on_cpus(cpus):
-            child = subprocess.Popen(
-                request["argv"], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, start_new_session=True
-            )
+            return subprocess.Popen(request["argv"], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, start_new_session=True)
     except OSError as e:
-        sys.stderr.write(f"fastcoll-launch: on {host}: cannot run {request['argv'][0]}: "
-                         f"{e.strerror}\n")
-        status("exit 127")
-        return 127
-    status(f"started {child.pid}")
+        raise NotStarted(f"cannot run {request['argv'][0]}: {e.strerror}", 127) from None
 
-    def relay(src, dest, lock: threading.Lock) -> None:
-        # Whole lines only, so that a status line never lands inside one of the rank's.
+
+def relay(src, dest, lock: threading.Lock) -> threading.Thread:
+    """A started thread passing `src`'s lines on to `dest`, whole lines only, so that a status
+    line never lands inside one of the rank's."""
+
+    def run() -> None:
         try:
             while True:
                 data = src.readline(MAX_LINE)
@@ -135,60 +168,41 @@ def run_mode(request: dict) -> int:
         except (OSError, ValueError):
             pass
 
-    relays = [
-        threading.Thread(target=relay, args=(child.stdout, sys.stdout.buffer, out_lock),
-                         daemon=True),
-        threading.Thread(target=relay, args=(child.stderr, sys.stderr.buffer, err_lock),
-                         daemon=True),
-    ]
-    for t in relays:
-        t.start()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
 
-    def killpg(sig: int) -> None:
-        try:
-            os.killpg(child.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
-    def listen() -> None:
-        # Lines from the launcher; end of input means the launcher or the link is gone.
-        stdin = sys.stdin.buffer
-        while True:
-            raw = stdin.readline(MAX_REQUEST)
-            if not raw:
-                break
-            words = raw.split()
-            if len(words) == 2 and words[0] == b"signal" and words[1].isdigit():
-                killpg(int(words[1]))
-        killpg(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while child.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        killpg(signal.SIGKILL)
+def killpg(child: subprocess.Popen, sig: int) -> None:
+    """Send `sig` to the rank's process group, if it is still there."""
+    try:
+        os.killpg(child.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
-    ended = threading.Event()
 
-    def beat() -> None:
-        while not ended.wait(heartbeat):
-            status("beat")
+def listen(child: subprocess.Popen, grace: float) -> None:
+    """Obey the launcher's `signal N` lines; at end of input (the launcher or the link is gone)
+    stop the rank: SIGTERM, then SIGKILL after `grace` seconds."""
+    stdin = sys.stdin.buffer
+    while True:
+        raw = stdin.readline(MAX_REQUEST)
+        if not raw:
+            break
+        words = raw.split()
+        if len(words) == 2 and words[0] == b"signal" and words[1].isdigit():
+            killpg(child, int(words[1]))
+    killpg(child, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    killpg(child, signal.SIGKILL)
 
-    threading.Thread(target=listen, daemon=True).start()
-    if heartbeat > 0:
-        threading.Thread(target=beat, daemon=True).start()
-    # The launcher's signals are for the rank; this helper ends when the rank does.
-    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
-        signal.signal(sig, lambda s, f: killpg(s))
-    code = child.wait()
-    killpg(signal.SIGKILL)  # whatever the rank left behind in its group goes with it
-    deadline = time.monotonic() + 2.0  # its last lines (a traceback, often) before the status
-    for t in relays:
-        t.join(max(0.0, deadline - time.monotonic()))
-    ended.set()
-    if code < 0:
-        status(f"signal {-code}")
-        return 128 - code
-    status(f"exit {code}")
-    return code
+
+def beat(status: Status, heartbeat: float, ended: threading.Event) -> None:
+    """`beat` every `heartbeat` seconds until the rank has ended."""
+    while not ended.wait(heartbeat):
+        status("beat")
 
 
 def trace_problem(path: str, rank: str) -> str | None:
@@ -290,53 +304,8 @@ def check_mode(request: dict) -> int:
         sys.stdout.write(marker + json.dumps(obj) + "\n")
         sys.stdout.flush()
 
-    # Look for fastcoll where the job's ranks would: in the job's cwd and PYTHONPATH.
-    env = request.get("env") or {}
-    os.environ.update(env)
-    cwd = request.get("cwd")
-    if cwd and os.path.isdir(cwd):
-        os.chdir(cwd)
-        sys.path.insert(0, cwd)
-    for entry in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]):
-        sys.path.insert(0, entry)
-    try:
-        import fastcoll
-
-        fc_version = str(getattr(fastcoll, "__version__", "unknown"))
-    except Exception as e:  # report any import failure, never crash the check
-        fc_version = f"not importable ({type(e).__name__}: {e})"
-    try:
-        from importlib.metadata import version
-
-        mlx_version = version("mlx")
-    except Exception:
-        mlx_version = "-"
-
-    bind_errors = {}
-    for addr in request.get("addresses", []):
-        # A listed address this host cannot bind is not one of its own.
-        try:
-            family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-            with socket.socket(family) as s:
-                s.bind((addr, 0))
-        except OSError as e:
-            bind_errors[addr] = e.strerror or str(e)
-
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("", 0))
-    listener.listen(64)
-    greeting = (request["id"] + "\n").encode()
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=_serve_probe, args=(conn, greeting), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
+    fc_version, mlx_version = _versions(request.get("env") or {}, request.get("cwd"))
+    listener = _probe_listener((request["id"] + "\n").encode())
     reply({
         "hello": {
             "hostname": socket.gethostname(),
@@ -345,7 +314,7 @@ def check_mode(request: dict) -> int:
             "fastcoll": fc_version,
             "mlx": mlx_version,
             "port": listener.getsockname()[1],
-            "bind_errors": bind_errors,
+            "bind_errors": _bind_errors(request.get("addresses", [])),
         }
     })
     while True:
@@ -365,6 +334,62 @@ def check_mode(request: dict) -> int:
             reply({"measured": [_measure(t, pings, nbytes, timeout) for t in msg["measure"]]})
     listener.close()
     return 0
+
+
+def _versions(env: dict, cwd: str | None) -> tuple[str, str]:
+    """fastcoll's and MLX's versions, looked for where the job's ranks would look (the job's cwd
+    and PYTHONPATH); a reason instead of fastcoll's where it does not import."""
+    os.environ.update(env)
+    if cwd and os.path.isdir(cwd):
+        os.chdir(cwd)
+        sys.path.insert(0, cwd)
+    for entry in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]):
+        sys.path.insert(0, entry)
+    try:
+        import fastcoll
+
+        fc_version = str(getattr(fastcoll, "__version__", "unknown"))
+    except Exception as e:  # report any import failure, never crash the check
+        fc_version = f"not importable ({type(e).__name__}: {e})"
+    try:
+        from importlib.metadata import version
+
+        mlx_version = version("mlx")
+    except Exception:
+        mlx_version = "-"
+    return fc_version, mlx_version
+
+
+def _bind_errors(addresses: list) -> dict:
+    """Each listed address this host cannot bind (so not one of its own), with the reason."""
+    errors = {}
+    for addr in addresses:
+        try:
+            family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+            with socket.socket(family) as s:
+                s.bind((addr, 0))
+        except OSError as e:
+            errors[addr] = e.strerror or str(e)
+    return errors
+
+
+def _probe_listener(greeting: bytes) -> socket.socket:
+    """A listener on every interface whose connections `_serve_probe` serves, each on a thread."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("", 0))
+    listener.listen(64)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=_serve_probe, args=(conn, greeting), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener
 
 
 # The probe a --check connection may ask for after the greeting: b"E" + u32 n (n echoes of

@@ -59,56 +59,16 @@ def run_check(
     for h in hosts.hosts:
         unique.setdefault(h.name, h)
     checks = [HostCheck(h) for h in unique.values()]
-    marker = f"\x1efastcoll-check:{secrets.token_hex(8)}:"
     ids = {c.host.name: secrets.token_hex(8) for c in checks}
     try:
-        for c in checks:
-            where = None if is_local_host(c.host.name) else c.host.name
-            request = {
-                "mode": "check",
-                "marker": marker,
-                "id": ids[c.host.name],
-                "addresses": list(c.host.ips),
-                "cwd": cwd,
-                "env": env or {},
-            }
-            c.session = AgentSession(agent_command(ssh, where, python, "check"), request, marker)
+        _open_sessions(checks, ids, ssh=ssh, python=python, cwd=cwd, env=env)
         deadline = time.monotonic() + timeout
         for c in checks:
             _hello(c, deadline, python)
-        alive = [c for c in checks if c.hello is not None]
-        for c in alive:
-            targets = [
-                {"host": o.host.name, "addr": addr, "port": o.hello["port"], "id": ids[o.host.name],
-                 "via": f"data {k}" if o.host.ips else "ssh name"}
-                for o in alive
-                if o is not c
-                for k, addr in enumerate(o.host.ips or (o.host.address,))
-            ]
-            if targets and c.session is not None:
-                c.session.send({"connect": targets, "timeout": CONNECT_TIMEOUT})
-                c.routes = [(t["host"], t["addr"], t["port"], False, "") for t in targets]
-                c.targets = targets
-        for c in alive:
-            if c.routes and c.session is not None:
-                reply = c.session.reply(max(1.0, deadline - time.monotonic()) + CONNECT_TIMEOUT)
-                results = (reply or {}).get("results") or []
-                padded = results + [None] * len(c.routes)
-                c.routes = [
-                    (h, a, p, bool(r.get("ok")), r.get("error", "")) if r
-                    else (h, a, p, False, "no answer")
-                    for (h, a, p, _, _), r in zip(c.routes, padded)
-                ]
+        alive = [c for c in checks if c.hello is not None and c.session is not None]
+        _connect(alive, ids, deadline)
         for c in alive:  # one host at a time, each measuring its routes one at a time
-            ok = [t for t, r in zip(c.targets, c.routes) if r[3]]
-            c.measured = [None] * len(c.routes)
-            if not ok or c.session is None:
-                continue
-            c.session.send({"measure": ok, "pings": PINGS, "bytes": PROBE_BYTES,
-                            "timeout": CONNECT_TIMEOUT})
-            wait = max(1.0, deadline - time.monotonic()) + 10.0 * len(ok)
-            got = iter(((c.session.reply(wait) or {}).get("measured") or []) + [None] * len(ok))
-            c.measured = [next(got) if r[3] else None for r in c.routes]
+            _measure(c, deadline)
     finally:
         for c in checks:
             if c.session is not None:
@@ -116,6 +76,54 @@ def run_check(
     warnings = [] if from_hostfile is None else data_warnings(
         hosts, from_hostfile=from_hostfile, resolve=lambda name: ssh_address(ssh, name))
     return _report(checks, out, warnings)
+
+
+def _open_sessions(checks: Sequence[HostCheck], ids: dict[str, str], *, ssh: list[str] | None, python: str,
+                   cwd: str, env: dict[str, str] | None) -> None:
+    """Start the agent in check mode on every host (here, for a local one)."""
+    marker = f"\x1efastcoll-check:{secrets.token_hex(8)}:"
+    for c in checks:
+        where = None if is_local_host(c.host.name) else c.host.name
+        request = {"mode": "check", "marker": marker, "id": ids[c.host.name], "addresses": list(c.host.ips),
+                   "cwd": cwd, "env": env or {}}
+        c.session = AgentSession(agent_command(ssh, where, python, "check"), request, marker)
+
+
+def _connect(alive: Sequence[HostCheck], ids: dict[str, str], deadline: float) -> None:
+    """Every host tries every other host's data addresses, all at once; each route's outcome."""
+    for c in alive:
+        targets = [
+            {"host": o.host.name, "addr": addr, "port": o.hello["port"], "id": ids[o.host.name],
+             "via": f"data {k}" if o.host.ips else "ssh name"}
+            for o in alive
+            if o is not c
+            for k, addr in enumerate(o.host.ips or (o.host.address,))
+        ]
+        if targets:
+            c.session.send({"connect": targets, "timeout": CONNECT_TIMEOUT})
+            c.routes = [(t["host"], t["addr"], t["port"], False, "") for t in targets]
+            c.targets = targets
+    for c in alive:
+        if c.routes:
+            reply = c.session.reply(max(1.0, deadline - time.monotonic()) + CONNECT_TIMEOUT)
+            results = (reply or {}).get("results") or []
+            padded = results + [None] * len(c.routes)
+            c.routes = [
+                (h, a, p, bool(r.get("ok")), r.get("error", "")) if r else (h, a, p, False, "no answer")
+                for (h, a, p, _, _), r in zip(c.routes, padded)
+            ]
+
+
+def _measure(c: HostCheck, deadline: float) -> None:
+    """Round trip and throughput of each of c's routes that connected, one at a time."""
+    ok = [t for t, r in zip(c.targets, c.routes) if r[3]]
+    c.measured = [None] * len(c.routes)
+    if not ok:
+        return
+    c.session.send({"measure": ok, "pings": PINGS, "bytes": PROBE_BYTES, "timeout": CONNECT_TIMEOUT})
+    wait = max(1.0, deadline - time.monotonic()) + 10.0 * len(ok)
+    got = iter(((c.session.reply(wait) or {}).get("measured") or []) + [None] * len(ok))
+    c.measured = [next(got) if r[3] else None for r in c.routes]
 
 
 def _hello(c: HostCheck, deadline: float, python: str) -> None:

@@ -1,4 +1,4 @@
-"""The `fastcoll-launch` command: options, then plan, start and supervise the job.
+"""The `fastcoll-launch` command: a parser over the launch API (fastcoll/launch/api.py).
 
     fastcoll-launch -n 4 python train.py --lr 3e-4
     fastcoll-launch --hosts mac1,mac2:2 python train.py
@@ -13,26 +13,17 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import secrets
 import shlex
 import sys
-from typing import Callable, Sequence
+from typing import Sequence
 
 import fastcoll
+from fastcoll.launch.api import USAGE_ERROR, LaunchConfig, LaunchError, launch
 from fastcoll.launch.check import run_check
 from fastcoll.launch.hostfile import HostfileError, HostList, parse_hosts_arg, read_hostfile
-from fastcoll.launch.job import BIND_CHOICES, JobPlan, PlanError, RankPlan, parse_env_items, plan_job
-from fastcoll.launch.output import OutputMux
-from fastcoll.launch.procs import HEARTBEAT, LOST_AFTER, LocalRank, RankProcess, RemoteRank
-from fastcoll.launch.remote import RemoteError, remote_free_port
+from fastcoll.launch.job import BIND_CHOICES, PlanError, parse_env_items
+from fastcoll.launch.procs import HEARTBEAT, LOST_AFTER
 from fastcoll.launch.routes import data_warnings, ssh_address
-from fastcoll.launch.settings import check_settings
-from fastcoll.launch.supervise import Supervisor
-
-log = logging.getLogger("fastcoll.launch")
-
-USAGE_ERROR = 2
-RESTART_VARIABLE = "FASTCOLL_RESTART_COUNT"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,6 +39,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--python) on every host. Stopping: the first rank to fail (or SIGINT/SIGTERM to the "
         "launcher, or --timeout) stops every rank: the signal, then SIGKILL after --grace.",
     )
+    _where_options(p)
+    _environment_options(p)
+    _output_options(p)
+    _stopping_options(p)
+    p.add_argument("--check", action="store_true",
+                   help="check the hosts (ssh, Python and fastcoll versions, reachability) "
+                   "and exit; runs no program")
+    p.add_argument("--version", action="version", version=f"fastcoll {fastcoll.__version__}")
+    p.add_argument("program", nargs=argparse.REMAINDER, metavar="PROGRAM [ARGS...]",
+                   help=argparse.SUPPRESS)
+    return p
+
+
+def _where_options(p: argparse.ArgumentParser) -> None:
     where = p.add_argument_group("where the ranks run")
     where.add_argument("-n", "-np", "--np", dest="nprocs", type=int, metavar="N",
                        help="number of ranks (default: 1 here, or every slot of the hosts)")
@@ -69,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "its own block, so that ranks sharing a host do not compete for cores "
                        "(Linux; mpirun's --bind-to). none: let the system place them "
                        "(default: none)")
+
+
+def _environment_options(p: argparse.ArgumentParser) -> None:
     env = p.add_argument_group("environment")
     env.add_argument("--env", "-x", action="append", default=[], metavar="KEY[=VALUE]",
                      help="set KEY=VALUE for every rank, or pass the launcher's KEY (repeatable)")
@@ -78,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "a host listing several ips gets a connection per ip)")
     env.add_argument("--coordinator", metavar="HOST[:PORT]",
                      help="where rank 0 listens (default: the first host, a free port)")
+
+
+def _output_options(p: argparse.ArgumentParser) -> None:
     out = p.add_argument_group("output")
     out.add_argument("--tag-output", action=argparse.BooleanOptionalAction, default=True,
                      help="prefix every line with [rank] (default: on)")
@@ -85,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also write each rank's output to DIR/rank.N.log")
     out.add_argument("-v", "--verbose", action="store_true",
                      help="print the launcher's diagnostics")
+
+
+def _stopping_options(p: argparse.ArgumentParser) -> None:
     ctl = p.add_argument_group("stopping")
     ctl.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
                      help="seconds between SIGTERM and SIGKILL when stopping ranks (default: 5)")
@@ -100,13 +114,6 @@ def build_parser() -> argparse.ArgumentParser:
                      "start every rank again with a fresh token and port, up to N times; each "
                      "rank sees FASTCOLL_RESTART_COUNT (0, 1, ...); the exit code is the last "
                      "attempt's. A signal to the launcher never restarts (default: 0)")
-    p.add_argument("--check", action="store_true",
-                   help="check the hosts (ssh, Python and fastcoll versions, reachability) "
-                   "and exit; runs no program")
-    p.add_argument("--version", action="version", version=f"fastcoll {fastcoll.__version__}")
-    p.add_argument("program", nargs=argparse.REMAINDER, metavar="PROGRAM [ARGS...]",
-                   help=argparse.SUPPRESS)
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -121,13 +128,26 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    program = list(args.program)
-    if program[:1] == ["--"]:
-        program = program[1:]
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
-        format="fastcoll-launch: %(message)s",
-    )
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="fastcoll-launch: %(message)s")
+    config = config_from_args(parser, args)
+    if args.check:
+        return _check(parser, args, config)
+    if not config.program:
+        parser.error("no program to run: fastcoll-launch [options] PROGRAM [ARGS...]")
+    if config.hosts is not None:
+        for warning in data_warnings(config.hosts, from_hostfile=bool(args.hostfile), nprocs=config.nprocs,
+                                     interface=config.interface,
+                                     resolve=lambda name: ssh_address(config.ssh, name)):
+            sys.stderr.write(f"fastcoll-launch: warning: {warning}\n")
+    try:
+        return launch(config)
+    except LaunchError as e:
+        parser.exit(e.code, f"fastcoll-launch: {e}\n")
+
+
+def config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> LaunchConfig:
+    """The launch the options describe; a usage error (exit code 2) for options that cannot be."""
     if args.grace < 0 or (args.timeout is not None and args.timeout <= 0):
         parser.error("--grace must be >= 0 and --timeout > 0")
     if args.lost_after < 2 * HEARTBEAT:
@@ -136,95 +156,29 @@ def _main(argv: Sequence[str] | None) -> int:
         parser.error("--max-restarts must be >= 0")
     if args.hosts and args.hostfile:
         parser.error("give --hosts or --hostfile, not both")
-    ssh = shlex.split(args.ssh)
-    python = args.python or sys.executable
-    cwd = os.path.abspath(args.cwd) if args.cwd else os.getcwd()
     try:
         hosts = _hosts(args)
     except HostfileError as e:
         parser.exit(USAGE_ERROR, f"fastcoll-launch: {e}\n")
-    if args.check:
-        if hosts is None:
-            parser.error("--check needs --hostfile or --hosts")
-        try:
-            env = parse_env_items(list(hosts.envs) + args.env, os.environ)
-        except PlanError as e:
-            parser.exit(USAGE_ERROR, f"fastcoll-launch: {e}\n")
-        return run_check(hosts, ssh=ssh, python=python, cwd=cwd, env=env,
-                         from_hostfile=bool(args.hostfile))
-    if not program:
-        parser.error("no program to run: fastcoll-launch [options] PROGRAM [ARGS...]")
-    if hosts is not None:
-        for warning in data_warnings(hosts, from_hostfile=bool(args.hostfile),
-                                     nprocs=args.nprocs, interface=args.interface,
-                                     resolve=lambda name: ssh_address(ssh, name)):
-            sys.stderr.write(f"fastcoll-launch: warning: {warning}\n")
-    attempt = 0
-    while True:
-        # Every attempt is a new job: a fresh token and coordinator port (plan_job makes both).
-        try:
-            plan = plan_job(
-                hosts,
-                program,
-                nprocs=args.nprocs,
-                env_items=[*args.env, f"{RESTART_VARIABLE}={attempt}"],
-                interface=args.interface,
-                coordinator=args.coordinator,
-                cwd=cwd,
-                python=python,
-                remote_port=lambda h: remote_free_port(ssh, h.name, python),
-                bind=args.bind_to,
-            )
-            check_settings(plan, os.environ)  # init()'s rules, before any rank starts
-        except (PlanError, RemoteError, ValueError) as e:
-            parser.exit(USAGE_ERROR if isinstance(e, PlanError) else 255, f"fastcoll-launch: {e}\n")
-        log.debug("job of %d rank(s), coordinator %s, attempt %d", plan.size, plan.coordinator, attempt)
-        outcome: dict = {}
-        code = run_job(plan, ssh=ssh, tag=args.tag_output, log_dir=args.log_dir,
-                       grace=args.grace, timeout=args.timeout, outcome=outcome,
-                       lost_after=args.lost_after)
-        if code == 0 or outcome.get("interrupted") or attempt >= args.max_restarts:
-            if code != 0 and attempt and not outcome.get("interrupted"):
-                sys.stderr.write(f"fastcoll-launch: attempt {attempt + 1} of {args.max_restarts + 1} "
-                                 f"failed too (exit code {code}); no restarts left\n")
-            return code
-        attempt += 1
-        sys.stderr.write(f"fastcoll-launch: the job failed (exit code {code}); restarting every rank "
-                         f"(restart {attempt} of {args.max_restarts}, FASTCOLL_RESTART_COUNT={attempt})\n")
-        sys.stderr.flush()
+    program = list(args.program)
+    return LaunchConfig(
+        program[1:] if program[:1] == ["--"] else program, hosts=hosts, nprocs=args.nprocs, env=tuple(args.env),
+        interface=args.interface, coordinator=args.coordinator,
+        cwd=os.path.abspath(args.cwd) if args.cwd else os.getcwd(), python=args.python or sys.executable,
+        ssh=tuple(shlex.split(args.ssh)), bind=args.bind_to, tag_output=args.tag_output, log_dir=args.log_dir,
+        grace=args.grace, timeout=args.timeout, lost_after=args.lost_after, max_restarts=args.max_restarts)
 
 
-def run_job(
-    plan: JobPlan,
-    *,
-    ssh: list[str] | None = None,
-    tag: bool = True,
-    log_dir: str | None = None,
-    grace: float = 5.0,
-    timeout: float | None = None,
-    outcome: dict | None = None,
-    lost_after: float = LOST_AFTER,
-) -> int:
-    """Start every rank of `plan`, supervise the job, and return its exit code. `outcome`, if
-    given, gets "interrupted": whether a signal to the launcher stopped the job."""
-    mux = OutputMux(sys.stdout.buffer, sys.stderr.buffer, tag=tag, log_dir=log_dir)
-    job_id = secrets.token_hex(4)
-    environ = dict(os.environ)
-
-    def starter(r: RankPlan) -> Callable[[], RankProcess]:
-        if r.local:
-            return lambda: LocalRank(r, plan.cwd, mux, environ)
-        return lambda: RemoteRank(r, plan.cwd, mux, ssh=ssh, python=plan.python,
-                                  grace=grace, job_id=job_id, lost_after=lost_after)
-
-    supervisor = Supervisor(mux, grace=grace, timeout=timeout)
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace, config: LaunchConfig) -> int:
+    """`--check`: the hosts' table (fastcoll/launch/check.py) instead of a job."""
+    if config.hosts is None:
+        parser.error("--check needs --hostfile or --hosts")
     try:
-        with supervisor.forwarding_signals():
-            return supervisor.run([starter(r) for r in plan.ranks])
-    finally:
-        if outcome is not None:
-            outcome["interrupted"] = supervisor.interrupted
-        mux.close()
+        env = parse_env_items(list(config.hosts.envs) + list(config.env), os.environ)
+    except PlanError as e:
+        parser.exit(USAGE_ERROR, f"fastcoll-launch: {e}\n")
+    return run_check(config.hosts, ssh=list(config.ssh), python=config.python, cwd=config.cwd or os.getcwd(),
+                     env=env, from_hostfile=bool(args.hostfile))
 
 
 def _hosts(args: argparse.Namespace) -> HostList | None:

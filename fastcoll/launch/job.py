@@ -117,8 +117,40 @@ def plan_job(
     python = python or sys.executable
     cwd = cwd or os.getcwd()
     if hosts is None:
-        n = 1 if nprocs is None else nprocs
-        hosts = HostList((Host("localhost", n),))
+        hosts = HostList((Host("localhost", 1 if nprocs is None else nprocs),))
+    n = _rank_count(hosts, nprocs, bind)
+    argv = program_argv(program, python)
+    extra = parse_env_items(list(hosts.envs) + list(env_items), environ)
+    # The launcher's own FASTCOLL_* settings (FASTCOLL_TRANSPORT=zmq fastcoll-launch ...) reach
+    # remote ranks too, as they reach local ones through inheritance.
+    inherited = {k: v for k, v in environ.items() if k.startswith("FASTCOLL_")}
+    placement, per_host = _placement(hosts, n)
+    all_local = all(is_local_host(h.name) for h, _ in placement)
+    if coordinator is None or not _has_port(coordinator):
+        coordinator = _with_port(coordinator, placement[0][0], all_local, remote_port)
+    token = secrets.token_hex(32)
+    # A host listing several ips (one per Thunderbolt cable, as in MLX's hostfiles) gets a
+    # connection per address, as MLX's ring does; every rank must open the same number.
+    links = max(len(h.ips) for h, _ in placement)
+    if links > 1 and "FASTCOLL_CONNECTIONS" not in extra and "FASTCOLL_CONNECTIONS" not in inherited:
+        extra["FASTCOLL_CONNECTIONS"] = str(links)
+    shared = {"PYTHONUNBUFFERED": "1", **inherited, **extra}  # --env PYTHONUNBUFFERED= turns it off
+    ranks = []
+    for rank, (host, local_rank) in enumerate(placement):
+        own = interface or (",".join(host.ips) if len(host.ips) > 1 else LOOPBACK if all_local else host.address)
+        if not all_local and not interface:
+            _refuse_loopback_name(host, own)
+        env = dict(shared, FASTCOLL_RANK=str(rank), FASTCOLL_WORLD_SIZE=str(n),
+                   FASTCOLL_LOCAL_RANK=str(local_rank), FASTCOLL_COORDINATOR=coordinator,
+                   FASTCOLL_TOKEN=token, FASTCOLL_INTERFACE=own)
+        share = (local_rank, per_host[host.name.lower()]) if bind == "cores" else None
+        ranks.append(RankPlan(rank, host, local_rank, is_local_host(host.name), argv, env, share))
+    return JobPlan(tuple(ranks), coordinator, token, cwd, python)
+
+
+def _rank_count(hosts: HostList, nprocs: int | None, bind: str) -> int:
+    """How many ranks the job has (every slot when `nprocs` is None); PlanError for options
+    that describe no job."""
     if bind not in BIND_CHOICES:
         raise PlanError(f"--bind-to {bind!r}: choose one of {', '.join(BIND_CHOICES)}")
     if nprocs is not None and nprocs < 1:
@@ -129,12 +161,12 @@ def plan_job(
             f"-n {n} asks for more ranks than the hosts have slots ({hosts.slots}); "
             "add slots (host slots=N, or host:N) or lower -n"
         )
-    argv = program_argv(program, python)
-    extra = parse_env_items(list(hosts.envs) + list(env_items), environ)
-    # The launcher's own FASTCOLL_* settings (FASTCOLL_TRANSPORT=zmq fastcoll-launch ...) reach
-    # remote ranks too, as they reach local ones through inheritance.
-    inherited = {k: v for k, v in environ.items() if k.startswith("FASTCOLL_")}
+    return n
 
+
+def _placement(hosts: HostList, n: int) -> tuple[list[tuple[Host, int]], dict[str, int]]:
+    """The first n slots, hosts in order, each up to its slots: (host, local rank) for each rank,
+    and how many ranks each host (by lower-case name) gets."""
     placement: list[tuple[Host, int]] = []
     per_host: dict[str, int] = {}
     for host in hosts.hosts:
@@ -144,38 +176,7 @@ def plan_job(
             key = host.name.lower()
             placement.append((host, per_host.get(key, 0)))
             per_host[key] = per_host.get(key, 0) + 1
-    all_local = all(is_local_host(h.name) for h, _ in placement)
-
-    if coordinator is None or not _has_port(coordinator):
-        coordinator = _with_port(coordinator, placement[0][0], all_local, remote_port)
-    token = secrets.token_hex(32)
-
-    # A host listing several ips (one per Thunderbolt cable, as in MLX's hostfiles) gets a
-    # connection per address, as MLX's ring does; every rank must open the same number.
-    links = max(len(h.ips) for h, _ in placement)
-    if links > 1 and "FASTCOLL_CONNECTIONS" not in extra and "FASTCOLL_CONNECTIONS" not in inherited:
-        extra["FASTCOLL_CONNECTIONS"] = str(links)
-
-    ranks = []
-    for rank, (host, local_rank) in enumerate(placement):
-        local = is_local_host(host.name)
-        own = interface or (",".join(host.ips) if len(host.ips) > 1 else LOOPBACK if all_local else host.address)
-        if not all_local and not interface:
-            _refuse_loopback_name(host, own)
-        env = {"PYTHONUNBUFFERED": "1"}  # live output; --env PYTHONUNBUFFERED= turns it off
-        env.update(inherited)
-        env.update(extra)
-        env.update(
-            FASTCOLL_RANK=str(rank),
-            FASTCOLL_WORLD_SIZE=str(n),
-            FASTCOLL_LOCAL_RANK=str(local_rank),
-            FASTCOLL_COORDINATOR=coordinator,
-            FASTCOLL_TOKEN=token,
-            FASTCOLL_INTERFACE=own,
-        )
-        share = (local_rank, per_host[host.name.lower()]) if bind == "cores" else None
-        ranks.append(RankPlan(rank, host, local_rank, local, argv, env, share))
-    return JobPlan(tuple(ranks), coordinator, token, cwd, python)
+    return placement, per_host
 
 
 def _has_port(address: str) -> bool:

@@ -185,6 +185,13 @@ class LocalRank:
         pass
 
 
+def _run_request(plan: RankPlan, cwd: str, grace: float, heartbeat: float, marker: str) -> dict:
+    """What the agent on a rank's host is asked to do (fastcoll/launch/agent.py, run_mode)."""
+    return {"mode": "run", "argv": list(plan.argv), "env": dict(plan.env), "cwd": cwd, "grace": grace,
+            "marker": marker, "heartbeat": heartbeat,
+            "cpu_share": list(plan.cpu_share) if plan.cpu_share else None}
+
+
 class RemoteRank:
     """A rank on another host: ssh runs the agent there, which runs the rank.
 
@@ -240,17 +247,7 @@ class RemoteRank:
             )
         except OSError as e:
             raise StartError(f"rank {plan.rank}: cannot run ssh ({argv[0]}): {e.strerror}", 127)
-        request = {
-            "mode": "run",
-            "argv": list(plan.argv),
-            "env": dict(plan.env),
-            "cwd": cwd,
-            "grace": grace,
-            "marker": self._marker.decode(),
-            "heartbeat": heartbeat,
-            "cpu_share": list(plan.cpu_share) if plan.cpu_share else None,
-        }
-        self._inbox.put(agent_payload(request))
+        self._inbox.put(agent_payload(_run_request(plan, cwd, grace, heartbeat, self._marker.decode())))
         assert self._proc.stdout is not None and self._proc.stderr is not None
         self._threads = [
             threading.Thread(target=self._write_stdin, daemon=True),

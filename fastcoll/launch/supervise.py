@@ -70,78 +70,97 @@ class Supervisor:
         """Start every rank, wait for the job to end, and return the launcher's exit code."""
         procs: list[RankProcess] = []
         codes: dict[int, int] = {}
-        stop: _Stop | None = None
         began = time.monotonic()
-        for start in starters:
-            if self._signals:
-                break  # Ctrl-C while starting: start no more, stop those started
-            try:
-                procs.append(start())
-            except StartError as e:
-                self._mux.message(f"{e}; stopping the job")
-                stop = self._begin_stop(procs, codes, e.code, signal.SIGTERM)
-                break
+        stop = self._start(starters, procs, codes)
         killed = forced = False
         while True:
-            now = time.monotonic()
-            while self._signals:
-                sig = self._signals.pop(0)
-                name = signal.Signals(sig).name
-                if stop is None:
-                    self._mux.message(f"received {name}; stopping all ranks")
-                    stop = self._begin_stop(procs, codes, 128 + sig, sig)
-                elif not killed:
-                    self._mux.message(f"received {name} again; killing all ranks now")
-                    stop.started_at = now - self._grace
-            for p, code in self._ended(procs, codes):
-                if p.rank in codes:
-                    continue  # given up with its host by _lost_host just now
-                codes[p.rank] = code
-                log.debug("rank %d ended: %d", p.rank, code)
-                if p.lost() is not None:  # its host is gone: say so, whether or not stopping
-                    what = self._lost_host(p, procs, codes)
-                    others = len(procs) - len(codes)
-                    if stop is None:
-                        what += f"; stopping the other {others} rank(s)" if others else ""
-                        stop = self._begin_stop(procs, codes, code, signal.SIGTERM)
-                    self._mux.message(what)
-                elif code != 0 and stop is None:
-                    others = len(procs) - len(codes)
-                    self._mux.message(
-                        f"rank {p.rank} (host {p.host}) {p.describe(code)}"
-                        + (f"; stopping the other {others} rank(s)" if others else "")
-                    )
-                    stop = self._begin_stop(procs, codes, code, signal.SIGTERM)
+            stop = self._on_signals(procs, codes, stop, killed)
+            stop = self._on_ended(procs, codes, stop)
             if len(codes) == len(procs):
                 break
             now = time.monotonic()
             if stop is None and self._timeout is not None and now - began > self._timeout:
-                self._mux.message(
-                    f"the job ran past --timeout {self._timeout:g} s; stopping all ranks"
-                )
+                self._mux.message(f"the job ran past --timeout {self._timeout:g} s; stopping all ranks")
                 stop = self._begin_stop(procs, codes, TIMEOUT_EXIT, signal.SIGTERM)
-            if stop is not None and not killed and now - stop.started_at >= self._grace:
-                left = [p.rank for p in procs if p.rank not in codes]
-                log.debug("grace period over; SIGKILL to ranks %s", left)
-                for p in procs:
-                    if p.rank not in codes:
-                        p.kill()
-                killed = True
-            overdue = stop is not None and now - stop.started_at >= self._grace + 5.0
-            if killed and not forced and overdue:
-                for p in procs:
-                    if p.rank not in codes:
-                        p.force()
-                forced = True
-            if stop is not None and forced and now - stop.started_at >= self._grace + 15.0:
-                # Only a process stuck in the kernel survives SIGKILL this long; stop waiting.
-                left = [p.rank for p in procs if p.rank not in codes]
-                self._mux.message(f"rank(s) {left} did not end after SIGKILL; giving up on them")
-                break
+            if stop is not None:
+                killed, forced, given_up = self._escalate(procs, codes, now - stop.started_at, killed, forced)
+                if given_up:
+                    break
             time.sleep(self._poll)
         for p in procs:
             p.cleanup()
         return self._summary(procs, codes, stop)
+
+    def _start(self, starters: Sequence[Callable[[], RankProcess]], procs: list[RankProcess],
+               codes: dict[int, int]) -> _Stop | None:
+        """Start the ranks into `procs`; the stop that a rank that cannot start begins."""
+        for start in starters:
+            if self._signals:
+                return None  # Ctrl-C while starting: start no more, stop those started
+            try:
+                procs.append(start())
+            except StartError as e:
+                self._mux.message(f"{e}; stopping the job")
+                return self._begin_stop(procs, codes, e.code, signal.SIGTERM)
+        return None
+
+    def _on_signals(self, procs: list[RankProcess], codes: dict[int, int], stop: _Stop | None,
+                    killed: bool) -> _Stop | None:
+        """Act on the signals received since the last look: the first stops the job, a second
+        skips the grace period."""
+        while self._signals:
+            sig = self._signals.pop(0)
+            name = signal.Signals(sig).name
+            if stop is None:
+                self._mux.message(f"received {name}; stopping all ranks")
+                stop = self._begin_stop(procs, codes, 128 + sig, sig)
+            elif not killed:
+                self._mux.message(f"received {name} again; killing all ranks now")
+                stop.started_at = time.monotonic() - self._grace
+        return stop
+
+    def _on_ended(self, procs: list[RankProcess], codes: dict[int, int], stop: _Stop | None) -> _Stop | None:
+        """Record the ranks that ended; the first failure (or lost host) stops the others."""
+        for p, code in self._ended(procs, codes):
+            if p.rank in codes:
+                continue  # given up with its host by _lost_host just now
+            codes[p.rank] = code
+            log.debug("rank %d ended: %d", p.rank, code)
+            if p.lost() is not None:  # its host is gone: say so, whether or not stopping
+                what = self._lost_host(p, procs, codes)
+                others = len(procs) - len(codes)
+                if stop is None:
+                    what += f"; stopping the other {others} rank(s)" if others else ""
+                    stop = self._begin_stop(procs, codes, code, signal.SIGTERM)
+                self._mux.message(what)
+            elif code != 0 and stop is None:
+                others = len(procs) - len(codes)
+                self._mux.message(
+                    f"rank {p.rank} (host {p.host}) {p.describe(code)}"
+                    + (f"; stopping the other {others} rank(s)" if others else "")
+                )
+                stop = self._begin_stop(procs, codes, code, signal.SIGTERM)
+        return stop
+
+    def _escalate(self, procs: list[RankProcess], codes: dict[int, int], stopping: float, killed: bool,
+                  forced: bool) -> tuple[bool, bool, bool]:
+        """SIGKILL once the grace period is over, force (a remote rank's ssh too) 5 s later, and
+        give up 15 s later; (killed, forced, given up)."""
+        left = [p for p in procs if p.rank not in codes]
+        if not killed and stopping >= self._grace:
+            log.debug("grace period over; SIGKILL to ranks %s", [p.rank for p in left])
+            for p in left:
+                p.kill()
+            killed = True
+        if killed and not forced and stopping >= self._grace + 5.0:
+            for p in left:
+                p.force()
+            forced = True
+        if forced and stopping >= self._grace + 15.0:
+            # Only a process stuck in the kernel survives SIGKILL this long; stop waiting.
+            self._mux.message(f"rank(s) {[p.rank for p in left]} did not end after SIGKILL; giving up on them")
+            return killed, forced, True
+        return killed, forced, False
 
     @staticmethod
     def _ended(procs: Sequence[RankProcess], codes: dict[int, int]) -> list[tuple[RankProcess, int]]:

@@ -9,6 +9,7 @@ for evaluation inside mx.compile or mx.vmap into one that says why.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import mlx.core as mx
@@ -56,68 +57,42 @@ def host_reduce(x: mx.array, op: str, g: Group) -> mx.array:
     return eager(fastcoll.all_reduce, x, op, g)
 
 
-_functions: dict[tuple, Any] = {}
+def _scatter(x: mx.array, g: Group) -> mx.array:
+    if x.dtype == mx.bool_:  # MLX's backends sum bools as logical or
+        return eager(fastcoll.reduce_scatter, x.astype(mx.uint8), op="max", group=g).astype(mx.bool_)
+    return eager(fastcoll.reduce_scatter, x, op="sum", group=g)
 
 
+def _block(primals: mx.array, cotangent: mx.array, g: Group) -> mx.array:
+    """This rank's block of an all_gather's cotangent: the all_gather's vjp."""
+    r = g.rank()
+    if primals.ndim == 0:
+        return cotangent[r]
+    n = primals.shape[0]
+    return cotangent[r * n : (r + 1) * n]
+
+
+# kind -> (the collective, its vjp), as MLX's primitives have them: AllReduce::vjp passes the
+# cotangent through, AllGather's slices out this rank's block, ReduceScatter's all-gathers it.
+_RULES = {
+    "sum": (lambda x, g: host_reduce(x, "sum", g), lambda primals, cotangent, g: cotangent),
+    "max": (lambda x, g: host_reduce(x, "max", g), lambda primals, cotangent, g: cotangent),
+    "min": (lambda x, g: host_reduce(x, "min", g), lambda primals, cotangent, g: cotangent),
+    "gather": (lambda x, g: eager(fastcoll.all_gather, x, group=g), _block),
+    "scatter": (_scatter, lambda primals, cotangent, g: differentiable("gather", g)(cotangent)),
+}
+_LINEAR = frozenset(("sum", "gather", "scatter"))  # a linear map is its own jvp
+
+
+@functools.lru_cache(maxsize=None)
 def differentiable(kind: str, g: Group) -> Any:
-    """A cached mx.custom_function running collective `kind` on g, with MLX's vjp for it."""
-    fn = _functions.get((kind, g))
-    if fn is not None:
-        return fn
-    if kind in ("sum", "max", "min"):
-
-        @mx.custom_function
-        def fn(x):
-            return host_reduce(x, kind, g)
-
-        @fn.vjp
-        def fn(primals, cotangent, output):
-            return cotangent  # as MLX's AllReduce::vjp
-
-        if kind == "sum":
-
-            @fn.jvp
-            def fn(primals, tangent):
-                return differentiable("sum", g)(tangent)
-
-    elif kind == "gather":
-
-        @mx.custom_function
-        def fn(x):
-            return eager(fastcoll.all_gather, x, group=g)
-
-        @fn.vjp
-        def fn(primals, cotangent, output):
-            r = g.rank()
-            if primals.ndim == 0:
-                return cotangent[r]
-            n = primals.shape[0]
-            return cotangent[r * n : (r + 1) * n]
-
-        @fn.jvp
-        def fn(primals, tangent):
-            return differentiable("gather", g)(tangent)
-
-    elif kind == "scatter":
-
-        @mx.custom_function
-        def fn(x):
-            if x.dtype == mx.bool_:
-                y = eager(fastcoll.reduce_scatter, x.astype(mx.uint8), op="max", group=g)
-                return y.astype(mx.bool_)
-            return eager(fastcoll.reduce_scatter, x, op="sum", group=g)
-
-        @fn.vjp
-        def fn(primals, cotangent, output):
-            return differentiable("gather", g)(cotangent)
-
-        @fn.jvp
-        def fn(primals, tangent):
-            return differentiable("scatter", g)(tangent)
-
-    else:
+    """An mx.custom_function running collective `kind` on g, with MLX's vjp for it (and, for
+    the linear ones, their jvp); one per kind and group."""
+    if kind not in _RULES:
         raise ValueError(kind)
-    _functions[(kind, g)] = fn
+    forward, vjp = _RULES[kind]
+    fn = mx.custom_function(lambda x: forward(x, g))
+    fn = fn.vjp(lambda primals, cotangent, output: vjp(primals, cotangent, g))
+    if kind in _LINEAR:
+        fn = fn.jvp(lambda primals, tangent: differentiable(kind, g)(tangent))
     return fn
-
-

@@ -109,20 +109,31 @@ def rendezvous(config: Config, address: str, caps: dict, deadline: float) -> Tab
             "shared by this job's ranks) or give each job its own FASTCOLL_COORDINATOR port",
             config.rank, config.launcher, host, port)
     me = {"rank": config.rank, "size": config.world_size, "address": address, "caps": caps, "job": config.job}
-    if config.rank != 0:
-        sock = connect(host, port, config.token, config.rank, deadline, "the coordinator (rank 0)")
-        try:
-            send_message(sock, me, MESSAGE_LIMIT)
-            reply = recv_message(sock, MESSAGE_LIMIT, deadline, "the coordinator")
-        finally:
-            sock.close()
-        if not isinstance(reply, dict) or "error" in reply:
-            kind = reply.get("kind") if isinstance(reply, dict) else None
-            cls = _REPLY_ERRORS.get(kind, MismatchError) if isinstance(kind, str) else MismatchError
-            raise cls(f"rendezvous refused: {reply.get('error') if isinstance(reply, dict) else reply}")
-        table = Table(reply["addresses"], reply["caps"])
-        testhooks.point("rendezvous-done")
-        return table
+    table = _join(config, me, deadline) if config.rank != 0 else _coordinate(config, me, deadline)
+    testhooks.point("rendezvous-done")
+    return table
+
+
+def _join(config: Config, me: dict, deadline: float) -> Table:
+    """A rank other than 0: send `me` to the coordinator and read the table back."""
+    host, port = config.coordinator
+    sock = connect(host, port, config.token, config.rank, deadline, "the coordinator (rank 0)")
+    try:
+        send_message(sock, me, MESSAGE_LIMIT)
+        reply = recv_message(sock, MESSAGE_LIMIT, deadline, "the coordinator")
+    finally:
+        sock.close()
+    if not isinstance(reply, dict) or "error" in reply:
+        kind = reply.get("kind") if isinstance(reply, dict) else None
+        cls = _REPLY_ERRORS.get(kind, MismatchError) if isinstance(kind, str) else MismatchError
+        raise cls(f"rendezvous refused: {reply.get('error') if isinstance(reply, dict) else reply}")
+    return Table(reply["addresses"], reply["caps"])
+
+
+def _coordinate(config: Config, me: dict, deadline: float) -> Table:
+    """Rank 0: take every other rank's message (refusing any of another job), check that the
+    world sizes agree, and send everyone the table (or the error)."""
+    host, port = config.coordinator
 
     def vet(rank: int, sock: socket.socket, handshake_deadline: float) -> dict:
         """A connection's rendezvous message, read on its own thread: refused (and told so)
@@ -146,8 +157,7 @@ def rendezvous(config: Config, address: str, caps: dict, deadline: float) -> Tab
         listener.close()
     entries = {0: me, **{rank: listener.notes[rank] for rank in socks}}
     try:
-        sizes = {r: e.get("size") for r, e in entries.items()}
-        bad = {r: s for r, s in sizes.items() if s != config.world_size}
+        bad = {r: e.get("size") for r, e in entries.items() if e.get("size") != config.world_size}
         if bad:
             reply: dict = {"error": f"world sizes disagree: rank 0 has {config.world_size}, others {bad}"}
         else:
@@ -162,6 +172,5 @@ def rendezvous(config: Config, address: str, caps: dict, deadline: float) -> Tab
             sock.close()
     if "error" in reply:
         raise MismatchError(reply["error"])
-    table = Table(reply["addresses"], reply["caps"])
-    testhooks.point("rendezvous-done")
-    return table
+    return Table(reply["addresses"], reply["caps"])
+

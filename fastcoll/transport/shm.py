@@ -486,40 +486,9 @@ def upgrade(
     out: dict[int, list[SocketLink | ShmLink]] = {p: list(ls) for p, ls in links.items()}
     ok = False
     try:
-        for p, ls in links.items():
-            if p < rank:
-                continue
-            for ch, link in enumerate(ls):
-                offer = None
-                if enabled and (here is None or p in here):
-                    try:
-                        name, nonce, mem = _create(RING_BYTES)
-                        made[(p, ch)] = (name, mem)
-                        offer = {"name": name, "nonce": nonce.hex(), "capacity": RING_BYTES}
-                    except OSError as e:
-                        log.info("rank %d: no shared memory for rank %d (%s); staying on TCP", rank, p, e)
-                send_message(link.sock, offer, _OFFER_LIMIT)
-        for p, ls in links.items():
-            if p > rank:
-                continue
-            for ch, link in enumerate(ls):
-                what = f"rank {p}"
-                found = _check_offer(recv_message(link.sock, _OFFER_LIMIT, deadline, what), what)
-                if found is None:
-                    continue  # nothing offered, nothing to answer
-                mem = _attach(*found) if enabled else None
-                send_message(link.sock, mem is not None, _OFFER_LIMIT)
-                if mem is not None:
-                    out[p][ch] = ShmLink(link.sock, *_rings(mem, RING_BYTES, lower=False))
-        for (p, ch), (name, mem) in list(made.items()):
-            sock = links[p][ch].sock
-            taken = recv_message(sock, _OFFER_LIMIT, deadline, f"rank {p}")
-            unlink_segment(name)
-            del made[(p, ch)]
-            if taken is True:
-                out[p][ch] = ShmLink(sock, *_rings(mem, RING_BYTES, lower=True))
-            else:
-                mem.close()
+        _offer(rank, links, enabled, here, made)
+        _answer(rank, links, enabled, deadline, out)
+        _collect(links, deadline, made, out)
         ok = True
     finally:
         for name, mem in made.values():
@@ -529,6 +498,61 @@ def upgrade(
             for ls in out.values():
                 for link in ls:
                     link.close()
+    _say_shared(rank, out, enabled, here)
+    return out
+
+
+def _offer(rank: int, links: dict[int, list[SocketLink]], enabled: bool, here: set[int] | None,
+           made: dict[tuple[int, int], tuple[str, mmap.mmap]]) -> None:
+    """To each higher rank, on each link: a fresh segment's name (kept in `made`), or None."""
+    for p, ls in links.items():
+        if p < rank:
+            continue
+        for ch, link in enumerate(ls):
+            offer = None
+            if enabled and (here is None or p in here):
+                try:
+                    name, nonce, mem = _create(RING_BYTES)
+                    made[(p, ch)] = (name, mem)
+                    offer = {"name": name, "nonce": nonce.hex(), "capacity": RING_BYTES}
+                except OSError as e:
+                    log.info("rank %d: no shared memory for rank %d (%s); staying on TCP", rank, p, e)
+            send_message(link.sock, offer, _OFFER_LIMIT)
+
+
+def _answer(rank: int, links: dict[int, list[SocketLink]], enabled: bool, deadline: float,
+            out: dict[int, list[SocketLink | ShmLink]]) -> None:
+    """Each lower rank's offer: attach its segment if it can (a ShmLink in `out`), and say so."""
+    for p, ls in links.items():
+        if p > rank:
+            continue
+        for ch, link in enumerate(ls):
+            what = f"rank {p}"
+            found = _check_offer(recv_message(link.sock, _OFFER_LIMIT, deadline, what), what)
+            if found is None:
+                continue  # nothing offered, nothing to answer
+            mem = _attach(*found) if enabled else None
+            send_message(link.sock, mem is not None, _OFFER_LIMIT)
+            if mem is not None:
+                out[p][ch] = ShmLink(link.sock, *_rings(mem, RING_BYTES, lower=False))
+
+
+def _collect(links: dict[int, list[SocketLink]], deadline: float, made: dict[tuple[int, int], tuple[str, mmap.mmap]],
+             out: dict[int, list[SocketLink | ShmLink]]) -> None:
+    """Each answer to this rank's offers: a ShmLink where the peer attached; the segment's name
+    unlinked either way (both ends have it open, or nobody needs it)."""
+    for (p, ch), (name, mem) in list(made.items()):
+        sock = links[p][ch].sock
+        taken = recv_message(sock, _OFFER_LIMIT, deadline, f"rank {p}")
+        unlink_segment(name)
+        del made[(p, ch)]
+        if taken is True:
+            out[p][ch] = ShmLink(sock, *_rings(mem, RING_BYTES, lower=True))
+        else:
+            mem.close()
+
+
+def _say_shared(rank: int, out: dict[int, list[SocketLink | ShmLink]], enabled: bool, here: set[int] | None) -> None:
     shared = sum(link.kind == "shm" for ls in out.values() for link in ls)
     peers = sorted(p for p, ls in out.items() if any(link.kind == "shm" for link in ls))
     if shared:
@@ -540,4 +564,3 @@ def upgrade(
     elif not enabled and here and here - {rank}:
         log.info("rank %d: shared memory is off (FASTCOLL_SHM=0, or no POSIX shared memory here): "
                  "rank(s) %s of this host stay on TCP", rank, sorted(here - {rank}))
-    return out

@@ -88,10 +88,10 @@ class Launches:
         self.marker = "fctest-" + secrets.token_hex(6)
         self._procs: list[subprocess.Popen] = []
 
-    def start(self, args: Sequence[str], cwd: str | Path = REPO) -> subprocess.Popen:
-        """Start `fastcoll-launch ARGS` with pipes for its output."""
+    def start(self, args: Sequence[str], cwd: str | Path = REPO, argv: Sequence[str] | None = None) -> subprocess.Popen:
+        """Start `fastcoll-launch ARGS` (or `argv` itself) with pipes for its output."""
         proc = subprocess.Popen(
-            launcher_argv(*args),
+            list(argv) if argv is not None else launcher_argv(*args),
             cwd=str(cwd),
             env=launcher_env(),
             stdin=subprocess.DEVNULL,
@@ -103,11 +103,11 @@ class Launches:
         return proc
 
     def run(
-        self, args: Sequence[str], timeout: float = 30.0, cwd: str | Path = REPO
+        self, args: Sequence[str], timeout: float = 30.0, cwd: str | Path = REPO, argv: Sequence[str] | None = None
     ) -> tuple[int, bytes, bytes, float]:
-        """Run the launcher to its end: (exit code, stdout, stderr, seconds)."""
+        """Run the launcher (or `argv`) to its end: (exit code, stdout, stderr, seconds)."""
         began = time.monotonic()
-        proc = self.start(args, cwd)
+        proc = self.start(args, cwd, argv)
         out, err = proc.communicate(timeout=timeout)
         return proc.returncode, out, err, time.monotonic() - began
 
