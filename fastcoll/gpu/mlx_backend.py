@@ -157,8 +157,6 @@ def self_test(backend: MlxBackend, timeout_s: float = 30.0, max_iters: int = 20_
     later one `timeout_s`. Nothing waits that long unless the GPU runs and never arrives: a
     kernel that fails to build ends the evaluation, and with it the helper.
     """
-    from fastcoll import dtypes
-
     mx = backend._mx
     page = ControlPage(backend.page, backend.layout)
     page.reset(1)
@@ -171,38 +169,16 @@ def self_test(backend: MlxBackend, timeout_s: float = 30.0, max_iters: int = 20_
     xs = [mx.array(v).astype(getattr(mx, name)) for v, (_, name) in zip(values, cases)]
     xs[-1] = xs[-1].reshape(1, 1, -1)  # a decode step's (batch, tokens, hidden) row keeps its shape
     mx.eval(xs)
-
-    def host_bytes(v: np.ndarray, name: str) -> bytes:
-        if name == "bfloat16":
-            return dtypes.float32_to_bf16(v).tobytes()
-        return v.astype(name).tobytes()
-
-    slots = [b"".join(host_bytes(v + p, name) for p in range(n)) for v, (_, name) in zip(values, cases)]
+    slots = [b"".join(_host_bytes(v + p, name) for p in range(n)) for v, (_, name) in zip(values, cases)]
     problems: list[str] = []
     stop = threading.Event()
-
-    def host() -> None:  # numpy and the page only: no MLX call while the main thread evaluates
-        for seq, data in enumerate(slots, start=1):
-            deadline = time.monotonic() + (compile_s if seq == 1 else timeout_s)
-            while page.load(L.ARRIVAL) != seq:
-                if stop.is_set() or time.monotonic() > deadline:
-                    problems.append(f"gate {seq}: the GPU's arrival was not seen")
-                    page.store(L.STATUS, L.ERROR)
-                    page.store(L.RELEASE, len(cases))
-                    return
-            page.fence()
-            page.recv[: len(data)] = np.frombuffer(data, dtype=np.uint8)
-            page.fence()
-            page.store(L.STATUS, L.OK)
-            page.fence()
-            page.store(L.RELEASE, seq)
-
     outs = []
     token = backend.initial_token(0)
     for x in xs:
         out, token = backend.launch(x, "sum", max_iters, token)
         outs.append(out)
-    helper = threading.Thread(target=host, name="fastcoll-gate-selftest", daemon=True)
+    helper = threading.Thread(target=_play_host, args=(page, slots, compile_s, timeout_s, stop, problems),
+                              name="fastcoll-gate-selftest", daemon=True)
     helper.start()
     try:
         mx.eval(outs + [token])
@@ -214,6 +190,41 @@ def self_test(backend: MlxBackend, timeout_s: float = 30.0, max_iters: int = 20_
     helper.join(timeout_s)
     if problems:
         return "; ".join(problems)
+    return _self_test_verdict(mx, page, values, outs, cases, xs, n)
+
+
+def _host_bytes(v: np.ndarray, name: str) -> bytes:
+    """A rank's x as the host holds it (bfloat16 as its bits)."""
+    from fastcoll import dtypes
+
+    if name == "bfloat16":
+        return dtypes.float32_to_bf16(v).tobytes()
+    return v.astype(name).tobytes()
+
+
+def _play_host(page: ControlPage, slots: list[bytes], compile_s: float, timeout_s: float,
+               stop: threading.Event, problems: list[str]) -> None:
+    """The self-test's host half, on a thread of its own: numpy and the page only, no MLX call
+    while the main thread evaluates."""
+    for seq, data in enumerate(slots, start=1):
+        deadline = time.monotonic() + (compile_s if seq == 1 else timeout_s)
+        while page.load(L.ARRIVAL) != seq:
+            if stop.is_set() or time.monotonic() > deadline:
+                problems.append(f"gate {seq}: the GPU's arrival was not seen")
+                page.store(L.STATUS, L.ERROR)
+                page.store(L.RELEASE, len(slots))
+                return
+        page.fence()
+        page.recv[: len(data)] = np.frombuffer(data, dtype=np.uint8)
+        page.fence()
+        page.store(L.STATUS, L.OK)
+        page.fence()
+        page.store(L.RELEASE, seq)
+
+
+def _self_test_verdict(mx: Any, page: ControlPage, values: list, outs: list, cases: list, xs: list,
+                       n: int) -> str | None:
+    """What went wrong in the self-test's gates once they ran, or None."""
     if page.load(L.SPIN_FAILED):
         return "the GPU's release spin never observed the host's store (coherence)"
     for seq, (v, out, (size, name)) in enumerate(zip(values, outs, cases), start=1):
