@@ -5,7 +5,7 @@ Config.piece_bytes; bench/NOTES.md 9).
     python bench/crossover.py [--world 2] [--reps 7] [--out DIR]
 
 Each algorithm is forced through FASTCOLL_TUNING (a `fastcoll-tcp/KEY=VALUE` system of
-bench/run.py), one job per variant and round, the variants alternating; the tables give the
+bench/compare.py), one job per variant and round, the variants alternating; the tables give the
 medians over all rounds. The full reports are in DIR/sizes and DIR/pieces.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import harness, report, run, systems  # noqa: E402
+from bench import harness, report, systems  # noqa: E402
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20, 4 << 20]
 PIECES = [256 << 10, 1 << 20, 4 << 20]
@@ -27,10 +27,10 @@ FORCE = {"direct": "fastcoll-tcp/direct_max_bytes=1099511627776/direct_max_bytes
 
 
 def medians(names: list[str], sizes: list[int], args: argparse.Namespace, out: Path) -> dict:
-    """(system name, size) -> median seconds per all_reduce, from one run of bench/run.py's harness."""
+    """(system name, size) -> median seconds per all_reduce, from one run of bench/compare.py's harness."""
     config = harness.Config(systems=[systems.parse_system(n) for n in names], ops=["all_reduce"],
                             worlds=[args.world], sizes=sizes, rounds=args.reps, budget_s=args.budget)
-    doc = run.measure(config)
+    doc = systems.measure(config)
     report.write(doc, out, plots=False)
     return {(p["system"], p["size"]): p["median_s"] for p in doc["points"] if p["status"] == "ok"}
 

@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench import harness, report
 from bench.harness import REPO_ROOT, Command, JobResult, free_port, free_port_range, run_job
 
 WORKERS = REPO_ROOT / "bench" / "workers"
@@ -153,3 +154,15 @@ def launch(system: System, world: int, worker_args: list[str], timeout: float) -
     except RuntimeError as e:  # no free ports
         return JobResult(None, str(e))
     return run_job(cmds, timeout)
+
+
+def measure(config: harness.Config, busy: int = 0) -> dict:
+    """Run every available system of `config` on localhost; the results document."""
+    skipped = {s.name: why for s in config.systems if (why := unavailable(s))}
+    for name, why in skipped.items():
+        print(f"{name}: {why}; skipped", flush=True)
+    config.systems = [s for s in config.systems if s.name not in skipped]
+    with harness.busy(busy):
+        raw = harness.run(config, launch, lambda msg: print(msg, flush=True), skipped)
+    raw["meta"]["busy_processes"] = busy
+    return report.assemble(raw)

@@ -1,13 +1,14 @@
 """Two versions of fastcoll on the same benchmark, alternating: is a change slower?
 
-    python bench/two_trees.py BEFORE AFTER [--rounds 5] [-- RUN.PY ARGS...]
+    python bench/two_trees.py BEFORE AFTER [--rounds 5] [-- COMPARE.PY ARGS...]
 
-BEFORE and AFTER are git revisions (or "." for the working tree as it is). Each is checked out
-with `git archive` into a temporary folder, and each round runs that version's own
-`bench/run.py` with the given arguments (default: 2 ranks, 4 B and 4 KiB, all_reduce,
-all_gather, reduce_scatter, broadcast, fastcoll over shared memory, TCP and ZeroMQ), BEFORE and
-AFTER alternating so that a machine that drifts moves both. Prints one table: per system, op
-and size, the median over the rounds of each round's median latency, and AFTER/BEFORE.
+BEFORE and AFTER are git revisions (or "." for the working tree as it is). Each is checked out with
+`git archive` into a temporary folder, and each round runs that version's own `bench/compare.py`
+(`bench/run.py` in trees before 2026-12-03) with the given arguments (default: 2 ranks, 4 B and 4
+KiB, all_reduce, all_gather, reduce_scatter, broadcast, fastcoll over shared memory, TCP and
+ZeroMQ), BEFORE and AFTER alternating so that a machine that drifts moves both. Prints one table:
+per system, op and size, the median over the rounds of each round's median latency, and
+AFTER/BEFORE.
 
 Backs `bench/NOTES.md` entry 25 (the restructure's cost on small messages).
 """
@@ -40,9 +41,12 @@ def checkout(rev: str, into: str, role: str) -> str:
 
 
 def run(tree: str, args: list[str], out: str) -> dict[tuple, float]:
-    """One run of `tree`'s bench/run.py: (system, op, bytes) -> median seconds."""
+    """One run of `tree`'s own benchmark: (system, op, bytes) -> median seconds."""
     env = dict(os.environ, PYTHONPATH=tree)
-    subprocess.run([sys.executable, os.path.join(tree, "bench", "run.py"), *args, "--out", out],
+    script = os.path.join(tree, "bench", "compare.py")
+    if not os.path.exists(script):
+        script = os.path.join(tree, "bench", "run.py")  # its name before 2026-12-03
+    subprocess.run([sys.executable, script, *args, "--out", out],
                    cwd=tree, env=env, check=True, stdout=subprocess.DEVNULL)
     with open(os.path.join(out, "results.json")) as f:
         points = json.load(f)["points"]
@@ -65,7 +69,7 @@ def main() -> None:
             for name, tree in trees.items():
                 for key, s in run(tree, args, os.path.join(tmp, f"{name}{i}")).items():
                     seen.setdefault(key, {}).setdefault(name, []).append(s * 1e6)
-    print(f"before: {a.before}, after: {a.after}, {a.rounds} rounds alternating; bench/run.py {' '.join(args)}")
+    print(f"before: {a.before}, after: {a.after}, {a.rounds} rounds alternating; bench/compare.py {' '.join(args)}")
     print("| system | op | bytes | before us | after us | after/before |")
     print("| --- | --- | --- | --- | --- | --- |")
     for key in sorted(seen):

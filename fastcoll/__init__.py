@@ -6,9 +6,9 @@
     fastcoll.finalize()
 
 Where things are: `lifecycle` (init, finalize, the default group), `group` (Group, sub-groups,
-how a call runs), `collectives/` (the calls below, one family a module: reductions, gathers,
-scatters, p2p, sync, objects), `algorithms/` (direct, doubling, ring, pairwise, chain, and
-`select.py`, the rule that picks one), `engine/` (the data plane), `transport/` (tcp with shared
+how a call runs), `collectives` (the calls every rank makes alike), `exchange` (the uneven
+ones and point to point), `objects` (Python values), `algorithms/` (direct, doubling, ring,
+pairwise, chain, and `select.py`, the rule that picks one), `engine/` (the data plane), `transport/` (tcp with shared
 memory, zmq; the rendezvous), `service` (the service thread), `gate/` (the fence gate's host
 half), `gpu/` (its kernels, one body over a prelude per language in `metal/` and `cuda/`),
 `mlx_compat/` (fastcoll under mx.distributed), `launch/` (fastcoll-launch). docs/design.md walks
@@ -23,25 +23,19 @@ __version__ = "0.1.0"
 
 from fastcoll.collectives import (  # noqa: E402
     all_gather,
-    all_gather_object,
-    all_gather_v,
     all_reduce,
     all_to_all,
-    all_to_all_v,
     barrier,
     broadcast,
-    broadcast_object,
     gather,
-    irecv,
-    isend,
     monitored_barrier,
     new_group,
-    recv,
     reduce,
     reduce_scatter,
     scatter,
-    send,
 )
+from fastcoll.exchange import all_gather_v, all_to_all_v, irecv, isend, recv, send  # noqa: E402
+from fastcoll.objects import all_gather_object, broadcast_object  # noqa: E402
 from fastcoll.config import Config  # noqa: E402
 from fastcoll.errors import (  # noqa: E402
     AuthenticationError,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from fastcoll import transport
+from fastcoll.transport.rendezvous import parse_address
 
 DEFAULT_PORT = 29517
 DEFAULT_TIMEOUT = 60.0
@@ -332,18 +333,6 @@ def first_slurm_node(nodelist: str) -> str:
     if not ranges:
         return prefix
     return prefix + ranges.split(",")[0].split("-")[0]
-
-
-def parse_address(text: str, what: str) -> tuple[str, int]:
-    """'host:port' or '[v6]:port' -> (host, port); a clear ValueError names `what` otherwise."""
-    m = re.fullmatch(r"\[([^\]]+)\]:(\d+)|([^:\s]+):(\d+)", text.strip())
-    if not m:
-        raise ValueError(f"{what} must be host:port, not {text!r}")
-    host = m.group(1) or m.group(3)
-    port = int(m.group(2) or m.group(4))
-    if not 0 < port < 65536:
-        raise ValueError(f"{what} has port {port}, outside 1-65535")
-    return host, port
 
 
 def _number(env: Mapping[str, str], name: str, default, kind, minimum=None):

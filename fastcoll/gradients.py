@@ -27,8 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from fastcoll import arrays, dtypes, lifecycle
-from fastcoll.collectives import reductions
+from fastcoll import arrays, collectives, dtypes, lifecycle
 from fastcoll.config import DEFAULT_DIRECT_MAX_BYTES
 
 DEFAULT_BUCKET_BYTES = DEFAULT_DIRECT_MAX_BYTES
@@ -105,7 +104,7 @@ def average_gradients(grads: Any, group: Any = None, bucket_bytes: int = DEFAULT
     for alone, members in _units(leaves, names, bucket_bytes):
         flat = None if alone else _pack([leaves[i] for i in members], names[members[0]])
         x = leaves[members[0]] if alone else flat
-        pending.append((members, flat, reductions.all_reduce(x, op="mean", group=g, async_op=True)))
+        pending.append((members, flat, collectives.all_reduce(x, op="mean", group=g, async_op=True)))
     results: list[Any] = [None] * len(leaves)
     for members, flat, work in pending:
         out = work.wait()

@@ -188,7 +188,7 @@ class Group:
         self._closed = True
         self._job.close()
 
-    # ----- what the collectives use (fastcoll/collectives/) -----
+    # ----- what the collectives use (fastcoll/collectives.py, exchange.py, objects.py) -----
 
     def choose(self, collective: str, nbytes: int) -> str:
         """The algorithm (a name an Op carries) that runs `collective` over `nbytes` bytes on

@@ -110,7 +110,7 @@ def test_run_job_collects_documents_failures_and_timeouts() -> None:
 def test_quick_run(tmp_path: Path) -> None:
     """A real --quick run: every system present measures, the outputs agree with the formulas."""
     out = tmp_path / "results"
-    cmd = [sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--ops",
+    cmd = [sys.executable, str(ROOT / "bench" / "compare.py"), "--quick", "--ops",
            "all_reduce,all_gather,broadcast", "--sizes", "4,4096", "--iters", "3",
            "--out", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=110, cwd=ROOT)

@@ -9,9 +9,9 @@ fastcoll/gpu/ over the language's prelude, run through MLX by fastcoll/gpu/mlx_b
 
 from __future__ import annotations
 
-import importlib
 import logging
 import warnings
+from typing import Callable
 
 from fastcoll.gate.layout import ControlLayout
 from fastcoll.gpu.language import Language
@@ -19,13 +19,26 @@ from fastcoll.gpu.mlx_backend import MlxBackend, self_test
 
 log = logging.getLogger("fastcoll.gate")
 
+
+def _metal() -> Language:
+    from fastcoll import metal
+
+    return metal.LANGUAGE
+
+
+def _cuda() -> Language:
+    from fastcoll import cuda
+
+    return cuda.LANGUAGE
+
+
 # Tried in this order; the first that passes its self-test is used.
-BACKENDS = {"metal": "fastcoll.metal", "cuda": "fastcoll.cuda"}
+BACKENDS: dict[str, Callable[[], Language]] = {"metal": _metal, "cuda": _cuda}
 
 
 def language(name: str) -> Language:
     """The GPU language of backend `name` ('metal' or 'cuda')."""
-    return importlib.import_module(BACKENDS[name]).LANGUAGE
+    return BACKENDS[name]()
 
 
 def open_backend(name: str, layout: ControlLayout, run_self_test: bool = True) -> MlxBackend | None:

@@ -4,24 +4,34 @@ A transport module provides `connect(config, caps, deadline) -> (Transport, Tabl
 takes part in the rendezvous (fastcoll.transport.rendezvous) with its own address and the
 capabilities `caps`, checks that the ranks agree (`rendezvous.agree`), connects to every peer,
 and returns its `fastcoll.transport.base.Transport` and the rendezvous table. Adding a transport
-is one new module and one entry below; `Config` accepts exactly these names.
+is one new module and one entry below (a function that imports it); `Config` accepts exactly these names.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from types import ModuleType
+from typing import Any, Callable
 
-# FASTCOLL_TRANSPORT value -> the module that implements it.
-TRANSPORTS: dict[str, str] = {
-    "tcp": "fastcoll.transport.tcp",  # sockets; shared memory between ranks of one host
-    "zmq": "fastcoll.transport.zmq",  # ZeroMQ ROUTER/DEALER
-}
+
+def _tcp() -> ModuleType:
+    from fastcoll.transport import tcp  # sockets; shared memory between ranks of one host
+
+    return tcp
+
+
+def _zmq() -> ModuleType:
+    from fastcoll.transport import zmq  # ZeroMQ ROUTER/DEALER; imported when chosen, as it needs pyzmq
+
+    return zmq
+
+
+# FASTCOLL_TRANSPORT value -> what imports the module that implements it.
+TRANSPORTS: dict[str, Callable[[], ModuleType]] = {"tcp": _tcp, "zmq": _zmq}
 
 
 def connect(config: Any, caps: dict[str, Any], deadline: float) -> tuple[Any, Any]:
     """Rendezvous with every rank and connect the transport `config.transport` names: its
     `(Transport, rendezvous.Table)`. `config` is a fastcoll.Config (not imported here: Config
     validates its transport against this registry)."""
-    module = importlib.import_module(TRANSPORTS[config.transport])
+    module = TRANSPORTS[config.transport]()
     return module.connect(config, caps, deadline)

@@ -4,12 +4,13 @@ receives the table of everyone's addresses and capabilities."""
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from fastcoll import testhooks
-from fastcoll.config import Config, parse_address
 from fastcoll.errors import AuthenticationError, CollectiveTimeoutError, FastcollError, MismatchError, PeerLostError
 from fastcoll.transport.auth import client_handshake
 from fastcoll.transport.listen import AuthListener
@@ -18,6 +19,18 @@ from fastcoll.transport.stream import recv_message, remaining, send_message
 log = logging.getLogger("fastcoll.rendezvous")
 
 MESSAGE_LIMIT = 1 << 20
+
+
+def parse_address(text: str, what: str) -> tuple[str, int]:
+    """'host:port' or '[v6]:port' -> (host, port); a clear ValueError names `what` otherwise."""
+    m = re.fullmatch(r"\[([^\]]+)\]:(\d+)|([^:\s]+):(\d+)", text.strip())
+    if not m:
+        raise ValueError(f"{what} must be host:port, not {text!r}")
+    host = m.group(1) or m.group(3)
+    port = int(m.group(2) or m.group(4))
+    if not 0 < port < 65536:
+        raise ValueError(f"{what} has port {port}, outside 1-65535")
+    return host, port
 
 
 @dataclass(frozen=True)
@@ -95,7 +108,7 @@ def _job(job: object) -> str:
     return repr(job) if job else "none (its launcher names no job and FASTCOLL_TOKEN is how to tell jobs apart)"
 
 
-def rendezvous(config: Config, address: str, caps: dict, deadline: float) -> Table:
+def rendezvous(config: Any, address: str, caps: dict, deadline: float) -> Table:
     """Exchange data addresses and capabilities with every rank through the coordinator.
 
     Every rank sends its job identity (Config.job, from its launcher); the coordinator refuses
@@ -114,7 +127,7 @@ def rendezvous(config: Config, address: str, caps: dict, deadline: float) -> Tab
     return table
 
 
-def _join(config: Config, me: dict, deadline: float) -> Table:
+def _join(config: Any, me: dict, deadline: float) -> Table:
     """A rank other than 0: send `me` to the coordinator and read the table back."""
     host, port = config.coordinator
     sock = connect(host, port, config.token, config.rank, deadline, "the coordinator (rank 0)")
@@ -130,7 +143,7 @@ def _join(config: Config, me: dict, deadline: float) -> Table:
     return Table(reply["addresses"], reply["caps"])
 
 
-def _coordinate(config: Config, me: dict, deadline: float) -> Table:
+def _coordinate(config: Any, me: dict, deadline: float) -> Table:
     """Rank 0: take every other rank's message (refusing any of another job), check that the
     world sizes agree, and send everyone the table (or the error)."""
     host, port = config.coordinator

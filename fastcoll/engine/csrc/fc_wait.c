@@ -54,8 +54,9 @@ static fc_chan *peer_here(fc_engine *e, fc_chan *awaited, int cpu)
  * may be waiting for this very CPU; where nothing else is runnable the yield returns at once. */
 #define SPIN_YIELD_EVERY_NS (10 * 1000LL)
 
-/* How often at most a wait moves this thread off the CPU it shares with its peer. */
-#define STEP_ASIDE_EVERY_NS (100 * 1000 * 1000LL)
+/* How often at most a wait moves this thread off the CPU it shares with its peer: the kernel pulls
+ * it back whenever the CPU it left goes idle, so a rarer move leaves the pair together (NOTES 57). */
+#define STEP_ASIDE_EVERY_NS (5 * 1000 * 1000LL)
 
 /* Two ranks that the scheduler put on one CPU stay there while a third program keeps the other
  * busy (moving either would not even out the load), and each exchange then costs two context

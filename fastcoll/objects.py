@@ -20,8 +20,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from fastcoll.collectives.call import begin, check_rank
-from fastcoll.collectives.uneven import cut
+from fastcoll.collectives import begin, check_rank
+from fastcoll.exchange import cut
 from fastcoll.engine.ops import Op
 from fastcoll.errors import MismatchError
 from fastcoll.group import Group
@@ -70,7 +70,7 @@ def pack(obj: Any, what: str) -> bytes:
     data = msgpack.packb(obj, use_bin_type=True)
     if len(data) > MAX_OBJECT_BYTES:
         raise ValueError(f"{what}: the value packs to {len(data)} bytes, over "
-                         f"fastcoll.collectives.objects.MAX_OBJECT_BYTES ({MAX_OBJECT_BYTES})")
+                         f"fastcoll.objects.MAX_OBJECT_BYTES ({MAX_OBJECT_BYTES})")
     return data
 
 
@@ -95,7 +95,7 @@ def _sizes_ok(sizes: np.ndarray, what: str) -> None:
     bad = [int(s) for s in sizes if not 0 < s <= MAX_OBJECT_BYTES]
     if bad:
         raise MismatchError(f"{what}: a rank reported a packed size of {bad[0]} bytes, outside "
-                            f"1..{MAX_OBJECT_BYTES} (fastcoll.collectives.objects.MAX_OBJECT_BYTES)")
+                            f"1..{MAX_OBJECT_BYTES} (fastcoll.objects.MAX_OBJECT_BYTES)")
 
 
 def broadcast_object(obj: Any, root: int = 0, group: Group | None = None, timeout: float | None = None) -> Any:

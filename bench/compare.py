@@ -1,8 +1,8 @@
-"""Benchmark fastcoll beside its peers on localhost: `python bench/run.py --help`.
+"""Benchmark fastcoll beside its peers on localhost: `python bench/compare.py --help`.
 
-    python bench/run.py --quick                      # smoke run: 2 ranks, 4 B and 4 KiB
-    python bench/run.py                              # the full sweep: 4 B..64 MiB, 2 and 4 ranks
-    python bench/run.py --ops all_reduce --world 2 --sizes 4KiB,64MiB --systems mlx-ring,gloo
+    python bench/compare.py --quick                      # smoke run: 2 ranks, 4 B and 4 KiB
+    python bench/compare.py                              # the full sweep: 4 B..64 MiB, 2 and 4 ranks
+    python bench/compare.py --ops all_reduce --world 2 --sizes 4KiB,64MiB --systems mlx-ring,gloo
 
 Writes results.json, results.md, latency.png and busbw.png into --out (default bench/out/, which
 git ignores; runs of record are copied into a dated folder under bench/records/).
@@ -75,25 +75,13 @@ def build_config(args: argparse.Namespace) -> harness.Config:
         timeout_s=quick(60.0, args.timeout, 600.0))
 
 
-def measure(config: harness.Config, busy: int = 0) -> dict:
-    """Run every available system of `config` on localhost; the results document."""
-    skipped = {s.name: why for s in config.systems if (why := systems.unavailable(s))}
-    for name, why in skipped.items():
-        print(f"{name}: {why}; skipped", flush=True)
-    config.systems = [s for s in config.systems if s.name not in skipped]
-    with harness.busy(busy):
-        raw = harness.run(config, systems.launch, lambda msg: print(msg, flush=True), skipped)
-    raw["meta"]["busy_processes"] = busy
-    return report.assemble(raw)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         config = build_config(args)
     except ValueError as e:
         raise SystemExit(str(e))
-    doc = measure(config, args.busy)
+    doc = systems.measure(config, args.busy)
     written = report.write(doc, Path(args.out), plots=not args.no_plots)
     for t in doc["targets"]:
         small = (f" small min {t['small_min_speedup']:.2f}x (target {t['small_target']:g}x)"
