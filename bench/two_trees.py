@@ -37,6 +37,9 @@ def checkout(rev: str, into: str, role: str) -> str:
     os.makedirs(path)
     archive = subprocess.run(["git", "-C", ROOT, "archive", rev], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", path], input=archive, check=True)
+    if os.path.exists(os.path.join(path, "setup.py")):  # its native engine, as pip would build it
+        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=path, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return path
 
 
