@@ -15,7 +15,7 @@ chain comes back to it: then it was the rank the others waited for, and came too
 
 from __future__ import annotations
 
-from fastcoll.errors import CollectiveTimeoutError
+from fastcoll.errors import CollectiveTimeoutError, PeerLostError
 
 # How long a rank collects the others' notices: long enough for every rank that is waiting in a
 # transport (they answer within milliseconds), short beside the timeout that has already run out.
@@ -32,6 +32,17 @@ def timed_out(message: str, waiting_for: int | None) -> CollectiveTimeoutError:
     err = CollectiveTimeoutError(message)
     err.waiting_for = waiting_for
     return err
+
+
+def on_host(error: PeerLostError, hosts: list[str]) -> PeerLostError:
+    """`error`, saying which host its lost rank ran on, where the job knows it: across hosts the
+    host is what a user goes to look at."""
+    peer = error.peer
+    if peer is None or not 0 <= peer < len(hosts) or not hosts[peer]:
+        return error
+    named = PeerLostError(f"{error}; rank {peer} ran on host {hosts[peer]}", peer)
+    named.__cause__ = error.__cause__
+    return named
 
 
 def _name(rank: int, hosts: list[str]) -> str:

@@ -8,7 +8,12 @@ class FastcollError(RuntimeError):
 
 
 class PeerLostError(FastcollError):
-    """A peer closed its connection or died; the group cannot be used any more."""
+    """A peer closed its connection or died; the group cannot be used any more. `peer`: the
+    job rank lost, where it is known (the job names its host in the message it raises)."""
+
+    def __init__(self, message: str, peer: int | None = None) -> None:
+        super().__init__(message)
+        self.peer = peer
 
 
 class CollectiveTimeoutError(FastcollError):

@@ -16,7 +16,7 @@ from typing import Any
 
 from fastcoll import diagnosis, testhooks
 from fastcoll.config import Config
-from fastcoll.errors import CollectiveTimeoutError, FastcollError
+from fastcoll.errors import CollectiveTimeoutError, FastcollError, PeerLostError
 
 log = logging.getLogger("fastcoll")
 
@@ -48,6 +48,8 @@ class Job:
         they wait for, and the error names who stopped answering (fastcoll/diagnosis.py)."""
         if self.error is not None:
             return self.error
+        if isinstance(error, PeerLostError):
+            error = diagnosis.on_host(error, self.hosts)
         self.error = error
         if self.gate is not None:
             self.gate.abort(error)  # release every issued gate, so no GPU spins on

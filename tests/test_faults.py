@@ -39,6 +39,7 @@ class Rank:
     out: str
     err: str
     error: str | None = None  # class of the fastcoll error it raised
+    message: str = ""  # its message
     elapsed: float | None = None  # seconds from the failing call to the error
     wall: float | None = None  # time.time() when it raised
     again: str | None = None
@@ -61,6 +62,8 @@ def parse(rank: int, code: int | None, out: str, err: str) -> Rank:
         r.lines.append(line)
         if parts[0] == "ERROR":
             r.error, r.elapsed, r.wall = parts[1], float(parts[2]), float(parts[3])
+        elif parts[0] == "MESSAGE":
+            r.message = line.split(" ", 1)[1] if " " in line else ""
         elif parts[0] == "AGAIN" and len(parts) == 3:
             r.again, r.again_elapsed = parts[1], float(parts[2])
         elif parts[0] == "FINALIZE":
@@ -142,6 +145,9 @@ def test_sigkill(launch, transport, world, scenario):
     ranks, detail = run_fault(launch, world, transport, scenario, victim, size)
     assert ranks[victim].code == -signal.SIGKILL, detail
     what = f"{transport} {scenario} n={world}"
+    for r, x in ranks.items():  # across hosts the host is what a user goes to look at
+        if r != victim and x.error == "PeerLostError" and f"rank {victim} closed" in x.message:
+            assert f"rank {victim} ran on host " in x.message, f"rank {r}: {x.message}\n{detail}"
     if scenario == "kill-after":
         check_survivors(ranks, detail, victim, "PeerLostError", max_elapsed=AT_ONCE, what=what)
     else:

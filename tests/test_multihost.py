@@ -327,6 +327,35 @@ def _failure(net, hosts, fault, links: int = 1, floats: int = 4096) -> None:
         assert lost == [], "\n".join(lines)
 
 
+@pytest.mark.parametrize("fault", ["rank_killed", "data_link_cut"])
+def test_decode_across_hosts_ends_naming_the_lost_host(net, fault):
+    # mlx-lm decoding a model split over two hosts (tensor parallel, through mlx_compat): host2's
+    # rank SIGKILLed, or host2's data link cut, mid-token. Rank 0 raises an error that names
+    # host2, and the launcher exits non-zero within the timeout plus a few seconds.
+    job = Job(net, (1, 2), "decode", env={"FASTCOLL_TIMEOUT": str(TIMEOUT)},
+              launcher_args=("--grace", "1", "--timeout", "120"))
+    assert job.run.wait_for("ready", 2, timeout=90), job.describe()
+    time.sleep(0.5)  # both well inside their decoding
+    t_fault = time.time()
+    if fault == "rank_killed":
+        os.kill(job.reports()[1]["pid"], signal.SIGKILL)  # its namespaces share our PIDs
+    else:
+        net.cut(2)
+    code = job.wait(60)
+    took = job.run.ended - t_fault
+    reports = job.reports(wait=3 * TIMEOUT)
+    print(f"\n{fault}: launcher exit {code} after {took:.1f} s; rank 0: {reports[0].get('error')}: "
+          f"{reports[0].get('message')}; rank 1: {reports[1].get('outcome')} {reports[1].get('error')}")
+    assert code is not None and code != 0, job.describe()
+    assert took < TIMEOUT + 5, job.describe()
+    assert reports[0]["outcome"] == "error" and reports[0]["error"] in ERRORS, job.describe()
+    assert reports[0]["tokens"] > 1, job.describe()
+    assert "host2" in reports[0]["message"], job.describe()
+    if fault == "data_link_cut":
+        assert reports[1].get("outcome") in ("error", "terminated"), job.describe()
+    assert job.leftovers(wait=3 * TIMEOUT) == []
+
+
 def test_vanished_host_with_two_ranks_is_named_once_with_both(net):
     job = Job(net, (1, 2), "loop", slots=2, env={"FASTCOLL_TIMEOUT": "10"},
               launcher_args=("--grace", "1", "--timeout", "60", "--lost-after", "4"))

@@ -157,3 +157,20 @@ def test_fully_shard_training_and_a_quantized_sharded_model(launch, models):
     results = launch(2, "nn_clients.py", models["quantized"]).wait(timeout=120)
     assert_ok(results)
     assert all("checks passed" in r.out for r in results)
+
+
+@pytest.mark.parametrize("mode", ["tensor", "pipeline"])
+def test_sharded_generate_example_gives_the_single_process_text(models, mode):
+    # examples/sharded_generate.py: mlx-lm's sharded_load and stream_generate over fastcoll, the
+    # walkthrough's "generate" in docs/mlx.md.
+    script = [os.path.join(ROOT, "examples", "sharded_generate.py"), "--model", models["plain"],
+              "--max-tokens", "12"] + (["--pipeline"] if mode == "pipeline" else [])
+    code, single, err = run_session([sys.executable, *script], _env(), timeout=120)
+    assert code == 0, err
+    code, sharded, err = run_session([sys.executable, "-m", "fastcoll.launch", "-n", "2", "--timeout", "100",
+                                      sys.executable, "-m", "fastcoll.mlx_compat", *script], _env(), timeout=120)
+    assert code == 0, err
+    said = lambda out: re.search(r"-> ('.*')$", out, re.M)
+    assert said(single) and said(sharded), (single, sharded)
+    assert said(sharded).group(1) == said(single).group(1), (single, sharded)
+    assert f"2 rank(s), {'pipeline' if mode == 'pipeline' else 'tensor parallel'}" in sharded, sharded

@@ -89,15 +89,15 @@ def error_from(info: tuple, me: int, seq: int = -1, sig: str = "", why: str | No
 
 def _lost(name: str, peer: int, me: int, errno_: int, said: str) -> FastcollError:
     if name == "closed":
-        return PeerLostError(f"rank {peer} closed its connection (it exited or was killed)")
+        return PeerLostError(f"rank {peer} closed its connection (it exited or was killed)", peer)
     if name == "closed_mid":
-        return PeerLostError(f"rank {peer} closed its connection mid-message")
+        return PeerLostError(f"rank {peer} closed its connection mid-message", peer)
     if name in ("conn", "broken"):
-        return PeerLostError(f"connection to rank {peer} failed: {OSError(errno_, os.strerror(errno_))}")
+        return PeerLostError(f"connection to rank {peer} failed: {OSError(errno_, os.strerror(errno_))}", peer)
     if name == "finalized":
-        return PeerLostError(f"rank {peer} called finalize() while rank {me} still needed it")
+        return PeerLostError(f"rank {peer} called finalize() while rank {me} still needed it", peer)
     if name == "malformed":
-        return PeerLostError(f"rank {peer} sent a malformed frame ({said}); dropping it")
+        return PeerLostError(f"rank {peer} sent a malformed frame ({said}); dropping it", peer)
     if name == "nomem":
         return FastcollError(f"rank {me}: the native engine ran out of memory")
     return FastcollError(f"rank {me}: internal error in the native engine: {said or name}")

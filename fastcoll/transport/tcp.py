@@ -51,7 +51,7 @@ _OUTQ = getattr(termios, "TIOCOUTQ", None)
 def _lost(peer: int, e: BaseException) -> FastcollError:
     if isinstance(e, (socket.timeout, BlockingIOError)):
         return diagnosis.timed_out(f"rank {peer} did not answer in time", peer)
-    return PeerLostError(f"connection to rank {peer} failed: {e}")
+    return PeerLostError(f"connection to rank {peer} failed: {e}", peer)
 
 
 def send_timeout(me: int, peer: int | None) -> CollectiveTimeoutError:
@@ -112,7 +112,7 @@ class _Reader:
         if k == 0:
             if self._complete():
                 return  # what the peer sent before it closed (an ABORT, a CLOSE) is read first
-            raise PeerLostError(f"rank {self.peer} closed its connection (it exited or was killed)")
+            raise PeerLostError(f"rank {self.peer} closed its connection (it exited or was killed)", self.peer)
         self.end += k
 
     def _complete(self) -> bool:
@@ -140,7 +140,7 @@ class _Reader:
             body = self.view[self.start + wire.PREFIX.size : self.start + wire.PREFIX.size + n]
             h = wire.unpack(body)
         except ValueError as e:
-            raise PeerLostError(f"rank {self.peer} sent a malformed frame ({e}); dropping it") from None
+            raise PeerLostError(f"rank {self.peer} sent a malformed frame ({e}); dropping it", self.peer) from None
         self.start += wire.PREFIX.size + n
         return h
 
@@ -169,7 +169,7 @@ class _Reader:
             except OSError as e:
                 raise _lost(self.peer, e) from None
             if got == 0:
-                raise PeerLostError(f"rank {self.peer} closed its connection mid-message")
+                raise PeerLostError(f"rank {self.peer} closed its connection mid-message", self.peer)
             k += got
 
 
@@ -434,7 +434,7 @@ class TcpTransport(Transport):
         return events + [(fd, select.POLLIN) for fd, link in buffered if fd not in seen and link.ready()]
 
     def _finalized(self, peer: int) -> PeerLostError:
-        return PeerLostError(f"rank {peer} called finalize() while rank {self.rank} still needed it")
+        return PeerLostError(f"rank {peer} called finalize() while rank {self.rank} still needed it", peer)
 
     def _take(self, link: Link, h: Header) -> Header:
         if h.kind == ABORT:

@@ -253,7 +253,7 @@ class ZmqTransport(Transport):
         except zmq.ZMQError as e:
             # What the peer sent before it went (its ABORT, or a header that shows a mismatch)
             # explains this better: flush() reports the break once that has been read.
-            err = PeerLostError(f"sending to rank {peer} failed: its connection is gone ({e})")
+            err = PeerLostError(f"sending to rank {peer} failed: its connection is gone ({e})", peer)
             self._broken.setdefault(peer, err)
 
     def flush(self, deadline: float | None = None) -> None:
@@ -303,7 +303,7 @@ class ZmqTransport(Transport):
             if needed is None and (p in self._finalized or self._queues[p]):
                 continue
             if time.monotonic() - seen > 0.1:
-                raise PeerLostError(why)
+                raise PeerLostError(why, p)
 
     def _spin(self) -> bool:
         """Non-blocking receives before sleeping in poll (as the TCP transport's spin_reads, but
@@ -371,7 +371,7 @@ class ZmqTransport(Transport):
                 if h.kind == CLOSE:
                     why = f"rank {peer} called finalize() while rank {self.rank} still needed it"
                     self._gone[peer] = (why, 0.0)
-                    raise PeerLostError(why)
+                    raise PeerLostError(why, peer)
                 self._current[peer] = payload
                 return h
             # Another peer's ABORT waits in its queue until this rank needs that peer (as on

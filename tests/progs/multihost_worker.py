@@ -6,6 +6,10 @@
                                                 (default 4096; one more says whether a rank's
                                                 MULTIHOST_LOOP_SECONDS are up, so that all stop
                                                 together) every 10 ms until then or an error
+    multihost_worker.py OUTDIR decode           mlx-lm's generate_step over a small llama split
+                                                with its shard() through fastcoll.mlx_compat;
+                                                prints "ready" after the first token, then
+                                                decodes until MULTIHOST_LOOP_SECONDS are up
 
 Each rank writes OUTDIR/rank<N>.json (what it saw: hostname, transport_info(), checks passed,
 the error class and message, times) as soon as it knows, and prints it as one line. OUTDIR is
@@ -163,6 +167,36 @@ def loop(g, floats: int) -> None:
         report["t_last_ok"] = time.time()
 
 
+def decode(g) -> None:
+    # The ranks agree after every token whether the time is up, so that all stop together.
+    from mlx_lm.generate import generate_step
+    from mlx_lm.models import llama
+
+    from fastcoll import mlx_compat
+
+    mlx_compat.install()
+    group = mx.distributed.init()
+    args = llama.ModelArgs(model_type="llama", hidden_size=256, num_hidden_layers=4, intermediate_size=688,
+                           num_attention_heads=8, num_key_value_heads=8, rms_norm_eps=1e-5, vocab_size=1024,
+                           tie_word_embeddings=False)
+    mx.random.seed(0)
+    model = llama.Model(args)
+    model.shard(group)
+    mx.eval(model.parameters())
+    deadline = time.monotonic() + float(os.environ.get("MULTIHOST_LOOP_SECONDS", "60"))
+    report["tokens"] = 0
+    while True:
+        for token, _ in generate_step(mx.array([1, 2, 3, 4], dtype=mx.uint32), model, max_tokens=256):
+            report["tokens"] += 1
+            if report["tokens"] == 1:
+                report["t_ready"] = time.time()
+                print("ready", flush=True)
+            up = fastcoll.all_reduce(np.array([time.monotonic() >= deadline], np.int32), op="max")
+            if up[0]:
+                check(report["tokens"] > 1, "decoded tokens")
+                return
+
+
 def main() -> int:
     faulthandler.enable()  # a crash (SIGSEGV, SIGBUS, ...) still says where, on stderr
     signal.signal(signal.SIGTERM, on_term)
@@ -174,7 +208,7 @@ def main() -> int:
                       t_init=time.time())
         write()  # a rank that dies without a word still leaves this
         {"collectives": lambda: collectives(g), "big": lambda: big(g, int(ARGS[0])),
-         "loop": lambda: loop(g, int(ARGS[0]) if ARGS else 4096)}[MODE]()
+         "loop": lambda: loop(g, int(ARGS[0]) if ARGS else 4096), "decode": lambda: decode(g)}[MODE]()
         report["outcome"] = "ok"
     except fastcoll.FastcollError as e:
         report.update(outcome="error", error=type(e).__name__, message=str(e))

@@ -1,0 +1,226 @@
+"""Tensor-parallel (and pipeline-parallel) decoding across the bed's hosts: fastcoll beside MLX's
+ring backend, tokens per second and the tokens themselves.
+
+    python bench/tp_hosts.py [--hosts 2,4] [--links unshaped,1gbit] [--shapes small,large]
+                             [--modes tp,pp] [--rounds 2] [--tokens 64] [--out DIR]
+
+Builds the multi-host bed of `tests/netns.py` (one rank a host, each host its own network
+namespace, hostname and sshd) and runs `bench/workers/tp_worker.py` there: mlx-lm's own
+`generate_step`, greedy, on a model made locally (random weights; MLX's CPU backend), its
+model split with mlx-lm's `shard` (tp) or `pipeline` (pp). The systems, alternating in each
+round:
+  fastcoll        `fastcoll-launch --hostfile` over ssh, the script under `-m fastcoll.mlx_compat`
+                  (`fastcoll/spin_us=0`: with FASTCOLL_TUNING=spin_us=0, and so on)
+  ring            MLX's ring backend, its ranks started the same light way (`fastcoll-launch` as a
+                  process starter; MLX_HOSTFILE, MLX_RANK as `mlx.launch` sets them)
+  ring-mlx.launch MLX's ring backend started as its users start it: `mlx.launch --backend ring
+                  --hostfile` (its own process stays busy beside the ranks on a shared machine)
+and the whole model in one process on host1 (`single`). Shapes: `small` (hidden 256, 4 layers:
+the all-reduces are a large part of a token), `large` (hidden 1024, 8 layers: compute
+dominates). Links: `unshaped` (the veth's own speed), a tbf rate on every data device (`1gbit`),
+and a rate with a one-way delay (`1gbit+50us`: Thunderbolt-bridge-like, `1gbit+200us`:
+Ethernet-like). This kernel has no netem: the delay is bench/netdelay.c, a userspace NFQUEUE
+program in each host's namespace that lets each packet leaving its data device through that
+long after it was queued (needs iptables-legacy and libnetfilter-queue). Writes
+OUT/results.json and OUT/results.md: ms per token (the median over rounds of each run's median),
+tokens/s, ring's time over each system's, whether every system's tokens equal the single
+process's, and the link's floor (one round trip, twice the delay, for each all-reduce a token
+makes: two a layer in tp).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import harness  # noqa: E402
+from bench.multihost import PYTHON, REPO, Hosts, netns  # noqa: E402
+
+WORKER = REPO / "bench" / "workers" / "tp_worker.py"
+SHAPES = {
+    "small": ["--hidden", "256", "--layers", "4", "--heads", "8", "--kv-heads", "8", "--intermediate", "688",
+              "--vocab", "4096"],
+    "large": ["--hidden", "1024", "--layers", "8", "--heads", "16", "--kv-heads", "8", "--intermediate", "2816",
+              "--vocab", "16384"],
+}
+SYSTEMS = ("fastcoll", "ring", "ring-mlx.launch")
+THREADS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}  # one core a rank, as the ranks share two
+
+
+def build_netdelay(root: Path) -> Path:
+    """bench/netdelay.c, compiled into `root`."""
+    exe = root / "netdelay"
+    subprocess.run(["gcc", "-O2", "-Wall", "-o", str(exe), str(REPO / "bench" / "netdelay.c"), "-lnetfilter_queue"],
+                   check=True)
+    return exe
+
+
+def set_link(hosts: Hosts, link: str, delays: list[subprocess.Popen], netdelay: Path) -> None:
+    """Every data link as `link` says: unshaped, a rate (1gbit), or a rate and a one-way delay
+    (1gbit+50us); what the previous setting added is undone first."""
+    bed = hosts.bed
+    stop(delays)
+    bed.heal()
+    rate, _, delay = link.partition("+")
+    if rate != "unshaped":
+        bed.shape(rate)
+    for h in hosts.hosts:
+        subprocess.run(["ip", "netns", "exec", h.ns, "iptables-legacy", "-F", "OUTPUT"], check=True)
+        if delay:
+            subprocess.run(["ip", "netns", "exec", h.ns, "iptables-legacy", "-A", "OUTPUT", "-o", "d0", "-j",
+                            "NFQUEUE", "--queue-num", "0", "--queue-bypass"], check=True)
+            delays.append(subprocess.Popen(["ip", "netns", "exec", h.ns, str(netdelay),
+                                            str(int(delay.removesuffix("us")))]))
+
+
+def stop(delays: list[subprocess.Popen]) -> None:
+    """End the netdelay processes (their iptables rules let packets by without them)."""
+    for proc in delays:
+        proc.kill()
+        proc.wait()
+    delays.clear()
+
+
+def floor_ms(link: str, mode: str, layers: int) -> float:
+    """The link's floor for one token: a round trip for each all-reduce (tp: two a layer)."""
+    delay = link.partition("+")[2]
+    if not delay or mode != "tp":
+        return 0.0
+    return 2 * layers * 2 * int(delay.removesuffix("us")) / 1e3
+
+
+def command(hosts: Hosts, system: str, args: list[str], timeout: float) -> list[str]:
+    """The launcher's command line for one decode job of `system` across the bed's hosts."""
+    env = [f"--env={k}={v}" for k, v in {"PYTHONPATH": str(REPO), **THREADS}.items()]
+    launch = [PYTHON, "-m", "fastcoll.launch", "--ssh", f"ssh -F {hosts.bed.ssh_config}", "--hostfile",
+              hosts.hostfile, *env, "--grace", "1", "--timeout", str(timeout)]
+    hosts.port += 10
+    if system.partition("/")[0] == "fastcoll":  # fastcoll/NAME=VALUE/...: with those FASTCOLL_TUNING knobs
+        tuning = ["--env", "FASTCOLL_TUNING=" + system.partition("/")[2].replace("/", ",")] if "/" in system else []
+        return [*launch, "--env", "FASTCOLL_TIMEOUT=60", *tuning, PYTHON, "-m", "fastcoll.mlx_compat", str(WORKER),
+                *args]
+    ring = hosts.bed.root / f"ring-{hosts.port}.json"
+    ring.write_text(json.dumps([[f"{h.data[0]}:{hosts.port + i}"] for i, h in enumerate(hosts.hosts)]))
+    if system == "ring":
+        inner = f"MLX_RANK=$FASTCOLL_RANK MLX_HOSTFILE={ring} exec {PYTHON} {WORKER} " + " ".join(args)
+        return [*launch, "/bin/sh", "-c", inner]
+    if system == "ring-mlx.launch":
+        return [os.path.join(os.path.dirname(PYTHON), "mlx.launch"), "--backend", "ring", "--hostfile",
+                str(hosts.mlx_hostfile), "--starting-port", str(hosts.port), "--python", PYTHON, "--cwd",
+                str(REPO), *[f"--env={k}={v}" for k, v in {"PYTHONPATH": str(REPO), **THREADS}.items()],
+                "--", str(WORKER), *args]
+    raise ValueError(f"unknown system {system!r}; known: {', '.join(SYSTEMS)}")
+
+
+def run(hosts: Hosts, system: str, args: list[str], timeout: float) -> dict:
+    """One job; its RESULT document, or {"error": ...}."""
+    if system == "single":
+        cmd = hosts.bed.in_host(1, [PYTHON, str(WORKER), *args])
+        env = hosts.bed.launcher_env(**THREADS)
+    else:
+        cmd = hosts.bed.in_ctl(command(hosts, system, args, timeout))
+        env = hosts.bed.launcher_env(PATH=hosts.path, **THREADS)
+    try:
+        got = harness.run_job([(cmd, env)], timeout + 30, key="ms_per_token")
+    finally:
+        hosts.bed.kill_strays()
+    return got.doc if got.doc is not None else {"error": got.error}
+
+
+def combos(a: argparse.Namespace) -> list[tuple[str, str]]:
+    """(shape, mode) to run: tp in every shape, pp (one pipeline run each way) in the first."""
+    return [(shape, "tp") for shape in a.shapes if "tp" in a.modes] + [(a.shapes[0], "pp")] * ("pp" in a.modes)
+
+
+def measure(hosts: Hosts, a: argparse.Namespace, link: str) -> list[dict]:
+    """Every shape and mode on this link, `a.rounds` rounds, the systems alternating."""
+    rows = []
+    for shape, mode in combos(a):
+        args = ["--mode", mode, "--tokens", str(a.tokens), "--repeat", str(a.repeat), *SHAPES[shape]]
+        single = ["--mode", "single", *args[2:]] + (["--model", "qwen2"] if mode == "pp" else [])
+        for r in range(a.rounds):
+            order = ["single", *(a.systems if r % 2 == 0 else a.systems[::-1])]
+            for system in order:
+                doc = run(hosts, system, single if system == "single" else args, a.job_timeout)
+                rows.append({**doc, "hosts": len(hosts.hosts), "link": link, "shape": shape, "mode": mode,
+                             "system": system, "round": r, "floor_ms": floor_ms(link, mode, int(SHAPES[shape][3]))})
+                said = doc.get("error") or f"{doc['ms_per_token']:.2f} ms/token"
+                print(f"[{len(hosts.hosts)} hosts, {link}, {shape}, {mode}, round {r}] {system}: {said}",
+                      flush=True)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    """One line per configuration and system: ms/token, tokens/s, against ring, the same tokens."""
+    out = ["| hosts | link | shape | mode | system | ms/token (median) | tokens/s | ring / system | "
+           "tokens = single | link floor, ms/token |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    keys = sorted({(r["hosts"], r["link"], r["shape"], r["mode"]) for r in rows})
+    for key in keys:
+        mine = [r for r in rows if (r["hosts"], r["link"], r["shape"], r["mode"]) == key]
+        ms = {s: statistics.median(r["ms_per_token"] for r in mine if r["system"] == s and "ms_per_token" in r)
+              for s in dict.fromkeys(r["system"] for r in mine)
+              if any(r["system"] == s and "ms_per_token" in r for r in mine)}
+        want = next((r["tokens"] for r in mine if r["system"] == "single" and "tokens" in r), None)
+        for s in dict.fromkeys(r["system"] for r in mine):
+            ok = [r for r in mine if r["system"] == s and "tokens" in r]
+            same = "n/a" if want is None or not ok else ("yes" if all(r["tokens"] == want for r in ok) else "NO")
+            ratio = f"{ms['ring'] / ms[s]:.2f}x" if s in ms and "ring" in ms and s != "single" else ""
+            value = f"{ms[s]:.2f}" if s in ms else "failed"
+            tps = f"{1e3 / ms[s]:.1f}" if s in ms else ""
+            floor = f"{mine[0]['floor_ms']:.2f}" if mine[0]["floor_ms"] else ""
+            out.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {s} | {value} | {tps} | {ratio} | {same} "
+                       f"| {floor} |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--hosts", default="2,4", help="hosts (one rank each): 2, 4 or both")
+    p.add_argument("--links", default="unshaped,1gbit+50us,1gbit+200us",
+                   help="unshaped, a tbf rate (1gbit), or a rate and a one-way delay (1gbit+50us)")
+    p.add_argument("--shapes", default="small,large", help=", ".join(SHAPES))
+    p.add_argument("--modes", default="tp,pp",
+                   help="tp (model.shard) in every shape, pp (model.model.pipeline) in the first shape")
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--tokens", type=int, default=64, help="tokens a run generates")
+    p.add_argument("--repeat", type=int, default=3, help="runs a job makes; its median is its figure")
+    p.add_argument("--job-timeout", type=float, default=300)
+    p.add_argument("--out", default=str(REPO / "bench" / "out" / "tp_hosts"))
+    a = p.parse_args(argv)
+    csv = lambda text: [s for s in text.split(",") if s]
+    a.links, a.shapes, a.modes, a.systems = csv(a.links), csv(a.shapes), csv(a.modes), csv(a.systems)
+    unknown = [s for s in a.shapes if s not in SHAPES] + [s for s in a.systems if s.partition("/")[0] not in SYSTEMS]
+    if unknown:
+        p.error(f"unknown shape or system: {', '.join(unknown)}")
+    rows: list[dict] = []
+    for n in [int(h) for h in csv(a.hosts)]:
+        bed = netns.TestBed(hosts=n, data_links=1).build()
+        delays: list[subprocess.Popen] = []
+        try:
+            hosts, netdelay = Hosts(bed, n), build_netdelay(bed.root)
+            for link in a.links:
+                set_link(hosts, link, delays, netdelay)
+                rows += measure(hosts, a, link)
+        finally:
+            stop(delays)
+            bed.teardown()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"machine": harness.machine_info(), "command": " ".join(sys.argv), "rows": rows}
+    (out / "results.json").write_text(json.dumps(doc, indent=1))
+    text = table(rows)
+    (out / "results.md").write_text(text + "\n")
+    print(text)
+    return 0 if all("ms_per_token" in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""One rank of bench/tp_hosts.py: mlx-lm's own generation loop over a model split across ranks.
+
+    python bench/workers/tp_worker.py --mode single ...              # one process, the whole model
+    fastcoll-launch ... python -m fastcoll.mlx_compat tp_worker.py --mode tp ...
+    mlx.launch --backend ring ... -- tp_worker.py --mode tp ...
+
+`--mode tp`: mlx-lm's llama with `model.shard(group)` (tensor parallel: two all_sums a layer);
+`--mode pp`: mlx-lm's qwen2 (a llama-like model that has mlx-lm's pipeline sharding) with
+`model.model.pipeline(group)` (a send and a receive between neighbours, one all_gather a token).
+The weights are random from `--seed`, the same on every rank, so nothing is downloaded. Greedy
+decoding through `mlx_lm.generate.generate_step` on MLX's CPU backend; each of `--repeat` runs
+times the tokens after the first (the first includes the prompt). Rank 0 prints one line
+`RESULT {json}`: the tokens of the first run, the median ms per token, the backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import mlx.core as mx
+import numpy as np
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mode", choices=("single", "tp", "pp"), required=True)
+    p.add_argument("--model", choices=("llama", "qwen2"), default=None,
+                   help="default: llama for single and tp, qwen2 for pp")
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--intermediate", type=int, default=688)
+    p.add_argument("--vocab", type=int, default=4096)
+    p.add_argument("--prompt-len", type=int, default=16)
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args()
+
+
+def build(a: argparse.Namespace, kind: str):
+    """mlx-lm's `kind` model of this shape with random weights from `a.seed`."""
+    import importlib
+
+    module = importlib.import_module(f"mlx_lm.models.{kind}")
+    args = module.ModelArgs(model_type=kind, hidden_size=a.hidden, num_hidden_layers=a.layers,
+                            intermediate_size=a.intermediate, num_attention_heads=a.heads,
+                            num_key_value_heads=a.kv_heads, rms_norm_eps=1e-5, vocab_size=a.vocab,
+                            tie_word_embeddings=False)
+    mx.random.seed(a.seed)
+    model = module.Model(args)
+    mx.eval(model.parameters())
+    return model
+
+
+def decode(model, prompt: mx.array, n: int) -> tuple[list[int], float]:
+    """Greedy tokens and ms per token after the first."""
+    from mlx_lm.generate import generate_step
+
+    tokens, first = [], None
+    for token, _ in generate_step(prompt, model, max_tokens=n):
+        tokens.append(int(token))
+        if first is None:
+            first = time.perf_counter()
+    ms = (time.perf_counter() - first) * 1e3 / max(1, len(tokens) - 1)
+    return tokens, ms
+
+
+def main() -> None:
+    a = parse_args()
+    mx.set_default_device(mx.cpu)
+    kind = a.model or ("qwen2" if a.mode == "pp" else "llama")
+    group = None if a.mode == "single" else mx.distributed.init(strict=True)
+    model = build(a, kind)
+    if a.mode == "tp":
+        model.shard(group)
+    elif a.mode == "pp":
+        model.model.pipeline(group)
+    mx.eval(model.parameters())
+    prompt = mx.array(np.random.default_rng(a.seed).integers(0, a.vocab, size=a.prompt_len), dtype=mx.uint32)
+    decode(model, prompt, 4)  # warm up: the kernels compiled, the connections used
+    runs = [decode(model, prompt, a.tokens) for _ in range(a.repeat)]
+    if group is not None:  # no rank leaves while another still needs it (generate_step runs a step ahead)
+        mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group))
+    if group is None or group.rank() == 0:
+        backend = "none" if group is None else type(group).__module__.split(".")[0]
+        print("RESULT " + json.dumps({"mode": a.mode, "model": kind, "world": 1 if group is None else group.size(),
+                                      "backend": backend, "tokens": runs[0][0],
+                                      "ms_per_token": statistics.median(ms for _, ms in runs),
+                                      "runs_ms": [round(ms, 3) for _, ms in runs]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
