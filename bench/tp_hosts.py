@@ -16,8 +16,8 @@ round:
   ring-mlx.launch MLX's ring backend started as its users start it: `mlx.launch --backend ring
                   --hostfile` (its own process stays busy beside the ranks on a shared machine)
 and the whole model in one process on host1 (`single`). Shapes: `small` (hidden 256, 4 layers:
-the all-reduces are a large part of a token), `large` (hidden 1024, 8 layers: compute
-dominates). Links: `unshaped` (the veth's own speed), a tbf rate on every data device (`1gbit`),
+the all-reduces are a large part of a token), `large` (hidden 512, 8 layers, 34M parameters:
+compute dominates). Links: `unshaped` (the veth's own speed), a tbf rate on every data device (`1gbit`),
 and a rate with a one-way delay (`1gbit+50us`: Thunderbolt-bridge-like, `1gbit+200us`:
 Ethernet-like). This kernel has no netem: the delay is bench/netdelay.c, a userspace NFQUEUE
 program in each host's namespace that lets each packet leaving its data device through that
@@ -47,8 +47,8 @@ WORKER = REPO / "bench" / "workers" / "tp_worker.py"
 SHAPES = {
     "small": ["--hidden", "256", "--layers", "4", "--heads", "8", "--kv-heads", "8", "--intermediate", "688",
               "--vocab", "4096"],
-    "large": ["--hidden", "1024", "--layers", "8", "--heads", "16", "--kv-heads", "8", "--intermediate", "2816",
-              "--vocab", "16384"],
+    "large": ["--hidden", "512", "--layers", "8", "--heads", "8", "--kv-heads", "8", "--intermediate", "1408",
+              "--vocab", "8192"],
 }
 SYSTEMS = ("fastcoll", "ring", "ring-mlx.launch")
 THREADS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}  # one core a rank, as the ranks share two
