@@ -44,9 +44,9 @@ def parse_args() -> argparse.Namespace:
 
 def build(a: argparse.Namespace, kind: str):
     """mlx-lm's `kind` model of this shape with random weights from `a.seed`."""
-    import importlib
+    from mlx_lm.models import llama, qwen2
 
-    module = importlib.import_module(f"mlx_lm.models.{kind}")
+    module = {"llama": llama, "qwen2": qwen2}[kind]
     args = module.ModelArgs(model_type=kind, hidden_size=a.hidden, num_hidden_layers=a.layers,
                             intermediate_size=a.intermediate, num_attention_heads=a.heads,
                             num_key_value_heads=a.kv_heads, rms_norm_eps=1e-5, vocab_size=a.vocab,
