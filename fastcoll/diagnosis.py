@@ -37,16 +37,21 @@ def timed_out(message: str, waiting_for: int | None) -> CollectiveTimeoutError:
 def on_host(error: PeerLostError, hosts: list[str]) -> PeerLostError:
     """`error`, saying which host its lost rank ran on, where the job knows it: across hosts the
     host is what a user goes to look at."""
-    peer = error.peer
-    if peer is None or not 0 <= peer < len(hosts) or not hosts[peer]:
+    host = "" if error.peer is None else _host(error.peer, hosts)
+    if not host:
         return error
-    named = PeerLostError(f"{error}; rank {peer} ran on host {hosts[peer]}", peer)
+    named = PeerLostError(f"{error}; rank {error.peer} ran on host {host}", error.peer)
     named.__cause__ = error.__cause__
     return named
 
 
+def _host(rank: int, hosts: list[str]) -> str:
+    """Rank `rank`'s host name, or "" where the job does not know it."""
+    return hosts[rank] if 0 <= rank < len(hosts) and hosts[rank] else ""
+
+
 def _name(rank: int, hosts: list[str]) -> str:
-    host = hosts[rank] if 0 <= rank < len(hosts) and hosts[rank] else ""
+    host = _host(rank, hosts)
     return f"rank {rank} (host {host})" if host else f"rank {rank}"
 
 
