@@ -2,7 +2,7 @@
 
     python bench/compare.py --quick                      # smoke run: 2 ranks, 4 B and 4 KiB
     python bench/compare.py                              # the full sweep: 4 B..64 MiB, 2 and 4 ranks
-    python bench/compare.py --ops all_reduce --world 2 --sizes 4KiB,64MiB --systems mlx-ring,gloo
+    python bench/compare.py --ops all_reduce --world 2 --sizes 4KiB,64MiB --systems mlx-ring,mpi
 
 Writes results.json, results.md, latency.png and busbw.png into --out (default bench/out/, which
 git ignores; runs of record are copied into a dated folder under bench/records/).

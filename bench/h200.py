@@ -1,7 +1,7 @@
 """The fence gate's runs on one NVIDIA H200 (docs/gate.md): starts CUDA MPS so that two ranks can
 share the GPU, then runs the parts named, each bounded, writing JSON and Markdown into OUT.
 
-    python3 bench/h200.py OUT build tests ranks profile kill decode pyspy
+    python3 bench/h200.py OUT build tests ranks profile kill decode
 
 On the lent GPU machine, after `bash .device/b/install.sh` (see docs/gate.md) and with
 PYTHONPATH=/tmp/site:$PWD. Without a GPU (no nvidia-smi) the same parts run on the CPU, where the
@@ -12,9 +12,7 @@ gate is off and every run takes the host path: a check of the scripts, not of th
            rows, RANKS_EXACT=N checks N host-mode gates one by one)
   profile  gate_bench.py profile: the gate's per-gate timings (FASTCOLL_GATE_PROFILE=1)
   kill     gate_bench.py kill: a peer SIGKILLed mid-token, both modes
-  decode   decode_bench.py: DECODE_RUNS, DECODE_TOKENS, DECODE_SHAPE (8b); with the host's times
-           and costs per token and each thread's scheduling
-  pyspy    decode sampled by py-spy --native (PYSPY names its binary)
+  decode   decode_bench.py: DECODE_RUNS, DECODE_TOKENS, DECODE_SHAPE (8b)
 """
 
 from __future__ import annotations
@@ -25,6 +23,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import harness  # noqa: E402
 
 PY = sys.executable
 GATE_TESTS = ["tests/test_gate_gpu.py", "tests/test_gate_host.py", "tests/test_gate_kernels.py",
@@ -53,21 +55,15 @@ def mps(on: bool, gpu: str) -> None:
 
 
 def run(limit: float, cmd: list[str], log: Path, env: dict[str, str] | None = None) -> int:
-    """Run cmd, killed past `limit` seconds, its output shown and appended to `log`."""
+    """Run cmd, killed past `limit` seconds, its output shown and appended to `log`; 1 if it failed."""
     print(f"== {time.strftime('%H:%M:%S', time.gmtime())} {' '.join(cmd)}", flush=True)
-    start = time.monotonic()
+    res = harness.run_job([(cmd, env or {})], limit, key="-")  # no document: the exit code says it
+    failed = res.error not in (None, "no result printed")
+    sys.stdout.write(res.output)
     with log.open("a") as f:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, **(env or {})}, start_new_session=True)
-        try:
-            out, _ = proc.communicate(timeout=limit)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            out, _ = proc.communicate()
-        sys.stdout.write(out)
-        f.write(out)
-    print(f"== exit {proc.returncode} after {time.monotonic() - start:.0f} s", flush=True)
-    return proc.returncode
+        f.write(res.output)
+    print(f"== {res.error if failed else 'exit 0'} after {res.wall_s:.0f} s", flush=True)
+    return int(failed)
 
 
 def parts(out: Path) -> dict[str, tuple[bool | None, float, list[str], dict[str, str]]]:
@@ -88,10 +84,7 @@ def parts(out: Path) -> dict[str, tuple[bool | None, float, list[str], dict[str,
         "kill": (True, 200, [*gate, "kill", "--out", str(out)], {}),
         "decode": (True, 500, [*decode, "--out", str(out), "--runs",
                                env("DECODE_RUNS", "single,host,gate,gate_host_mode"), "--tokens",
-                               env("DECODE_TOKENS", "48")],
-                   {"DECODE_HOST_TIMES": "1", "DECODE_HOST_COSTS": "1", "DECODE_THREADS": "1"}),
-        "pyspy": (True, 300, [*decode, "--out", str(out / "pyspy"), "--runs", "single,gate", "--tokens", "1000"],
-                  {"DECODE_PYSPY": env("PYSPY", "py-spy"), "DECODE_PYSPY_NATIVE": "1"}),
+                               env("DECODE_TOKENS", "48")], {}),
     }
 
 
@@ -116,10 +109,10 @@ def main(argv: list[str]) -> int:
         on, limit, cmd, env = table[name]
         if on is not None:
             mps(on, gpu)
-        failed += run(limit, cmd, out / "log.txt", env) != 0
+        failed += run(limit, cmd, out / "log.txt", env)
         if name == "build":
             check = "import fastcoll; print(fastcoll.init().transport_info())"
-            failed += run(60, [PY, "-m", "fastcoll.launch", "-n", "2", PY, "-c", check], out / "log.txt") != 0
+            failed += run(60, [PY, "-m", "fastcoll.launch", "-n", "2", PY, "-c", check], out / "log.txt")
     return 1 if failed else 0
 
 

@@ -1,10 +1,10 @@
 """The systems the benchmark compares, and the processes of one job of each on localhost.
 
-A name is `fastcoll-tcp`, `fastcoll-zmq`, `mlx-ring`, `mpi` or `gloo`, then `/`-separated
+A name is `fastcoll-tcp`, `fastcoll-zmq`, `mlx-ring` or `mpi`, then `/`-separated
 variants: /cN N connections per neighbour (FASTCOLL_CONNECTIONS; mlx.launch
 --connections-per-ip), and for fastcoll /aN (listen on 127.0.0.1..N), /mx (mx.array inputs),
 /noshm (FASTCOLL_SHM=0), /py (FASTCOLL_NATIVE=0) and /KEY=VALUE (FASTCOLL_TUNING), e.g.
-`fastcoll-tcp/doubling=0`. fastcoll and gloo start as N processes with their launchers'
+`fastcoll-tcp/doubling=0`. fastcoll starts as N processes with their launchers'
 variables set here, mlx-ring through `mlx.launch`, mpi through the mpich wheel's `mpiexec`.
 """
 
@@ -22,8 +22,7 @@ from bench import harness, report
 from bench.harness import REPO_ROOT, Command, JobResult, free_port, free_port_range, run_job
 
 WORKERS = REPO_ROOT / "bench" / "workers"
-KINDS = {"fastcoll-tcp": "fastcoll", "fastcoll-zmq": "fastcoll", "mlx-ring": "mlx", "mpi": "mpi",
-         "gloo": "gloo"}
+KINDS = {"fastcoll-tcp": "fastcoll", "fastcoll-zmq": "fastcoll", "mlx-ring": "mlx", "mpi": "mpi"}
 DEFAULT_SYSTEMS = tuple(KINDS)
 
 
@@ -96,8 +95,7 @@ def _has(module: str) -> bool:
 
 def unavailable(system: System) -> str | None:
     """Why `system` cannot run here (e.g. 'torch not installed'), or None when it can."""
-    needs = {"gloo": [("torch", "torch not installed (pip install torch)")],
-             "mpi": [("mpi4py", "mpi4py not installed (pip install mpich mpi4py)")],
+    needs = {"mpi": [("mpi4py", "mpi4py not installed (pip install mpich mpi4py)")],
              "mlx": [("mlx", "mlx not installed")],
              "fastcoll": [("fastcoll", "fastcoll not installed")]}[system.kind]
     if system.base == "fastcoll-zmq":
@@ -129,10 +127,6 @@ def commands(system: System, world: int, worker_args: list[str]) -> list[Command
                   script, *worker_args], env)]
     if system.kind == "mpi":
         return [([tool("mpiexec") or "mpiexec", "-n", str(world), py, script, *worker_args], env)]
-    if system.kind == "gloo":
-        port = str(free_port())
-        return [([py, script, *worker_args], env | {"RANK": str(r), "WORLD_SIZE": str(world),
-                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}) for r in range(world)]
     env |= {"FASTCOLL_TRANSPORT": "zmq" if system.base == "fastcoll-zmq" else "tcp",
             "FASTCOLL_NATIVE": "0" if system.python_engine else "1"}
     if system.connections > 1:

@@ -1,31 +1,14 @@
 """Tensor-parallel (and pipeline-parallel) decoding across the bed's hosts: fastcoll beside MLX's
-ring backend, tokens per second and the tokens themselves.
+ring backend, tokens per second and the tokens themselves (docs/multihost.md tells what each
+system, shape and link is).
 
-    python bench/tp_hosts.py [--hosts 2,4] [--links unshaped,1gbit] [--shapes small,large]
-                             [--modes tp,pp] [--rounds 2] [--tokens 64] [--out DIR]
+    python bench/tp_hosts.py [--hosts 2,4] [--links unshaped,1gbit+50us] [--shapes small,large]
+                             [--modes tp,pp] [--systems fastcoll,ring,ring-mlx.launch] [--out DIR]
 
-Builds the multi-host bed of `tests/netns.py` (one rank a host, each host its own network
-namespace, hostname and sshd) and runs `bench/workers/tp_worker.py` there: mlx-lm's own
-`generate_step`, greedy, on a model made locally (random weights; MLX's CPU backend), its
-model split with mlx-lm's `shard` (tp) or `pipeline` (pp). The systems, alternating in each
-round:
-  fastcoll        `fastcoll-launch --hostfile` over ssh, the script under `-m fastcoll.mlx_compat`
-                  (`fastcoll/spin_us=0`: with FASTCOLL_TUNING=spin_us=0, and so on)
-  ring            MLX's ring backend, its ranks started the same light way (`fastcoll-launch` as a
-                  process starter; MLX_HOSTFILE, MLX_RANK as `mlx.launch` sets them)
-  ring-mlx.launch MLX's ring backend started as its users start it: `mlx.launch --backend ring
-                  --hostfile` (its own process stays busy beside the ranks on a shared machine)
-and the whole model in one process on host1 (`single`). Shapes: `small` (hidden 256, 4 layers:
-the all-reduces are a large part of a token), `large` (hidden 512, 8 layers, 34M parameters:
-compute dominates). Links: `unshaped` (the veth's own speed), a tbf rate on every data device (`1gbit`),
-and a rate with a one-way delay (`1gbit+50us`: Thunderbolt-bridge-like, `1gbit+200us`:
-Ethernet-like). This kernel has no netem: the delay is bench/netdelay.c, a userspace NFQUEUE
-program in each host's namespace that lets each packet leaving its data device through that
-long after it was queued (needs iptables-legacy and libnetfilter-queue). Writes
-OUT/results.json and OUT/results.md: ms per token (the median over rounds of each run's median),
-tokens/s, ring's time over each system's, whether every system's tokens equal the single
-process's, and the link's floor (one round trip, twice the delay, for each all-reduce a token
-makes: two a layer in tp).
+One rank a host of `tests/netns.py`'s bed runs `bench/workers/tp_worker.py` (mlx-lm's
+`generate_step`, random weights, MLX's CPU backend), the systems alternating each round beside one
+process (`single`); `fastcoll/KEY=VALUE` adds FASTCOLL_TUNING. A link's delay is bench/netdelay.c
+(NFQUEUE in user space; this kernel has no netem). Writes OUT/results.json and OUT/results.md.
 """
 
 from __future__ import annotations

@@ -2,15 +2,9 @@
 
     python bench/two_trees.py BEFORE AFTER [--rounds 5] [-- COMPARE.PY ARGS...]
 
-BEFORE and AFTER are git revisions (or "." for the working tree as it is). Each is checked out with
-`git archive` into a temporary folder, and each round runs that version's own `bench/compare.py`
-(`bench/run.py` in trees before 2026-12-03) with the given arguments (default: 2 ranks, 4 B and 4
-KiB, all_reduce, all_gather, reduce_scatter, broadcast, fastcoll over shared memory, TCP and
-ZeroMQ), BEFORE and AFTER alternating so that a machine that drifts moves both. Prints one table:
-per system, op and size, the median over the rounds of each round's median latency, and
-AFTER/BEFORE.
-
-Backs `bench/NOTES.md` entry 25 (the restructure's cost on small messages).
+BEFORE and AFTER are git revisions ("." the working tree); each round runs each one's own
+`bench/compare.py` (`bench/run.py` before 2026-12-03), alternating so that a drifting machine moves
+both. Prints, per system, op and size, the median of the rounds' medians and AFTER/BEFORE.
 """
 
 from __future__ import annotations

@@ -33,12 +33,13 @@ DEFAULT_GATE_MAX_BYTES = 16 * 1024
 # 8.48 against 7.26 ms per token of 64); from 256 bytes on it cost half or less (bench/NOTES.md 34).
 DEFAULT_GATE_HOST_MIN_BYTES = 256
 
-# Algorithm thresholds, measured with `python bench/crossover.py [--world 4]` (2-core Linux box,
-# TCP on localhost, median us per all-reduce, direct / ring). Two ranks: 4 KiB 51/93, 256 KiB
-# 219/445, 1 MiB 1051/1967, 4 MiB 4542/4836 -- direct wins up to megabytes, since with two ranks
-# both move the same bytes and the ring adds a step. Four ranks: 64 KiB 686/1361, 256 KiB
-# 1691/1724, 512 KiB 2816/3081, 1 MiB 5494/4263 -- direct sends (n-1)x the data and loses past
-# ~512 KiB. Ring pieces, 64 MiB: 256 KiB 56.6 ms, 1 MiB 47.4 ms, 4 MiB 53.6 ms (bench/NOTES.md).
+# Algorithm thresholds, measured with bench/compare.py, each algorithm forced (docs/performance.md;
+# 2-core Linux box, TCP on localhost, median us per all-reduce, direct / ring). Two ranks: 4 KiB
+# 51/93, 256 KiB 219/445, 1 MiB 1051/1967, 4 MiB 4542/4836 -- direct wins up to megabytes, since
+# with two ranks both move the same bytes and the ring adds a step. Four ranks: 64 KiB 686/1361,
+# 256 KiB 1691/1724, 512 KiB 2816/3081, 1 MiB 5494/4263 -- direct sends (n-1)x the data and loses
+# past ~512 KiB. Ring pieces, 64 MiB: 256 KiB 56.6 ms, 1 MiB 47.4 ms, 4 MiB 53.6 ms
+# (bench/NOTES.md).
 DEFAULT_DIRECT_MAX_BYTES = 256 * 1024  # any world size (average_gradients' buckets rely on it)
 DEFAULT_DIRECT_MAX_BYTES_TWO_RANKS = 1 << 20
 DEFAULT_PIECE_BYTES = 1 << 20

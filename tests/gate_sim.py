@@ -8,7 +8,7 @@ iteration bound and the same wrap-aware compare, unless the previous gate failed
 mailbox's slots (every rank's x) are reduced in rank order into the result (or all-ones bytes on
 an error status), and SPIN_ITERS, ACK and, on hitting the bound, SPIN_FAILED are written. Unlike a
 GPU it yields the GIL on every spin iteration: a real GPU never competes with Python for it. Used
-by the tests and by bench/gate_bench.py (which imports it by path).
+by the tests.
 """
 
 from __future__ import annotations

@@ -63,28 +63,27 @@ def test_ratio_arithmetic() -> None:
                 "status": "ok", "median_s": t,
                 "busbw_GBps": metrics.busbw("all_reduce", 2, 4096, t) / metrics.GB}
 
-    recs = report.ratios([point("fastcoll-tcp", 1e-4), point("mlx-ring", 2e-3),
-                          point("gloo", 5e-4)])
+    recs = report.ratios([point("fastcoll-tcp", 1e-4), point("mlx-ring", 2e-3), point("mpi", 5e-4)])
     by_peer = {r["peer"]: r for r in recs}
     assert by_peer["mlx-ring"]["speedup"] == pytest.approx(20.0)
     assert by_peer["mlx-ring"]["busbw_ratio"] == pytest.approx(20.0)
-    assert by_peer["gloo"]["speedup"] == pytest.approx(5.0)
+    assert by_peer["mpi"]["speedup"] == pytest.approx(5.0)
     t = {x["peer"]: x for x in report.targets(recs)}
-    assert t["mlx-ring"]["small_pass"] and t["gloo"]["small_pass"]
+    assert t["mlx-ring"]["small_pass"] and t["mpi"]["small_pass"]
 
 
 def test_names_rotation_and_parsing() -> None:
     assert parse_system("fastcoll-tcp/c4").connections == 4
     assert parse_system("fastcoll-tcp/a2").addresses == 2
     with pytest.raises(ValueError, match="/aN"):
-        parse_system("gloo/a2")
+        parse_system("mpi/a2")
     assert parse_system("mlx-ring").kind == "mlx"
     with pytest.raises(ValueError):
         parse_system("nccl")
     tuned = parse_system("fastcoll-tcp/py/doubling=0/yield_reads=0")
     assert tuned.python_engine and tuned.tuning == ("doubling=0", "yield_reads=0")
     with pytest.raises(ValueError, match="KEY=VALUE for fastcoll"):
-        parse_system("gloo/doubling=0")
+        parse_system("mpi/doubling=0")
     assert harness.rotated([1, 2, 3], 1) == [2, 3, 1]
     text = 'noise\n[1] {"points": [], "system": "x"}\n{"other": 1}\n{"points": [2]} trailing\n'
     assert harness.documents(text, "points") == [{"points": [], "system": "x"}, {"points": [2]}]
@@ -145,21 +144,6 @@ def test_quick_run(tmp_path: Path) -> None:
         assert (out / "latency.png").stat().st_size > 0 and (out / "busbw.png").stat().st_size > 0
 
 
-def test_decode_floor_all_sum() -> None:
-    """decode_bench's floors stand in for mx.distributed.all_sum with its signature; a floor it
-    does not know, or a kernel floor without CUDA, is an error that says so."""
-    mx = pytest.importorskip("mlx.core")
-    from bench.decode_bench import floor_all_sum
-
-    x = mx.arange(4)
-    assert floor_all_sum("identity")(x, group=None, stream=None) is x
-    with pytest.raises(ValueError, match="DECODE_FLOOR='nccl'"):
-        floor_all_sum("nccl")
-    if not mx.cuda.is_available():
-        with pytest.raises(RuntimeError, match="DECODE_FLOOR=custom: the copy kernel needs MLX's CUDA"):
-            floor_all_sum("custom")
-
-
 def test_gate_profile_summary_is_read_from_the_log() -> None:
     """gate_bench reads FASTCOLL_GATE_PROFILE's summary from the `fastcoll` logger, as a user
     would: the line the gate's profile logs is the line it keeps."""
@@ -211,25 +195,12 @@ def test_gate_bench_on_the_cpu(tmp_path: Path) -> None:
 
 def test_decode_bench_on_the_cpu(tmp_path: Path) -> None:
     """decode_bench's tiny llama through mlx-lm on the CPU: one process, two ranks on the host
-    path and two 'gate' ranks (the host path here) make the same tokens; the diagnoses run."""
+    path and two 'gate' ranks (the host path here) make the same tokens."""
     pytest.importorskip("mlx_lm")
     out = _run(["bench/decode_bench.py", "--shape", "tiny", "--tokens", "12", "--runs", "single,host,gate",
                 "--out", str(tmp_path)], 400)
-    assert "gate generated the same 12 tokens as the host path: True" in out, out
     results = json.loads((tmp_path / "decode_tiny.json").read_text())
-    assert [len(results[r]) for r in ("single", "host", "gate")] == [1, 2, 2]
-    assert all(d["ms_per_token"]["median"] > 0 for docs in results.values() for d in docs)
-
-
-def test_steal_share_and_thread_stats() -> None:
-    from bench.cpus import Threads, cpu_ticks, steal_share
-
-    before = {0: (1000, 10), 1: (1000, 0)}
-    after = {0: (1200, 60), 1: (1000, 0)}  # CPU 1: no ticks between the reads, so no share
-    assert steal_share(before, after, [0, 1, 2]) == {0: 0.25}
-    assert all(total >= stolen >= 0 for total, stolen in cpu_ticks().values())
-    if __import__("os").path.isdir("/proc/self/task"):
-        threads = Threads()
-        sum(i * i for i in range(300_000))  # some CPU time on this thread
-        rows = threads.summary(1.0)
-        assert rows[0]["cpu_share"] > 0 and {"waits", "preempted", "moves", "faults"} <= set(rows[0])
+    assert [results[r]["world"] for r in ("single", "host", "gate")] == [1, 2, 2], results
+    assert results["gate"]["tokens"] == results["host"]["tokens"] and len(results["host"]["tokens"]) == 12
+    assert all(doc["ms_per_token"] > 0 for doc in results.values())
+    assert "| gate |" in out and out.count("| True |") >= 2, out

@@ -1,15 +1,8 @@
-"""The timing loop that every benchmark worker shares.
-
-A worker adapts one communication system to the small `Backend` interface below and hands it to
-`run_worker`, which, for every (op, size) point: builds the inputs, runs the collective once and
-checks the result on every rank (so a broken system cannot look fast), warms up, waits at a
-barrier, times each iteration separately, and gathers the per-iteration times of all ranks (the
-time of an iteration is that of its slowest rank) and each rank's CPU time per call (all its
-threads). Rank 0 prints one JSON object to stdout.
-
-Sizes follow nccl-tests: S is the buffer for all-reduce, broadcast and reduce; the total gathered
-(scattered) buffer for all-gather, reduce-scatter, gather and scatter (each rank sends or keeps
-S/n); each rank's buffer for all-to-all (S/n to every rank). All buffers are float32.
+"""The timing loop that every benchmark worker shares: a worker adapts one system to `Backend`
+and hands it to `run_worker`, which for every (op, size) point checks the result on every rank
+(so a broken system cannot look fast), warms up, times each iteration (that of its slowest rank)
+and each rank's CPU time per call; rank 0 prints one JSON object. Sizes as nccl-tests', float32
+(bench/README.md, "What it measures").
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
-"""One rank of bench/tp_hosts.py: mlx-lm's own generation loop over a model split across ranks.
+"""One rank of bench/tp_hosts.py and bench/decode_bench.py: mlx-lm's own generation loop
+(`generate_step`, greedy) over a model of random weights from `--seed` (nothing downloaded).
 
-    python bench/workers/tp_worker.py --mode single ...              # one process, the whole model
-    fastcoll-launch ... python -m fastcoll.mlx_compat tp_worker.py --mode tp ...
-    mlx.launch --backend ring ... -- tp_worker.py --mode tp ...
-
-`--mode tp`: mlx-lm's llama with `model.shard(group)` (tensor parallel: two all_sums a layer);
-`--mode pp`: mlx-lm's qwen2 (a llama-like model that has mlx-lm's pipeline sharding) with
-`model.model.pipeline(group)` (a send and a receive between neighbours, one all_gather a token).
-The weights are random from `--seed`, the same on every rank, so nothing is downloaded. Greedy
-decoding through `mlx_lm.generate.generate_step` on MLX's CPU backend; each of `--repeat` runs
-times the tokens after the first (the first includes the prompt). Rank 0 prints one line
-`RESULT {json}`: the tokens of the first run, the median ms per token, the backend.
+`--mode tp`: mlx-lm's llama with `model.shard(group)`; `--mode pp`: its qwen2 with
+`model.model.pipeline(group)`; `--mode single`: the whole model in this process. Started by
+`fastcoll-launch ... -m fastcoll.mlx_compat` or MLX's ring; rank 0 prints `RESULT {json}`: the
+first run's tokens and the median over `--repeat` runs of ms per token after the first.
 """
 
 from __future__ import annotations
@@ -39,6 +33,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     return p.parse_args()
 
 
@@ -53,7 +49,7 @@ def build(a: argparse.Namespace, kind: str):
                             tie_word_embeddings=False)
     mx.random.seed(a.seed)
     model = module.Model(args)
-    mx.eval(model.parameters())
+    model.set_dtype(getattr(mx, a.dtype))  # before the weights exist: an 8B shape never in float32
     return model
 
 
@@ -72,7 +68,8 @@ def decode(model, prompt: mx.array, n: int) -> tuple[list[int], float]:
 
 def main() -> None:
     a = parse_args()
-    mx.set_default_device(mx.cpu)
+    if a.device == "cpu":
+        mx.set_default_device(mx.cpu)
     kind = a.model or ("qwen2" if a.mode == "pp" else "llama")
     group = None if a.mode == "single" else mx.distributed.init(strict=True)
     model = build(a, kind)
@@ -89,7 +86,7 @@ def main() -> None:
     if group is None or group.rank() == 0:
         backend = "none" if group is None else type(group).__module__.split(".")[0]
         print("RESULT " + json.dumps({"mode": a.mode, "model": kind, "world": 1 if group is None else group.size(),
-                                      "backend": backend, "tokens": runs[0][0],
+                                      "backend": backend, "device": str(mx.default_device()), "tokens": runs[0][0],
                                       "ms_per_token": statistics.median(ms for _, ms in runs),
                                       "runs_ms": [round(ms, 3) for _, ms in runs]}), flush=True)
 
