@@ -175,6 +175,23 @@ TUNING = ("direct_max_bytes", "direct_max_bytes_two_ranks", "piece_bytes", "doub
           "gate_watch_ms", "gate_host_min_bytes", "spin_reads", "yield_reads", "spin_us", "yield_us")
 
 
+# An MLX program evaluates on threads of its own (mlx-lm's loop builds the next step while the last
+# one runs), so where ranks share cores a rank that spins or yields while it waits takes a core
+# from them: tensor-parallel decode on two hosts of the bed, small llama, 7.6 ms a token spinning,
+# 5.9 sleeping at once, MLX's ring 6.2 (bench/NOTES.md 62). Its waits sleep at once instead.
+MLX_WAITS = {"spin_us": 0, "yield_us": 0}
+
+
+def for_mlx(config: Config, env: Mapping[str, str] | None = None) -> Config:
+    """`config` for a program under fastcoll.mlx_compat: its waits sleep at once (MLX_WAITS), but
+    for a knob FASTCOLL_TUNING sets, and not where the fence gate is asked for (its host half
+    waits microseconds for a GPU, not for a peer's evaluation)."""
+    if config.fast_sync:
+        return config
+    tuned = _tuning((os.environ if env is None else env).get("FASTCOLL_TUNING", ""))
+    return dataclasses.replace(config, **{k: v for k, v in MLX_WAITS.items() if k not in tuned})
+
+
 def _tuning(text: str) -> dict:
     """FASTCOLL_TUNING='spin_reads=0,doubling=0' -> {'spin_reads': 0, 'doubling': False}: the
     knobs benchmarks turn, each a Config field (see the defaults above for what they do)."""

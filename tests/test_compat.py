@@ -73,6 +73,28 @@ def test_strict_init_without_a_job_raises_as_mlx_does():
     assert "strict: [distributed] Couldn't initialize any backend" in p.stdout
 
 
+@pytest.mark.parametrize("tuning, fast_sync, want", [
+    ("", "0", (0, 0)),  # an MLX program's waits sleep at once
+    ("spin_us=150", "0", (150, 0)),  # but for a knob the user set
+    ("yield_us=7", "0", (0, 7)),
+    ("", "1", (-1, 5000)),  # the fence gate's host half keeps its spin
+])
+def test_mlx_programs_wait_asleep_unless_tuned(tuning, fast_sync, want):
+    """Under mx.distributed the engine's waits sleep at once (config.for_mlx), since MLX evaluates
+    on threads of its own beside the collectives; FASTCOLL_TUNING and the gate keep theirs."""
+    code = (
+        "import mlx.core as mx\n"
+        "from fastcoll import mlx_compat\n"
+        "mlx_compat.install()\n"
+        "c = mx.distributed.init().fastcoll_group.config\n"
+        "print('waits', c.spin_us, c.yield_us)\n"
+    )
+    env = _clean_env() | {"FASTCOLL_TUNING": tuning, "FASTCOLL_FAST_SYNC": fast_sync}
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert f"waits {want[0]} {want[1]}" in p.stdout, p.stdout
+
+
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_compat_semantics(launch, world):
     results = launch(world, "compat_worker.py").wait(timeout=90)

@@ -18,7 +18,7 @@ from typing import Any
 import mlx.core as mx
 
 import fastcoll
-from fastcoll import lifecycle
+from fastcoll import config, lifecycle
 from fastcoll.group import Group as _FastcollGroup
 from fastcoll.mlx_compat.autograd import differentiable, eager
 
@@ -98,7 +98,7 @@ def init(strict: bool = False, backend: str = "any", *, all_gather_factory: Any 
         )
     if all_gather_factory is not None and backend != "jaccl":
         raise ValueError("all_gather_factory is only supported with backend='jaccl'.")
-    group = fastcoll.init()
+    group = fastcoll.init(config.for_mlx(config.Config.from_env()))
     if strict and group.size() == 1 and group.config.launcher == "none":
         raise RuntimeError(
             "[distributed] Couldn't initialize any backend: fastcoll found no job in the "
