@@ -154,10 +154,26 @@ def test_sigkill(launch, transport, world, scenario):
         check_survivors(ranks, detail, victim, "PeerLostError", at_once_after_fault=True, what=what)
 
 
+def more_than_a_connection_holds() -> int:
+    """Bytes past what a loopback TCP connection can take in unread: twice the largest send and
+    receive buffers the kernel may grow to (tcp_rmem's 32 MiB here once took a whole 16 MiB send
+    that the victim never read, so the send ended before the victim died), and at least 16 MiB."""
+    most = 0
+    for name in ("tcp_wmem", "tcp_rmem"):
+        try:
+            with open(f"/proc/sys/net/ipv4/{name}") as f:
+                most += int(f.read().split()[2])
+        except (OSError, ValueError, IndexError):
+            most += 8 << 20
+    return max(16 << 20, 2 * most)
+
+
 @pytest.mark.parametrize("transport", ["shm", "tcp"])  # (ZeroMQ queues 16 MiB at once: no wait)
 def test_sigkill_while_a_send_waits_for_room(launch, transport):
-    # 16 MiB to a rank that never receives it: the sender waits for room when the victim dies.
-    ranks, detail = run_fault(launch, 2, transport, "kill-while-sending", 0, size=4 << 20)
+    # More than the connection holds to a rank that never receives it: the sender waits for room
+    # when the victim dies.
+    size = (16 << 20 if transport == "shm" else more_than_a_connection_holds()) // 4
+    ranks, detail = run_fault(launch, 2, transport, "kill-while-sending", 0, size=size)
     check_survivors(ranks, detail, 0, "PeerLostError", at_once_after_fault=True, what=f"{transport} send")
 
 
