@@ -177,8 +177,7 @@ TUNING = ("direct_max_bytes", "direct_max_bytes_two_ranks", "piece_bytes", "doub
 
 # An MLX program evaluates on threads of its own (mlx-lm's loop builds the next step while the last
 # one runs), so where ranks share cores a rank that spins or yields while it waits takes a core
-# from them: tensor-parallel decode on two hosts of the bed, small llama, 7.6 ms a token spinning,
-# 5.9 sleeping at once, MLX's ring 6.2 (bench/NOTES.md 62). Its waits sleep at once instead.
+# from them; its waits sleep at once instead (bench/NOTES.md 62).
 MLX_WAITS = {"spin_us": 0, "yield_us": 0}
 
 

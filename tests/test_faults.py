@@ -156,8 +156,8 @@ def test_sigkill(launch, transport, world, scenario):
 
 def more_than_a_connection_holds() -> int:
     """Bytes past what a loopback TCP connection can take in unread: twice the largest send and
-    receive buffers the kernel may grow to (tcp_rmem's 32 MiB here once took a whole 16 MiB send
-    that the victim never read, so the send ended before the victim died), and at least 16 MiB."""
+    receive buffers the kernel may grow to, and at least 16 MiB (a send that fits ends before its
+    victim dies, and the window is missed)."""
     most = 0
     for name in ("tcp_wmem", "tcp_rmem"):
         try:
