@@ -116,6 +116,7 @@ class Config:
     yield_reads: int = DEFAULT_YIELD_READS
     spin_us: int = DEFAULT_SPIN_US
     yield_us: int = DEFAULT_YIELD_US
+    tuned: frozenset = frozenset()  # the knobs FASTCOLL_TUNING set (for_mlx keeps those)
 
     def __post_init__(self) -> None:
         if self.transport not in transport.TRANSPORTS:
@@ -143,6 +144,7 @@ class Config:
             raise ValueError(f"FASTCOLL_LOG must be one of {', '.join(LOG_LEVELS)}, not {log!r}")
         interface = env.get("FASTCOLL_INTERFACE", "").strip() or None
         addresses = split_interfaces(interface)
+        tuning = _tuning(env.get("FASTCOLL_TUNING", ""))
         return cls(
             rank=rank,
             world_size=size,
@@ -167,7 +169,8 @@ class Config:
             launcher=launcher,
             job=job_identity(env, launcher),
             log=log,
-            **_tuning(env.get("FASTCOLL_TUNING", "")),
+            **tuning,
+            tuned=frozenset(tuning),
         )
 
 
@@ -181,14 +184,13 @@ TUNING = ("direct_max_bytes", "direct_max_bytes_two_ranks", "piece_bytes", "doub
 MLX_WAITS = {"spin_us": 0, "yield_us": 0}
 
 
-def for_mlx(config: Config, env: Mapping[str, str] | None = None) -> Config:
+def for_mlx(config: Config) -> Config:
     """`config` for a program under fastcoll.mlx_compat: its waits sleep at once (MLX_WAITS), but
-    for a knob FASTCOLL_TUNING sets, and not where the fence gate is asked for (its host half
+    for a knob FASTCOLL_TUNING set, and not where the fence gate is asked for (its host half
     waits microseconds for a GPU, not for a peer's evaluation)."""
     if config.fast_sync:
         return config
-    tuned = _tuning((os.environ if env is None else env).get("FASTCOLL_TUNING", ""))
-    return dataclasses.replace(config, **{k: v for k, v in MLX_WAITS.items() if k not in tuned})
+    return dataclasses.replace(config, **{k: v for k, v in MLX_WAITS.items() if k not in config.tuned})
 
 
 def _tuning(text: str) -> dict:
