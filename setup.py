@@ -1,5 +1,7 @@
 """Builds the native engine, fastcoll.engine._native, from its C sources (fastcoll/engine/csrc/)
-with the platform's compiler. It is optional: where it cannot be built (no compiler), the
+with the platform's compiler, and beside it the MPI library that MLX's graph calls it through
+(fastcoll.mlx_compat._mpi_abi, from fastcoll/mlx_compat/csrc/: a plain shared library that
+fastcoll.mlx_compat hands MLX, never imported as a module). It is optional: where it cannot be built (no compiler), the
 install still succeeds and fastcoll runs its pure-Python engine, saying so at init().
 
 CC, CFLAGS and LDFLAGS are honoured as usual (CI builds with clang, with -Werror, and with
@@ -19,6 +21,9 @@ MACROS = [("_DEFAULT_SOURCE", "1"), ("_DARWIN_C_SOURCE", "1")]
 if os.environ.get("FASTCOLL_PORTABLE", "") not in ("", "0"):
     MACROS.append(("FC_PORTABLE", "1"))
 
+FLAGS = ["-std=c11", "-ffp-contract=off", "-fvisibility=hidden"]
+OPTIONAL = os.environ.get("FASTCOLL_BUILD_STRICT", "") in ("", "0")
+
 native = Extension(
     "fastcoll.engine._native",
     sources=sorted(glob.glob(os.path.join(CSRC, "*.c"))),
@@ -27,8 +32,19 @@ native = Extension(
     libraries=["m"] if sys.platform.startswith("linux") else [],  # fmaf (complex64 products, fc_reduce.c)
     define_macros=MACROS,
     # -ffp-contract=off: no fused multiply-adds, so reductions give numpy's bits.
-    extra_compile_args=["-std=c11", "-ffp-contract=off", "-fvisibility=hidden"],
-    optional=os.environ.get("FASTCOLL_BUILD_STRICT", "") in ("", "0"),
+    extra_compile_args=FLAGS,
+    optional=OPTIONAL,
 )
 
-setup(ext_modules=[native])
+mpi_abi = Extension(
+    "fastcoll.mlx_compat._mpi_abi",
+    sources=[os.path.join("fastcoll", "mlx_compat", "csrc", "mpi_abi.c")],
+    depends=[os.path.join("fastcoll", "mlx_compat", "csrc", "mpi_abi.h"), os.path.join(CSRC, "fc_graph.h"),
+             os.path.join(CSRC, "fc_reduce.h")],
+    include_dirs=[CSRC, os.path.join("fastcoll", "mlx_compat", "csrc")],
+    define_macros=MACROS,
+    extra_compile_args=FLAGS,
+    optional=OPTIONAL,
+)
+
+setup(ext_modules=[native, mpi_abi])

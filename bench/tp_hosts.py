@@ -3,11 +3,12 @@ ring backend, tokens per second and the tokens themselves (docs/multihost.md tel
 system, shape and link is).
 
     python bench/tp_hosts.py [--hosts 2,4] [--links unshaped,1gbit+50us] [--shapes small,large]
-                             [--modes tp,pp] [--systems fastcoll,ring,ring-mlx.launch] [--out DIR]
+                             [--modes tp,pp] [--systems fastcoll,fastcoll-graph,ring] [--out DIR]
 
 One rank a host of `tests/netns.py`'s bed runs `bench/workers/tp_worker.py` (mlx-lm's
 `generate_step`, random weights, MLX's CPU backend), the systems alternating each round beside one
-process (`single`); `fastcoll/KEY=VALUE` adds FASTCOLL_TUNING. A link's delay is bench/netdelay.c
+process (`single`); `fastcoll-graph` is fastcoll with FASTCOLL_MLX_GRAPH=1 (MLX's graph runs
+the collectives); `fastcoll/KEY=VALUE` adds FASTCOLL_TUNING. A link's delay is bench/netdelay.c
 (NFQUEUE in user space; this kernel has no netem). Writes OUT/results.json and OUT/results.md.
 """
 
@@ -33,7 +34,7 @@ SHAPES = {
     "large": ["--hidden", "512", "--layers", "8", "--heads", "8", "--kv-heads", "8", "--intermediate", "1408",
               "--vocab", "8192"],
 }
-SYSTEMS = ("fastcoll", "ring", "ring-mlx.launch")
+SYSTEMS = ("fastcoll", "fastcoll-graph", "ring", "ring-mlx.launch")
 THREADS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}  # one core a rank, as the ranks share two
 
 
@@ -85,8 +86,10 @@ def command(hosts: Hosts, system: str, args: list[str], timeout: float) -> list[
     launch = [PYTHON, "-m", "fastcoll.launch", "--ssh", f"ssh -F {hosts.bed.ssh_config}", "--hostfile",
               hosts.hostfile, *env, "--grace", "1", "--timeout", str(timeout)]
     hosts.port += 10
-    if system.partition("/")[0] == "fastcoll":  # fastcoll/NAME=VALUE/...: with those FASTCOLL_TUNING knobs
-        tuning = ["--env", "FASTCOLL_TUNING=" + system.partition("/")[2].replace("/", ",")] if "/" in system else []
+    name, _, knobs = system.partition("/")  # fastcoll/NAME=VALUE/...: with those FASTCOLL_TUNING knobs
+    if name in ("fastcoll", "fastcoll-graph"):
+        tuning = ["--env", "FASTCOLL_TUNING=" + knobs.replace("/", ",")] if knobs else []
+        tuning += ["--env", "FASTCOLL_MLX_GRAPH=1"] if name == "fastcoll-graph" else []
         return [*launch, "--env", "FASTCOLL_TIMEOUT=60", *tuning, PYTHON, "-m", "fastcoll.mlx_compat", str(WORKER),
                 *args]
     ring = hosts.bed.root / f"ring-{hosts.port}.json"

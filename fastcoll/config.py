@@ -95,6 +95,7 @@ class Config:
     gate_max_bytes: int = DEFAULT_GATE_MAX_BYTES
     gate_profile: bool = False
     trace: str | None = None
+    mlx_graph: bool = False  # FASTCOLL_MLX_GRAPH: MLX's graph runs the collectives (mlx_compat/graph.py)
     native: bool = True  # FASTCOLL_NATIVE: the native engine where every rank has it (fastcoll/engine/)
     launcher: str = "none"
     # The job this rank belongs to, as its launcher names it ("Slurm job 12 step 0"; "" where
@@ -165,6 +166,7 @@ class Config:
             ),
             gate_profile=_flag(env, "FASTCOLL_GATE_PROFILE"),
             trace=env.get("FASTCOLL_TRACE") or None,
+            mlx_graph=_flag(env, "FASTCOLL_MLX_GRAPH"),
             native=_flag(env, "FASTCOLL_NATIVE", default=True),
             launcher=launcher,
             job=job_identity(env, launcher),
@@ -182,15 +184,21 @@ TUNING = ("direct_max_bytes", "direct_max_bytes_two_ranks", "piece_bytes", "doub
 # one runs), so where ranks share cores a rank that spins or yields while it waits takes a core
 # from them; its waits sleep at once instead (bench/NOTES.md 62).
 MLX_WAITS = {"spin_us": 0, "yield_us": 0}
+# In graph mode MLX's evaluation thread waits, while the thread that would build the next step
+# mostly waits for it: yielding the CPU for up to 2 ms, then sleeping, answers a peer sooner than
+# a wake-up does and still lets the threads that share the core run (bench/NOTES.md 63).
+MLX_GRAPH_WAITS = {"spin_us": 0, "yield_us": 2000}
 
 
 def for_mlx(config: Config) -> Config:
-    """`config` for a program under fastcoll.mlx_compat: its waits sleep at once (MLX_WAITS), but
-    for a knob FASTCOLL_TUNING set, and not where the fence gate is asked for (its host half
-    waits microseconds for a GPU, not for a peer's evaluation)."""
+    """`config` for a program under fastcoll.mlx_compat: its waits sleep at once (MLX_WAITS), or
+    in graph mode yield first (MLX_GRAPH_WAITS), but for a knob FASTCOLL_TUNING set, and not
+    where the fence gate is asked for (its host half waits microseconds for a GPU, not for a
+    peer's evaluation)."""
     if config.fast_sync:
         return config
-    return dataclasses.replace(config, **{k: v for k, v in MLX_WAITS.items() if k not in config.tuned})
+    waits = MLX_GRAPH_WAITS if config.mlx_graph else MLX_WAITS
+    return dataclasses.replace(config, **{k: v for k, v in waits.items() if k not in config.tuned})
 
 
 def _tuning(text: str) -> dict:

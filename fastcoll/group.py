@@ -195,6 +195,19 @@ class Group:
         this group: the one place that asks the rule (fastcoll/algorithms/select.py)."""
         return select.algorithm(collective, nbytes, self.config.world_size, self.config)
 
+    def graph_table(self) -> Any:
+        """The engine's table that runs this group's collectives from MLX's evaluation thread
+        without Python (fastcoll.mlx_compat.graph), or None where the engine has none. Give it a
+        group of its own (`split`): the table numbers the calls, so Python must make none here."""
+        job = self._job
+        if job.engine is None:
+            return None
+        hosts = job.hosts
+        labels = tuple(f"rank {r}" + (f" on {hosts[r]}" if r < len(hosts) and hosts[r] else "") for r in self._ranks)
+        rules = [select.by_size(c, self.size(), self.config) for c in ("all_reduce", "all_gather")]
+        return job.engine.graph_table(self._prefix, self._ranks, self.rank(), self.config.timeout,
+                                      self.config.piece_bytes, *rules, labels)
+
     def drain_gate(self) -> None:
         """Evaluate gated results nobody has evaluated yet: they would hold the service queue
         (which every group of the job shares) ahead of the call about to be queued."""

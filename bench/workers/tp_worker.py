@@ -82,6 +82,9 @@ def main() -> None:
     decode(model, prompt, 4)  # warm up: the kernels compiled, the connections used
     runs = [decode(model, prompt, a.tokens) for _ in range(a.repeat)]
     if group is not None:  # no rank leaves while another still needs it (generate_step runs a step ahead)
+        from mlx_lm.generate import generation_stream
+
+        mx.synchronize(generation_stream)  # that step's collectives first, on every rank (graph mode)
         mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group))
     if group is None or group.rank() == 0:
         backend = "none" if group is None else type(group).__module__.split(".")[0]

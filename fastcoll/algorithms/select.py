@@ -40,7 +40,7 @@ def choose(collective: str, nbytes: int, size: int, config: Any) -> ModuleType:
     fastcoll.Config (its thresholds and switches)."""
     # Ordered so that the common case, a small collective of two ranks, makes no call.
     if collective in _SIZED:
-        if nbytes > (config.direct_max_bytes_two_ranks if size == 2 else config.direct_max_bytes):
+        if nbytes > _small_max(size, config):
             return _LARGE.get(collective, ring)
         if size != 2 and config.doubling and collective in _DOUBLING and doubling.applies(size):
             return doubling
@@ -48,6 +48,20 @@ def choose(collective: str, nbytes: int, size: int, config: Any) -> ModuleType:
     if collective in _DIRECT:
         return direct
     raise ValueError(f"no algorithm serves {collective!r}")
+
+
+def _small_max(size: int, config: Any) -> int:
+    return config.direct_max_bytes_two_ranks if size == 2 else config.direct_max_bytes
+
+
+def by_size(collective: str, size: int, config: Any) -> tuple[int, str, str]:
+    """The rule for a sized `collective` on `size` ranks at once: (the most bytes a small call
+    has, the small calls' algorithm, the large calls' algorithm), for a caller that chooses
+    without Python (MLX's graph, fastcoll/engine/csrc/py_graph.c)."""
+    if collective not in _SIZED:
+        raise ValueError(f"{collective!r} does not choose its algorithm by size")
+    most = _small_max(size, config)
+    return most, algorithm(collective, 0, size, config), algorithm(collective, most + 1, size, config)
 
 
 def algorithm(collective: str, nbytes: int, size: int, config: Any) -> str:

@@ -67,6 +67,16 @@ class Engine(abc.ABC):
         nothing (then every call runs through enqueue)."""
         return None
 
+    def graph_table(self, prefix: str, ranks: tuple[int, ...], rank: int, limit: float, piece_bytes: int,
+                    all_reduce: tuple[int, str, str], all_gather: tuple[int, str, str],
+                    labels: tuple[str, ...]) -> Any:
+        """A capsule of the table that runs one group's collectives from MLX's evaluation thread
+        without Python (fastcoll/engine/csrc/fc_graph.h), or None where this engine has none. The
+        group (`prefix`, the job's `ranks`, this `rank` in it) must run nothing else: the table
+        numbers its calls. all_reduce, all_gather: select.by_size's rule; labels: each member's
+        name in error messages."""
+        return None
+
     def claim(self) -> bool:
         """Take the run lock for this thread if nothing is queued or running (for run_planned;
         the caller holds the order lock); `release()` gives it back."""

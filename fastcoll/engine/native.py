@@ -273,6 +273,12 @@ class NativeEngine(Engine):
         args = self._arguments(task, kind)  # (kind, algorithm, seq, sig, limit, ..., itemsize, src, dst, root, ...)
         return _native.Plan(*args[:2], *args[3:12], op.root, self.transport.size, self.transport.rank, task.sig)
 
+    def graph_table(self, prefix: str, ranks: tuple[int, ...], rank: int, limit: float, piece_bytes: int,
+                    all_reduce: tuple[int, str, str], all_gather: tuple[int, str, str],
+                    labels: tuple[str, ...]) -> Any:
+        rules = [(most, _ALGORITHM[small], _ALGORITHM[large]) for most, small, large in (all_reduce, all_gather)]
+        return self._n.graph_open(prefix, tuple(ranks), rank, limit, piece_bytes, *rules, tuple(labels))
+
     def run_planned(self, plan: Any, seq: int, src: Any, dst: Any) -> None:
         try:
             self._n.run_planned(plan, seq, src, dst)

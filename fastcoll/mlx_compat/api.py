@@ -20,6 +20,7 @@ import mlx.core as mx
 import fastcoll
 from fastcoll import config, lifecycle
 from fastcoll.group import Group as _FastcollGroup
+from fastcoll.mlx_compat import graph
 from fastcoll.mlx_compat.autograd import differentiable, eager
 
 BACKENDS = ("any", "fastcoll", "ring", "mpi", "nccl", "jaccl")
@@ -99,6 +100,10 @@ def init(strict: bool = False, backend: str = "any", *, all_gather_factory: Any 
     if all_gather_factory is not None and backend != "jaccl":
         raise ValueError("all_gather_factory is only supported with backend='jaccl'.")
     group = fastcoll.init(config.for_mlx(config.Config.from_env()))
+    if group.config.mlx_graph and group.size() > 1:  # MLX's graph runs the collectives (graph.py)
+        mlx_group = graph.open_graph(group)
+        if mlx_group is not None:
+            return mlx_group
     if strict and group.size() == 1 and group.config.launcher == "none":
         raise RuntimeError(
             "[distributed] Couldn't initialize any backend: fastcoll found no job in the "
@@ -119,6 +124,9 @@ def _resolve(group: Any) -> _FastcollGroup | None:
     if isinstance(group, _MLX_GROUP):
         if group.size() == 1:
             return None
+        mine = graph.fastcoll_group(group)
+        if mine is not None:
+            return mine
         raise TypeError(
             "this group was made by MLX's own mx.distributed.init() before "
             "fastcoll.mlx_compat.install(); make it again after install()"
@@ -153,20 +161,22 @@ def all_sum(x: Any, *, group: Any = None, stream: Any = None) -> mx.array:
       array: The sum of all ``x`` arrays. Unlike MLX's, it is computed now (eagerly), not when
       the result is evaluated.
     """
-    return _reduce("sum", x, group, "all_sum")
+    return _reduce("sum", x, group, "all_sum", stream)
 
 
 def all_max(x: Any, *, group: Any = None, stream: Any = None) -> mx.array:
     """All reduce max: the element-wise maximum of ``x`` over the group (computed eagerly)."""
-    return _reduce("max", x, group, "all_max")
+    return _reduce("max", x, group, "all_max", stream)
 
 
 def all_min(x: Any, *, group: Any = None, stream: Any = None) -> mx.array:
     """All reduce min: the element-wise minimum of ``x`` over the group (computed eagerly)."""
-    return _reduce("min", x, group, "all_min")
+    return _reduce("min", x, group, "all_min", stream)
 
 
-def _reduce(op: str, x: Any, group: Any, name: str) -> mx.array:
+def _reduce(op: str, x: Any, group: Any, name: str, stream: Any) -> mx.array:
+    if graph.carries(group):
+        return graph.MLX[name](x, group=group, stream=stream)
     x = _as_array(x, name)
     g = _resolve(group)
     if _single(g):
@@ -180,6 +190,8 @@ def all_gather(x: Any, *, group: Any = None, stream: Any = None) -> mx.array:
     A scalar becomes a vector of one element per process; on a group of one ``x`` comes back
     unchanged, as in MLX.
     """
+    if graph.carries(group):
+        return graph.MLX["all_gather"](x, group=group, stream=stream)
     x = _as_array(x, "all_gather")
     g = _resolve(group)
     if _single(g):
@@ -207,6 +219,8 @@ def send(x: Any, dst: int, *, group: Any = None, stream: Any = None) -> mx.array
     when it returns (the bytes have left this process), so keep the order of sends and receives
     the same on both sides, as MLX's blocking backends need anyway.
     """
+    if graph.carries(group):
+        return graph.MLX["send"](x, dst, group=group, stream=stream)
     x = _as_array(x, "send")
     g = _resolve(group)
     if _single(g):
@@ -217,6 +231,8 @@ def send(x: Any, dst: int, *, group: Any = None, stream: Any = None) -> mx.array
 
 def recv(shape: Any, dtype: Any, src: int, *, group: Any = None, stream: Any = None) -> mx.array:
     """Receive an array of ``shape`` and ``dtype`` from rank ``src`` (computed eagerly)."""
+    if graph.carries(group):
+        return graph.MLX["recv"](shape, dtype, src, group=group, stream=stream)
     g = _resolve(group)
     if _single(g):
         raise ValueError("Cannot recv from a singleton group")
@@ -227,6 +243,8 @@ def recv(shape: Any, dtype: Any, src: int, *, group: Any = None, stream: Any = N
 
 def recv_like(x: Any, src: int, *, group: Any = None, stream: Any = None) -> mx.array:
     """Receive an array shaped and typed like ``x`` from rank ``src`` (computed eagerly)."""
+    if graph.carries(group):
+        return graph.MLX["recv_like"](x, src, group=group, stream=stream)
     x = _as_array(x, "recv_like")
     g = _resolve(group)
     if _single(g):

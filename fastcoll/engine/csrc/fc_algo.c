@@ -1,6 +1,7 @@
 /* The algorithm registry, the call primitives the algorithms share, and block arithmetic. */
 #include "fc_algo.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -70,9 +71,30 @@ size_t fc_piece_items(const fc_call *c)
     return items ? items : 1;
 }
 
+/* out = a op b through a user op, which reduces in place: into whichever of a and b is out. */
+static void combine_user(const fc_op *op, const uint8_t *a, const uint8_t *b, uint8_t *out, size_t count)
+{
+    size_t size = op->itemsize ? op->itemsize : 1;
+    const uint8_t *in = a;
+    if (out == a) /* commutative: a op b == b op a */
+        in = b;
+    else if (out != b)
+        memmove(out, b, count * size);
+    for (size_t done = 0; done < count;) { /* the op counts in int */
+        size_t n = count - done < (size_t)INT_MAX ? count - done : (size_t)INT_MAX;
+        int len = (int)n;
+        void *type = op->user_type;
+        op->user((void *)FC_AT(in, done, size), FC_AT(out, done, size), &len, &type);
+        done += n;
+    }
+}
+
 void fc_combine(const fc_op *op, const uint8_t *a, const uint8_t *b, uint8_t *out, size_t count)
 {
-    fc_reduce(op->dtype, op->redop, a, b, out, count);
+    if (op->user)
+        combine_user(op, a, b, out, count);
+    else
+        fc_reduce(op->dtype, op->redop, a, b, out, count);
 }
 
 void *fc_scratch(fc_call *c, size_t bytes)

@@ -26,8 +26,14 @@ enum fc_algo_id { FC_A_DIRECT = 0, FC_A_DOUBLING, FC_A_RING, FC_A_PAIRWISE, FC_A
 /* One collective on flat buffers; counts and bounds in elements of `itemsize` bytes. An
  * all_gather's src, if given, is this rank's block (copied into place first); a broadcast's
  * root may give its buffer as src alone (it is only read). */
+/* A reduction given as a function (an MPI user op, MPI_User_function's shape): inout[i] = in[i]
+ * op inout[i] for i < *len. It must be commutative, as MPI_Op_create(fn, 1, ...) declares. */
+typedef void (*fc_user_op)(void *in, void *inout, int *len, void **type);
+
 typedef struct fc_op {
     int kind, algo, dtype, redop;
+    fc_user_op user; /* reduces instead of (dtype, redop) when set */
+    void *user_type;  /* the handle passed to `user` */
     int root; /* a rooted collective's root; a send's or a receive's peer */
     size_t itemsize;
     const uint8_t *src;

@@ -5,6 +5,7 @@
  *   py_items.c    what the service thread runs: queued calls, Python functions, gates, the
  *                 last words; completions; the references released later with the GIL
  *   py_args.c     a collective's arguments from Python, checked, as an fc_op
+ *   py_graph.c    the graph table: collectives MLX's evaluation thread calls without Python
  *
  * The GIL is released around every wait. The service thread never takes it to run a native
  * call: only a Python function queued behind native calls, and the report of a failure, do.
@@ -21,6 +22,7 @@
 #include "fc_service.h"
 
 typedef struct py_item py_item;
+typedef struct py_graph py_graph;
 
 typedef struct {
     PyObject_HEAD
@@ -41,6 +43,7 @@ typedef struct {
     fc_ns words_until;
     pthread_mutex_t dead_lock;
     py_item *dead; /* finished items whose Python references wait for the GIL */
+    py_graph *graph; /* the graph table, once opened (py_graph.c) */
 } EngineObject;
 
 /* A collective as Python hands it over (py_args.c): its fixed part (the fc_op's collective,
@@ -102,6 +105,13 @@ PyObject *py_submit_op(EngineObject *self, PyObject *const *args, Py_ssize_t nar
 PyObject *py_submit_call(EngineObject *self, PyObject *fn);
 PyObject *py_submit_gate(EngineObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *py_submit_planned_gate(EngineObject *self, PyObject *const *args, Py_ssize_t nargs);
+
+/* py_graph.c: graph_open(prefix, ranks, rank, limit, piece_bytes, (small_max, small_algo,
+ * large_algo) for all_reduce, the same for all_gather, labels) -> a capsule of fc_graph_api;
+ * close refuses later calls (after the one under way); free at the engine's end. */
+PyObject *py_graph_open(EngineObject *self, PyObject *args);
+void py_graph_close(EngineObject *self);
+void py_graph_free(EngineObject *self);
 
 /* Release the Python references of finished items (holds the GIL). */
 void py_reap(EngineObject *self);

@@ -374,6 +374,7 @@ static PyObject *close_(EngineObject *self, PyObject *args)
         Py_RETURN_NONE;
     self->closed = 1;
     Py_BEGIN_ALLOW_THREADS
+    py_graph_close(self);
     stop_threads(self);
     if (atomic_load(&self->engine.aborted))
         fc_engine_linger(&self->engine, fc_deadline_in(linger_s));
@@ -392,10 +393,12 @@ static void engine_dealloc(EngineObject *self)
         if (!self->closed) {
             self->closed = 1;
             Py_BEGIN_ALLOW_THREADS
+            py_graph_close(self);
             stop_threads(self);
             Py_END_ALLOW_THREADS
         }
         py_reap(self);
+        py_graph_free(self);
         fc_engine_free(&self->engine);
         release_memory(self);
         pthread_mutex_destroy(&self->dead_lock);
@@ -507,6 +510,11 @@ static PyObject *gate_submit(EngineObject *self, PyObject *const *args, Py_ssize
     return gated(self) ? py_submit_gate(self, args, nargs) : NULL;
 }
 
+static PyObject *graph_open(EngineObject *self, PyObject *args)
+{
+    return usable(self) ? py_graph_open(self, args) : NULL;
+}
+
 static PyObject *gate_submit_planned(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     return gated(self) ? py_submit_planned_gate(self, args, nargs) : NULL;
@@ -540,6 +548,8 @@ static PyMethodDef engine_methods[] = {
     {"gate_submit", FASTCALL(gate_submit), METH_FASTCALL, "queue a gate (seq, nbytes, 17 arguments, task, work)"},
     {"gate_submit_planned", FASTCALL(gate_submit_planned), METH_FASTCALL,
      "queue a gate (plan, call_seq, gate_seq, nbytes, task, work): the exchange planned"},
+    {"graph_open", (PyCFunction)graph_open, METH_VARARGS,
+     "graph_open(prefix, ranks, rank, limit, piece_bytes, all_reduce, all_gather, labels): the graph table"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,0 +1,384 @@
+/* The graph table (fc_graph.h): collectives of one fastcoll group, called without Python from
+ * MLX's evaluation thread. The group is a sub-group Python made for it alone, so its sequence
+ * numbers are this file's to count and its signatures' prefix keeps its messages apart from
+ * every other group's. Python fixes everything else once (Engine.graph_open): the members, the
+ * time limit, the piece size, which algorithm each size takes, and how each peer is named. */
+#include "py_common.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fc_graph.h"
+#include "fc_reduce.h"
+
+#define PREFIX_MAX 96
+#define LABEL_MAX 96
+#define SIG_MAX 160
+
+enum { G_ALL_REDUCE, G_ALL_GATHER, G_KINDS };
+
+struct py_graph {
+    fc_graph_api api;
+    EngineObject *owner;
+    pthread_mutex_t lock; /* one call at a time (MLX may evaluate on several CPU streams) */
+    int open;             /* under lock: 0 once the engine closes */
+    char prefix[PREFIX_MAX];
+    int rank, size;
+    int32_t *ranks;       /* the job's rank of each group rank */
+    char (*labels)[LABEL_MAX];
+    double limit;
+    size_t piece_bytes;
+    size_t small_max[G_KINDS];
+    int small_algo[G_KINDS], large_algo[G_KINDS];
+    int64_t seq;
+    int64_t *sent, *received; /* point-to-point messages to and from each group rank */
+    uint8_t *scratch;         /* an in-place all_reduce's contribution */
+    size_t scratch_bytes;
+};
+
+/* ----- the end of the process ----- */
+
+static const char *label(const py_graph *g, int job_rank)
+{
+    for (int i = 0; i < g->size; i++)
+        if (g->ranks[i] == job_rank)
+            return g->labels[i];
+    return "an unknown rank";
+}
+
+/* The error as fastcoll/engine/native.py's error_from words it (its class first). */
+static void describe(const py_graph *g, const fc_err *e, char *out, size_t n)
+{
+    const char *who = label(g, e->peer);
+    int len = (int)e->text_len;
+    switch (e->code) {
+    case FC_E_TIMEOUT_WAIT:
+    case FC_E_TIMEOUT_PAYLOAD:
+        snprintf(out, n, "CollectiveTimeoutError: %s did not answer within %g s", who, g->limit);
+        break;
+    case FC_E_TIMEOUT_SEND:
+        snprintf(out, n, "CollectiveTimeoutError: %s stopped taking data for %g s", who, g->limit);
+        break;
+    case FC_E_CLOSED:
+    case FC_E_CLOSED_MID:
+        snprintf(out, n, "PeerLostError: %s closed its connection (it exited or was killed)", who);
+        break;
+    case FC_E_CONN:
+    case FC_E_BROKEN:
+        snprintf(out, n, "PeerLostError: connection to %s failed: %s", who, strerror(e->sys_errno));
+        break;
+    case FC_E_FINALIZED:
+        snprintf(out, n, "PeerLostError: %s called finalize() while this rank still needed it", who);
+        break;
+    case FC_E_MALFORMED:
+        snprintf(out, n, "PeerLostError: %s sent a malformed frame (%.*s)", who, len, e->text);
+        break;
+    case FC_E_ABORT:
+        snprintf(out, n, "PeerLostError: %s gave up: %.*s", who, len, e->text);
+        break;
+    case FC_E_MISMATCH_CALL:
+    case FC_E_MISMATCH_CHUNK:
+        snprintf(out, n, "MismatchError: %s called another collective (%.*s)", who, len, e->text);
+        break;
+    case FC_E_NOMEM:
+        snprintf(out, n, "FastcollError: the native engine ran out of memory");
+        break;
+    default:
+        snprintf(out, n, "FastcollError: internal error %d in the native engine (%.*s)", e->code, len, e->text);
+    }
+}
+
+/* Say what failed and end the process (fc_graph.h says why). */
+static void fatal(const py_graph *g, const char *what, const char *why)
+{
+    fprintf(stderr, "fastcoll: %s: %s in MLX's graph: %s\n", g->labels[g->rank], what, why);
+    fflush(stderr);
+    _exit(1);
+}
+
+static void fatal_err(const py_graph *g, const char *what, const fc_err *e)
+{
+    char why[256 + FC_TEXT_MAX];
+    describe(g, e, why, sizeof why);
+    fatal(g, what, why);
+}
+
+/* ----- running one call ----- */
+
+typedef struct {
+    fc_item base;
+    fc_call *call;
+    const fc_op *op;
+    fc_done *done;
+} queued;
+
+static void run_queued(fc_item *it)
+{
+    queued *q = (queued *)it;
+    fc_done_finish(q->done, fc_run(q->call, q->op) ? (q->call->err->code ? q->call->err->code : FC_E_INTERNAL) : FC_OK);
+}
+
+static void drop_queued(fc_item *it)
+{
+    queued *q = (queued *)it;
+    fc_err_set(q->call->err, FC_E_INTERNAL, -1);
+    fc_err_text(q->call->err, "the engine stopped before the call ran", 38);
+    fc_done_finish(q->done, FC_E_INTERNAL);
+}
+
+/* Run op as call (seq, sig) of the graph's group: here when the engine is idle, else behind the
+ * queued calls on the service thread. Holds g->lock. */
+static void run(py_graph *g, const char *what, int64_t seq, const char *sig, const fc_op *op)
+{
+    EngineObject *o = g->owner;
+    if (!g->open || atomic_load(&o->failed))
+        fatal(g, what, "FastcollError: the job has failed or fastcoll was finalized");
+    fc_err err;
+    fc_call c;
+    memset(&c, 0, sizeof c);
+    c.e = &o->engine;
+    c.seq = seq;
+    c.sig = (const uint8_t *)sig;
+    c.sig_len = strlen(sig);
+    c.deadline = fc_deadline_in(g->limit);
+    c.rank = g->rank;
+    c.size = g->size;
+    c.ranks = g->ranks;
+    c.piece_bytes = g->piece_bytes;
+    c.err = &err;
+    fc_err_set(&err, FC_OK, -1);
+    int rc;
+    if (fc_service_claim_if_idle(&o->service)) {
+        rc = fc_run(&c, op);
+        fc_service_release(&o->service);
+    } else {
+        queued q = {{NULL, NULL, NULL}, &c, op, fc_done_new()};
+        if (!q.done)
+            fatal(g, what, "FastcollError: out of memory");
+        q.base.run = run_queued;
+        q.base.drop = drop_queued;
+        fc_service_submit(&o->service, &q.base, 0);
+        fc_done_wait(q.done, FC_FOREVER);
+        rc = q.done->code != FC_OK;
+        fc_done_unref(q.done);
+    }
+    if (rc) {
+        atomic_store(&o->failed, 1);
+        fatal_err(g, what, &err);
+    }
+}
+
+static int algorithm(const py_graph *g, int kind, size_t nbytes)
+{
+    return nbytes <= g->small_max[kind] ? g->small_algo[kind] : g->large_algo[kind];
+}
+
+static int64_t *even_bounds(py_graph *g, size_t count)
+{
+    int64_t *b = malloc(2 * (size_t)g->size * sizeof *b);
+    if (!b)
+        fatal(g, "a collective", "FastcollError: out of memory");
+    for (int i = 0; i < g->size; i++)
+        fc_block(count * (size_t)g->size, g->size, i, &b[2 * i], &b[2 * i + 1]);
+    return b;
+}
+
+static int graph_all_reduce(void *ctx, const void *src, void *dst, size_t count, int dtype, int redop,
+                            fc_graph_user_op user, void *user_type)
+{
+    py_graph *g = ctx;
+    size_t size = fc_itemsize(dtype);
+    pthread_mutex_lock(&g->lock);
+    if (!size || (!user && !fc_reduction_valid(dtype, redop)) || count > SIZE_MAX / size)
+        fatal(g, "all_reduce", "FastcollError: no such reduction of this dtype");
+    size_t nbytes = count * size;
+    if (src == dst && nbytes) { /* the algorithms read src while dst fills */
+        if (g->scratch_bytes < nbytes) {
+            free(g->scratch);
+            g->scratch_bytes = 0;
+            if (!(g->scratch = malloc(nbytes)))
+                fatal(g, "all_reduce", "FastcollError: out of memory");
+            g->scratch_bytes = nbytes;
+        }
+        memcpy(g->scratch, src, nbytes);
+        src = g->scratch;
+    }
+    fc_op op = {.kind = FC_K_ALL_REDUCE, .algo = algorithm(g, G_ALL_REDUCE, nbytes), .dtype = dtype, .redop = redop,
+                .user = user, .user_type = user_type, .itemsize = size, .src = src, .src_count = count,
+                .dst = dst, .dst_count = count};
+    char sig[SIG_MAX];
+    snprintf(sig, sizeof sig, "%sall_reduce(%d,%d,%d,%zu)", g->prefix, dtype, redop, user != NULL, count);
+    run(g, "all_reduce", g->seq++, sig, &op);
+    pthread_mutex_unlock(&g->lock);
+    return 0;
+}
+
+static int graph_all_gather(void *ctx, const void *src, void *dst, size_t nbytes)
+{
+    py_graph *g = ctx;
+    pthread_mutex_lock(&g->lock);
+    if (nbytes > SIZE_MAX / (size_t)g->size)
+        fatal(g, "all_gather", "FastcollError: the result does not fit in memory");
+    int64_t *bounds = even_bounds(g, nbytes);
+    fc_op op = {.kind = FC_K_ALL_GATHER, .algo = algorithm(g, G_ALL_GATHER, nbytes * (size_t)g->size),
+                .dtype = FC_UINT8, .itemsize = 1, .src = src, .src_count = nbytes, .dst = dst,
+                .dst_count = nbytes * (size_t)g->size, .bounds = bounds};
+    char sig[SIG_MAX];
+    snprintf(sig, sizeof sig, "%sall_gather(%zu)", g->prefix, nbytes);
+    run(g, "all_gather", g->seq++, sig, &op);
+    free(bounds);
+    pthread_mutex_unlock(&g->lock);
+    return 0;
+}
+
+static void check_peer(py_graph *g, const char *what, int peer)
+{
+    if (peer < 0 || peer >= g->size || peer == g->rank)
+        fatal(g, what, "FastcollError: no such peer in the group (or this rank itself)");
+}
+
+static int graph_send(void *ctx, const void *src, size_t nbytes, int peer)
+{
+    py_graph *g = ctx;
+    pthread_mutex_lock(&g->lock);
+    check_peer(g, "send", peer);
+    fc_op op = {.kind = FC_K_SEND, .algo = FC_A_DIRECT, .dtype = FC_UINT8, .root = peer, .itemsize = 1,
+                .src = src, .src_count = nbytes};
+    char sig[SIG_MAX];
+    snprintf(sig, sizeof sig, "%sp2p(%d,%d,%zu)", g->prefix, g->rank, peer, nbytes);
+    run(g, "send", g->sent[peer]++, sig, &op);
+    pthread_mutex_unlock(&g->lock);
+    return 0;
+}
+
+static int graph_recv(void *ctx, void *dst, size_t nbytes, int peer)
+{
+    py_graph *g = ctx;
+    pthread_mutex_lock(&g->lock);
+    check_peer(g, "recv", peer);
+    fc_op op = {.kind = FC_K_RECV, .algo = FC_A_DIRECT, .dtype = FC_UINT8, .root = peer, .itemsize = 1,
+                .dst = dst, .dst_count = nbytes};
+    char sig[SIG_MAX];
+    snprintf(sig, sizeof sig, "%sp2p(%d,%d,%zu)", g->prefix, peer, g->rank, nbytes);
+    run(g, "recv", g->received[peer]++, sig, &op);
+    pthread_mutex_unlock(&g->lock);
+    return 0;
+}
+
+/* ----- from Python ----- */
+
+static void graph_free(py_graph *g)
+{
+    if (!g)
+        return;
+    pthread_mutex_destroy(&g->lock);
+    free(g->ranks);
+    free(g->labels);
+    free(g->sent);
+    free(g->received);
+    free(g->scratch);
+    free(g);
+}
+
+static void capsule_free(PyObject *capsule)
+{
+    py_graph *g = PyCapsule_GetContext(capsule);
+    if (g)
+        Py_DECREF(g->owner);
+}
+
+/* Fill g from (prefix, ranks, rank, limit, piece_bytes, all_reduce (small_max, small_algo,
+ * large_algo), all_gather (the same), labels); 0, or -1 with a Python error. */
+static int graph_fill(py_graph *g, PyObject *args, int job_size)
+{
+    const char *prefix;
+    PyObject *ranks, *labels;
+    long long sm[G_KINDS];
+    if (!PyArg_ParseTuple(args, "sO!idn(Lii)(Lii)O!", &prefix, &PyTuple_Type, &ranks, &g->rank, &g->limit,
+                          &g->piece_bytes, &sm[0], &g->small_algo[0], &g->large_algo[0], &sm[1],
+                          &g->small_algo[1], &g->large_algo[1], &PyTuple_Type, &labels))
+        return -1;
+    g->size = (int)PyTuple_GET_SIZE(ranks);
+    if (strlen(prefix) >= PREFIX_MAX || g->size < 1 || g->size > job_size || PyTuple_GET_SIZE(labels) != g->size ||
+        g->rank < 0 || g->rank >= g->size || !(g->limit > 0) || sm[0] < 0 || sm[1] < 0 ||
+        !fc_can_run(g->small_algo[0], FC_K_ALL_REDUCE) || !fc_can_run(g->large_algo[0], FC_K_ALL_REDUCE) ||
+        !fc_can_run(g->small_algo[1], FC_K_ALL_GATHER) || !fc_can_run(g->large_algo[1], FC_K_ALL_GATHER)) {
+        PyErr_SetString(PyExc_ValueError, "graph_open: a bad prefix, group, time limit or algorithm");
+        return -1;
+    }
+    snprintf(g->prefix, sizeof g->prefix, "%s", prefix);
+    g->small_max[0] = (size_t)sm[0];
+    g->small_max[1] = (size_t)sm[1];
+    size_t n = (size_t)g->size;
+    g->ranks = calloc(n, sizeof *g->ranks);
+    g->labels = calloc(n, sizeof *g->labels);
+    g->sent = calloc(n, sizeof *g->sent);
+    g->received = calloc(n, sizeof *g->received);
+    if (!g->ranks || !g->labels || !g->sent || !g->received) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < (Py_ssize_t)n; i++) {
+        long r = PyLong_AsLong(PyTuple_GET_ITEM(ranks, i));
+        const char *l = PyUnicode_AsUTF8(PyTuple_GET_ITEM(labels, i));
+        if (!l || (r == -1 && PyErr_Occurred()))
+            return -1;
+        if (r < 0 || r >= job_size) {
+            PyErr_SetString(PyExc_ValueError, "graph_open: a rank outside the job");
+            return -1;
+        }
+        g->ranks[i] = (int32_t)r;
+        snprintf(g->labels[i], LABEL_MAX, "%s", l);
+    }
+    return 0;
+}
+
+PyObject *py_graph_open(EngineObject *self, PyObject *args)
+{
+    if (self->graph) {
+        PyErr_SetString(PyExc_RuntimeError, "an engine opens its graph table once");
+        return NULL;
+    }
+    py_graph *g = calloc(1, sizeof *g);
+    if (!g)
+        return PyErr_NoMemory();
+    if (pthread_mutex_init(&g->lock, NULL)) {
+        free(g);
+        return PyErr_NoMemory();
+    }
+    if (graph_fill(g, args, self->engine.size)) {
+        graph_free(g);
+        return NULL;
+    }
+    g->owner = self;
+    g->open = 1;
+    g->api = (fc_graph_api){FC_GRAPH_VERSION, g, g->rank, g->size, graph_all_reduce, graph_all_gather, graph_send,
+                            graph_recv};
+    PyObject *capsule = PyCapsule_New(&g->api, "fastcoll.graph_api", capsule_free);
+    if (!capsule || PyCapsule_SetContext(capsule, g)) {
+        Py_XDECREF(capsule);
+        graph_free(g);
+        return NULL;
+    }
+    Py_INCREF(self); /* the capsule keeps the engine, which keeps g, alive */
+    self->graph = g;
+    return capsule;
+}
+
+void py_graph_close(EngineObject *self)
+{
+    py_graph *g = self->graph;
+    if (!g)
+        return;
+    pthread_mutex_lock(&g->lock); /* after the call under way, if any */
+    g->open = 0;
+    pthread_mutex_unlock(&g->lock);
+}
+
+void py_graph_free(EngineObject *self)
+{
+    graph_free(self->graph);
+    self->graph = NULL;
+}
