@@ -78,6 +78,7 @@ def test_strict_init_without_a_job_raises_as_mlx_does():
     ("spin_us=150", "0", (150, 0)),  # but for a knob the user set
     ("yield_us=7", "0", (0, 7)),
     ("", "1", (-1, 5000)),  # the fence gate's host half keeps its spin
+    ("", "graph", (0, 2000)),  # in graph mode MLX's evaluation thread yields a while first
 ])
 def test_mlx_programs_wait_asleep_unless_tuned(tuning, fast_sync, want):
     """Under mx.distributed the engine's waits sleep at once (config.for_mlx), since MLX evaluates
@@ -89,7 +90,8 @@ def test_mlx_programs_wait_asleep_unless_tuned(tuning, fast_sync, want):
         "c = mx.distributed.init().fastcoll_group.config\n"
         "print('waits', c.spin_us, c.yield_us)\n"
     )
-    env = _clean_env() | {"FASTCOLL_TUNING": tuning, "FASTCOLL_FAST_SYNC": fast_sync}
+    env = _clean_env() | {"FASTCOLL_TUNING": tuning, "FASTCOLL_FAST_SYNC": "0" if fast_sync == "graph" else fast_sync,
+                          "FASTCOLL_MLX_GRAPH": "1" if fast_sync == "graph" else "0"}
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert f"waits {want[0]} {want[1]}" in p.stdout, p.stdout
@@ -124,8 +126,11 @@ def _cases(outdir, which: str) -> dict:
     return found
 
 
-def test_same_results_as_mlx_ring_backend(launch, tmp_path):
-    ours = launch(2, "compat_mlxref.py", "fastcoll", str(tmp_path)).wait(timeout=60)
+@pytest.mark.parametrize("graph", ["0", "1"])
+def test_same_results_as_mlx_ring_backend(launch, tmp_path, graph):
+    """The same calls under MLX's ring backend and under fastcoll, eagerly and in graph mode
+    (FASTCOLL_MLX_GRAPH=1: MLX's own collectives over fastcoll's MPI library, tests/test_graph.py)."""
+    ours = launch(2, "compat_mlxref.py", "fastcoll", str(tmp_path), FASTCOLL_MLX_GRAPH=graph).wait(timeout=60)
     assert_ok(ours)
     mine = _cases(tmp_path, "fastcoll")
     log = _mlx_ring_run(str(tmp_path))
@@ -133,8 +138,10 @@ def test_same_results_as_mlx_ring_backend(launch, tmp_path):
     if not theirs:
         pytest.skip(f"MLX's ring backend wrote nothing here (no localhost ring?); its output:\n{log}")
     assert set(mine) == set(theirs)
-    # MLX's ring backend refuses these two; fastcoll implements them (NCCL's and MPI's meaning).
-    extra = {"split", "sum_scatter"}
+    in_graph = graph == "1" and "collectives run eagerly instead" not in ours[0].err
+    # MLX's ring backend refuses these two; fastcoll implements them (NCCL's and MPI's meaning),
+    # but for split in graph mode, where MLX's MPI backend asks MPI_Comm_split, which it refuses.
+    extra = {"sum_scatter"} if in_graph else {"split", "sum_scatter"}
     for key in sorted(theirs):
         if key[1] in extra:
             assert "error" in theirs[key] and "error" not in mine[key], (key, theirs[key], mine[key])

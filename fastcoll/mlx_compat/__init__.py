@@ -15,7 +15,9 @@
 
 One job a module: `patch` (install, uninstall, patched: how MLX's functions are replaced),
 `api` (the functions and Group, with MLX's signatures and semantics), `autograd` (the
-collectives as differentiable graph functions), `runner` (`python -m fastcoll.mlx_compat`).
+collectives as differentiable graph functions), `runner` (`python -m fastcoll.mlx_compat`),
+`graph` (graph mode, FASTCOLL_MLX_GRAPH=1: MLX's own lazy collectives over fastcoll's MPI
+library, run inside MLX's graph).
 
 Laziness: MLX's collectives are lazy graph nodes that run when the result is evaluated. These
 run when they are called: fastcoll's host path evaluates the input, exchanges it, and returns an

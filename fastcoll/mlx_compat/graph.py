@@ -24,10 +24,13 @@ import ctypes
 import glob
 import logging
 import os
+import warnings
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
+import fastcoll
 from fastcoll.group import Group as FastcollGroup
 
 log = logging.getLogger("fastcoll")
@@ -68,8 +71,15 @@ def open_graph(group: FastcollGroup) -> Any | None:
     table = sub.graph_table()
     if why is None and table is None:
         why = "the pure-Python engine runs (FASTCOLL_NATIVE=0, or no compiler)"
-    if why is not None:
-        log.warning("FASTCOLL_MLX_GRAPH=1: %s; collectives run eagerly instead", why)
+    # Every rank takes the graph, or none does: a host without the library must not leave its
+    # peers waiting inside MLX's graph for calls it makes eagerly.
+    every = fastcoll.all_reduce(np.array([why is None], np.int32), op="min", group=group)
+    if why is None and not every[0]:
+        why = "another rank cannot run it (its log says why)"
+    if why is not None:  # said even where logging is not configured: the user asked for graph mode
+        message = f"FASTCOLL_MLX_GRAPH=1: {why}; collectives run eagerly instead"
+        log.warning(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
         return None
     lib = ctypes.CDLL(path)
     lib.fastcoll_mpi_attach.argtypes = [ctypes.c_void_p]

@@ -263,8 +263,12 @@ EXPORT int MPI_Allreduce(const void *src, void *dst, int count, void *type, void
         done();
         return refuse("MPI_Allreduce", "a built-in op on a derived type", MPI_ERR_OP);
     }
-    rc = a->all_reduce(a->ctx, src == IN_PLACE ? dst : src, dst, (size_t)count, t->dtype, o->redop < 0 ? FC_SUM : o->redop,
-                       o->fn, type);
+    int dtype = t->dtype, redop = o->redop < 0 ? FC_SUM : o->redop;
+    if (dtype == FC_BOOL && !o->fn) { /* bytes of 0 and 1: a sum or max is an or, a min an and */
+        dtype = FC_UINT8;
+        redop = redop == FC_MIN ? FC_MIN : FC_MAX;
+    }
+    rc = a->all_reduce(a->ctx, src == IN_PLACE ? dst : src, dst, (size_t)count, dtype, redop, o->fn, type);
     done();
     return rc ? MPI_ERR_OTHER : MPI_SUCCESS;
 }

@@ -1,0 +1,84 @@
+"""One rank of tests/test_graph.py: mx.distributed under fastcoll.mlx_compat with FASTCOLL_MLX_GRAPH=1.
+
+    python graph_worker.py check       every size and dtype the graph's table serves, then
+                                       "graph checks passed" (or "eager checks passed" where
+                                       the table cannot run and the eager collectives serve)
+    python graph_worker.py die RANK    rank RANK ends itself (SIGKILL) in the middle of a loop of
+                                       all_sums; the others must end with the error, not hang
+    python graph_worker.py mismatch    rank r sums r + 4 elements: the ranks call different
+                                       collectives
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import mlx.core as mx
+
+from fastcoll import mlx_compat
+
+
+def check(g) -> None:
+    r, n = g.rank(), g.size()
+    d = mx.distributed
+    mode = "graph" if isinstance(g, d.Group) and type(g).__module__.startswith("mlx") else "eager"
+    for count in (1, 1000, 3_000_000):  # the small calls' algorithm and the large calls' (ring)
+        for dt in (mx.float32, mx.int32, mx.float16, mx.bfloat16):
+            parts = [(mx.arange(count) % 7 + k).astype(dt) for k in range(n)]
+            want = parts[0]
+            for p in parts[1:]:
+                want = want + p  # in dt, pairwise in rank order, as the engine reduces
+            got = d.all_sum(parts[r], group=g)
+            assert got.dtype == dt and bool(mx.all(got == want).item()), (count, dt)
+    x = mx.array([float(r), -float(r), 2.5])
+    assert d.all_max(x, group=g).tolist() == [n - 1.0, 0.0, 2.5]
+    assert d.all_min(x.astype(mx.bfloat16), group=g).astype(mx.float32).tolist() == [0.0, -(n - 1.0), 2.5]
+    c = mx.array([complex(r, -r)], dtype=mx.complex64)
+    assert d.all_max(c, group=g).tolist() == [complex(n - 1, -(n - 1))]
+    gathered = d.all_gather(mx.full((2, 3), r, dtype=mx.int16), group=g)
+    assert gathered.shape == (2 * n, 3) and gathered[::2, 0].tolist() == list(range(n))
+    if r == 0:
+        mx.eval(d.send(mx.arange(5, dtype=mx.float32) * 2, 1, group=g))
+    elif r == 1:
+        assert d.recv((5,), mx.float32, 0, group=g).tolist() == [0.0, 2.0, 4.0, 6.0, 8.0]
+    # a chain inside one graph: each all_sum's input is the last one's output
+    y = mx.ones((16,))
+    for _ in range(5):
+        y = d.all_sum(y, group=g) / n
+    assert y.tolist() == [1.0] * 16
+    assert d.sum_scatter(mx.arange(2.0 * n), group=g).tolist() == [n * 2.0 * r, n * (2.0 * r + 1)]
+    print(f"rank {r}: {mode} checks passed", flush=True)
+
+
+def die(g, victim: int) -> None:
+    x = mx.ones((256,))
+    for i in range(100000):
+        if g.rank() == victim and i == 50:
+            os.kill(os.getpid(), signal.SIGKILL)
+        x = mx.distributed.all_sum(x, group=g) / g.size()
+        mx.eval(x)
+    print("the loop ended without the victim's death being noticed", flush=True)
+
+
+def main() -> None:
+    mx.set_default_device(mx.cpu)
+    mlx_compat.install()
+    g = mx.distributed.init()
+    what = sys.argv[1]
+    if what == "check":
+        check(g)
+    elif what == "die":
+        die(g, int(sys.argv[2]))
+    elif what == "mismatch":
+        mx.eval(mx.distributed.all_sum(mx.ones((g.rank() + 4,)), group=g))
+        print("a mismatched call returned", flush=True)
+    else:
+        raise SystemExit(f"unknown action {what!r}")
+    # Leave together: no rank closes its links while another still evaluates its last call.
+    mx.eval(mx.distributed.all_sum(mx.array(1.0), group=g))
+
+
+if __name__ == "__main__":
+    main()

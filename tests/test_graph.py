@@ -1,0 +1,132 @@
+"""Graph mode (FASTCOLL_MLX_GRAPH=1): MLX's graph runs fastcoll's collectives through fastcoll's
+MPI library (fastcoll/mlx_compat/csrc/mpi_abi.c over fastcoll/engine/csrc/py_graph.c).
+
+- every size (both algorithms), dtype and collective the table serves, on 2, 3 and 4 ranks
+  (direct, and recursive doubling at 4), gives what the ranks' own arithmetic gives;
+- the same mx.distributed calls give MLX's ring backend's results (tests/test_compat.py);
+- a rank killed mid-loop ends every other rank with an error naming it, and the launcher exits
+  non-zero at once; ranks that call different collectives end with a MismatchError;
+- the library alone: what it says to MLX's probe, and what it refuses;
+- on the pure-Python engine (which has no table) graph mode says so and the eager path serves.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import PROGS, ROOT, assert_ok, run_session
+
+mx = pytest.importorskip("mlx.core")
+
+from fastcoll.mlx_compat import graph  # noqa: E402
+
+NATIVE = os.environ.get("FASTCOLL_NATIVE", "1") not in ("0", "")
+LIBRARY = graph.library()
+
+
+def _mode() -> str:
+    """What the worker runs: the graph where the native engine and the library are built."""
+    from fastcoll.engine import native_available
+
+    return "graph" if NATIVE and LIBRARY and native_available() is None else "eager"
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_graph_mode_collectives(launch, world):
+    results = launch(world, "graph_worker.py", "check", FASTCOLL_MLX_GRAPH="1").wait(timeout=120)
+    assert_ok(results)
+    mode = _mode()
+    for r in results:
+        assert f"rank {r.rank}: {mode} checks passed" in r.out, r.out
+        if mode == "eager":  # the reason is said, once a rank
+            assert "FASTCOLL_MLX_GRAPH=1:" in r.err and "collectives run eagerly instead" in r.err, r.err
+
+
+def _launch(*args: str, timeout: int = 10) -> list[str]:
+    return [sys.executable, "-m", "fastcoll.launch", "-n", "2", "--timeout", "60", "--env", "FASTCOLL_MLX_GRAPH=1",
+            "--env", f"FASTCOLL_TIMEOUT={timeout}", sys.executable, os.path.join(PROGS, "graph_worker.py"), *args]
+
+
+def _env() -> dict:
+    drop = ("FASTCOLL_", "MLX_", "OMPI_", "PMI_", "SLURM_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop) or k == "FASTCOLL_NATIVE"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def test_graph_mode_peer_killed_mid_loop_ends_the_job():
+    """Rank 1 SIGKILLs itself between two all_sums: rank 0, waiting inside MLX's graph, writes a
+    PeerLostError naming rank 1 and exits 1; the launcher exits non-zero well within the timeout."""
+    started = time.monotonic()
+    code, out, err = run_session(_launch("die", "1"), _env(), 60, merge_stderr=True)
+    took = time.monotonic() - started
+    assert code != 0, out
+    assert "PeerLostError" in out and "rank 1" in out, out
+    assert "the loop ended" not in out, out
+    assert took < 10 + 15, (took, out)  # the timeout plus the launcher's start and grace
+
+
+def test_graph_mode_mismatched_calls_end_with_a_mismatch_error():
+    code, out, err = run_session(_launch("mismatch"), _env(), 60, merge_stderr=True)
+    assert code != 0, out
+    assert "MismatchError" in out, out
+    assert "a mismatched call returned" not in out, out
+
+
+def _library_script(body: str) -> subprocess.CompletedProcess:
+    code = (
+        "import ctypes, sys\n"
+        f"lib = ctypes.CDLL({LIBRARY!r})\n"
+        "buf = ctypes.create_string_buffer(256); n = ctypes.c_int()\n" + body
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.skipif(LIBRARY is None, reason="fastcoll's MPI library for MLX was not built (no compiler)")
+def test_library_alone_answers_mlx_probe_and_refuses_what_it_cannot_serve():
+    p = _library_script(
+        "assert lib.MPI_Get_library_version(buf, ctypes.byref(n)) == 0\n"
+        "print('version', buf.value[:n.value].decode())\n"
+        "print('init', lib.MPI_Init(None, None))\n"  # nothing attached: MLX then has no MPI group
+        "print('attach', lib.fastcoll_mpi_attach(ctypes.byref(ctypes.c_int(99))))\n"  # another version
+        "P = ctypes.c_void_p\n"
+        "lib.MPI_Comm_split.argtypes = [P, ctypes.c_int, ctypes.c_int, P]\n"
+        "lib.MPI_Allreduce.argtypes = [P, P, ctypes.c_int, P, P, P]\n"
+        "world = ctypes.c_void_p.in_dll(lib, 'ompi_mpi_comm_world')\n"
+        "out = ctypes.c_void_p()\n"
+        "print('split', lib.MPI_Comm_split(ctypes.addressof(world), 0, 0, ctypes.byref(out)))\n"
+        "sys.stdout.flush()\n"
+        "f = ctypes.c_void_p.in_dll(lib, 'ompi_mpi_float'); op = ctypes.c_void_p.in_dll(lib, 'ompi_mpi_op_sum')\n"
+        "x = (ctypes.c_float * 4)()\n"
+        "lib.MPI_Allreduce(x, x, 4, ctypes.addressof(f), ctypes.addressof(op), ctypes.addressof(world))\n"
+        "print('returned')\n")
+    assert "version " in p.stdout and "Open MPI" in p.stdout, p.stdout  # MLX accepts only Open MPI's ABI
+    assert "init 0" not in p.stdout and "init " in p.stdout, p.stdout
+    assert "did not attach a job" in p.stderr, p.stderr
+    assert "attach -1" in p.stdout, p.stdout
+    assert "split 0" not in p.stdout and "has one group" in p.stderr, (p.stdout, p.stderr)
+    # A collective with nothing attached ends the process: MLX ignores the result's code.
+    assert p.returncode == 1 and "returned" not in p.stdout, (p.returncode, p.stdout)
+    assert "MPI_Allreduce: called after fastcoll.finalize() or before init()" in p.stderr, p.stderr
+
+
+def test_graph_mode_split_is_refused_as_mlx_mpi_refuses_it(launch, tmp_path):
+    """MLX's MPI backend splits through MPI_Comm_split, which the library refuses: a RuntimeError,
+    as MLX's ring backend raises for split (the eager path splits)."""
+    code = (
+        "import mlx.core as mx\nfrom fastcoll import mlx_compat\nmlx_compat.install()\n"
+        "g = mx.distributed.init()\n"
+        "try:\n    g.split(0)\n    print('split worked')\nexcept RuntimeError as e:\n    print('refused:', e)\n"
+        "mx.eval(mx.distributed.all_sum(mx.array(1.0), group=g))\n")
+    script = tmp_path / "split_probe.py"
+    script.write_text(code)
+    results = launch(2, str(script), FASTCOLL_MLX_GRAPH="1").wait(timeout=60)
+    assert_ok(results)
+    want = "refused: MPI could not split this group" if _mode() == "graph" else "split worked"
+    for r in results:
+        assert want in r.out, (r.out, r.err)
