@@ -10,6 +10,7 @@
                                                 with its shard() through fastcoll.mlx_compat;
                                                 prints "ready" after the first token, then
                                                 decodes until MULTIHOST_LOOP_SECONDS are up
+                                                (FASTCOLL_MLX_GRAPH=1: in graph mode)
 
 Each rank writes OUTDIR/rank<N>.json (what it saw: hostname, transport_info(), checks passed,
 the error class and message, times) as soon as it knows, and prints it as one line. OUTDIR is
@@ -169,7 +170,7 @@ def loop(g, floats: int) -> None:
 
 def decode(g) -> None:
     # The ranks agree after every token whether the time is up, so that all stop together.
-    from mlx_lm.generate import generate_step
+    from mlx_lm.generate import generate_step, generation_stream
     from mlx_lm.models import llama
 
     from fastcoll import mlx_compat
@@ -191,6 +192,8 @@ def decode(g) -> None:
             if report["tokens"] == 1:
                 report["t_ready"] = time.time()
                 print("ready", flush=True)
+            if os.environ.get("FASTCOLL_MLX_GRAPH") == "1":  # MLX's graph runs the all_sums: the
+                mx.synchronize(generation_stream)  # step queued ahead goes first on every rank
             up = fastcoll.all_reduce(np.array([time.monotonic() >= deadline], np.int32), op="max")
             if up[0]:
                 check(report["tokens"] > 1, "decoded tokens")
