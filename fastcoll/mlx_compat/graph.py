@@ -42,6 +42,7 @@ LIBNAME = "MLX_MPI_LIBNAME"
 
 # The open graph: (MLX's group, the fastcoll group it stands for, the table, the library).
 _open: tuple[Any, FastcollGroup, Any, Any] | None = None
+_refused = False  # graph mode could not open: later init()s take the eager path at once
 
 
 def library() -> str | None:
@@ -62,9 +63,9 @@ def open_graph(group: FastcollGroup) -> Any | None:
     """MLX's group whose collectives fastcoll runs inside MLX's graph, for the job's `group`; None
     (after a warning that says why) where graph mode cannot run, and the eager collectives then
     serve. Every rank must call it."""
-    global _open
-    if _open is not None:
-        return _open[0]
+    global _open, _refused
+    if _open is not None or _refused:
+        return _open[0] if _open is not None else None
     path = library()
     why = None if path else "fastcoll's MPI library for MLX was not built (install with a C compiler)"
     sub = group.split(0)  # a group of the graph's own: the engine numbers its calls without Python
@@ -80,6 +81,7 @@ def open_graph(group: FastcollGroup) -> Any | None:
         message = f"FASTCOLL_MLX_GRAPH=1: {why}; collectives run eagerly instead"
         log.warning(message)
         warnings.warn(message, RuntimeWarning, stacklevel=3)
+        _refused = True
         return None
     lib = ctypes.CDLL(path)
     lib.fastcoll_mpi_attach.argtypes = [ctypes.c_void_p]

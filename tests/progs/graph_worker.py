@@ -49,6 +49,8 @@ def check(g) -> None:
         y = d.all_sum(y, group=g) / n
     assert y.tolist() == [1.0] * 16
     assert d.sum_scatter(mx.arange(2.0 * n), group=g).tolist() == [n * 2.0 * r, n * (2.0 * r + 1)]
+    again = d.init()  # mlx-lm asks more than once: the same group (or, eagerly, the same ranks)
+    assert (again.rank(), again.size()) == (r, n) and type(again) is type(g)
     print(f"rank {r}: {mode} checks passed", flush=True)
 
 
