@@ -92,7 +92,8 @@ def open_graph(group: FastcollGroup) -> Any | None:
     if (mlx_group.rank(), mlx_group.size()) != (sub.rank(), sub.size()):
         raise RuntimeError(
             f"MLX's MPI backend is rank {mlx_group.rank()} of {mlx_group.size()}, not fastcoll's "
-            f"{sub.rank()} of {sub.size()}: MLX loaded another MPI library before {LIBNAME} was set")
+            f"{sub.rank()} of {sub.size()}: MLX loaded another MPI library before {LIBNAME} was set, "
+            "or this MLX is older than 0.29.4, which does not read it")
     _open = (mlx_group, group, table, lib)
     log.info("MLX's graph runs fastcoll's collectives (%s)", path)
     return mlx_group
