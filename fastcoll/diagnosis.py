@@ -50,7 +50,9 @@ def _host(rank: int, hosts: list[str]) -> str:
     return hosts[rank] if 0 <= rank < len(hosts) and hosts[rank] else ""
 
 
-def _name(rank: int, hosts: list[str]) -> str:
+def rank_name(rank: int, hosts: list[str]) -> str:
+    """'rank 1 (host host2)', or 'rank 1' where the job does not know its host: how every
+    message names a rank."""
     host = _host(rank, hosts)
     return f"rank {rank} (host {host})" if host else f"rank {rank}"
 
@@ -65,18 +67,18 @@ def explain(me: int, size: int, reports: dict[int, int | None], lost: set[int], 
     heard = set(reports) - {me}
     if not heard and not lost and size == 2:  # one peer: it, or the one link to it, failed
         other = 1 - me
-        return other, (f"{_name(other, hosts)} stopped answering: it stopped, or the network "
-                       f"between it and {_name(me, hosts)} failed")
+        return other, (f"{rank_name(other, hosts)} stopped answering: it stopped, or the network "
+                       f"between it and {rank_name(me, hosts)} failed")
     if not heard and not lost and size > 2:
-        return me, (f"no rank answered {_name(me, hosts)}: its own network (or every peer at once) "
+        return me, (f"no rank answered {rank_name(me, hosts)}: its own network (or every peer at once) "
                     "failed")
     if reports.get(me) is None:  # this rank's own wait names no rank (a send, a flush)
         if lost:
             gone = min(lost)
-            return gone, f"{_name(gone, hosts)} is gone (its connection ended)"
+            return gone, f"{rank_name(gone, hosts)} is gone (its connection ended)"
         silent = [r for r in range(size) if r != me and r not in reports]
         if silent:
-            names = ", ".join(_name(r, hosts) for r in silent)
+            names = ", ".join(rank_name(r, hosts) for r in silent)
             return silent[0], f"{names} told no rank whom they wait for: they stopped answering"
         return None, "every rank answered: the wait that ran out was this rank's own"
     chain = [me]
@@ -84,19 +86,19 @@ def explain(me: int, size: int, reports: dict[int, int | None], lost: set[int], 
     while cur is not None and cur not in chain:
         chain.append(cur)
         if cur in lost:
-            return cur, f"{_waits(chain, hosts)}: {_name(cur, hosts)} is gone (its connection ended)"
+            return cur, f"{_waits(chain, hosts)}: {rank_name(cur, hosts)} is gone (its connection ended)"
         if cur not in reports:
-            return cur, f"{_waits(chain, hosts)}: {_name(cur, hosts)} stopped answering (it told no rank whom it waits for)"
+            return cur, f"{_waits(chain, hosts)}: {rank_name(cur, hosts)} stopped answering (it told no rank whom it waits for)"
         cur = reports[cur]
     if cur is None:
         last = chain[-1]
-        return last, f"{_waits(chain, hosts)}: {_name(last, hosts)} waits for nobody (it gave up for another reason)"
+        return last, f"{_waits(chain, hosts)}: {rank_name(last, hosts)} waits for nobody (it gave up for another reason)"
     if late and cur == me and len(chain) > 1:
-        return me, (f"{_waits(chain[1:] + [me], hosts)}: {_name(me, hosts)}, this rank, came to the "
+        return me, (f"{_waits(chain[1:] + [me], hosts)}: {rank_name(me, hosts)}, this rank, came to the "
                     "call only after the others had waited out their limit for it (it was stopped, "
                     "busy or far behind)")
     loop = chain[chain.index(cur):] + [cur]
-    names = ", ".join(_name(r, hosts) for r in loop[:-1])
+    names = ", ".join(rank_name(r, hosts) for r in loop[:-1])
     return None, (f"the ranks wait for each other in a cycle ({' -> '.join(map(str, loop))}: "
                   f"{names}), each having reported: a message between them was lost one way, or "
                   "they called collectives in different orders")
@@ -104,6 +106,6 @@ def explain(me: int, size: int, reports: dict[int, int | None], lost: set[int], 
 
 def _waits(chain: list[int], hosts: list[str]) -> str:
     if len(chain) <= 2:
-        return f"rank {chain[0]} waits for {_name(chain[1], hosts)}"
+        return f"rank {chain[0]} waits for {rank_name(chain[1], hosts)}"
     hops = ", ".join(f"rank {a} waits for rank {b}" for a, b in zip(chain, chain[1:]))
     return hops

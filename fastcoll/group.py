@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fastcoll import arrays
+from fastcoll import arrays, diagnosis
 from fastcoll.algorithms import block, select
 from fastcoll.config import Config, check_timeout
 from fastcoll.engine import Engine, Op, Task
@@ -202,8 +202,7 @@ class Group:
         job = self._job
         if job.engine is None:
             return None
-        hosts = job.hosts
-        labels = tuple(f"rank {r}" + (f" on {hosts[r]}" if r < len(hosts) and hosts[r] else "") for r in self._ranks)
+        labels = tuple(diagnosis.rank_name(r, job.hosts) for r in self._ranks)
         rules = [select.by_size(c, self.size(), self.config) for c in ("all_reduce", "all_gather")]
         return job.engine.graph_table(self._prefix, self._ranks, self.rank(), self.config.timeout,
                                       self.config.piece_bytes, *rules, labels)

@@ -60,6 +60,17 @@ def rank_env(rank: int, size: int, port: int, transport: str = "shm", token: str
     return env
 
 
+def jobless_env(*keep: str) -> dict:
+    """This process's environment without any launcher's or job's variables (but those in
+    `keep`), with the repository importable: a program started from it is a world of one, or
+    the job its argv describes."""
+    drop = ("FASTCOLL_", "MLX_", "OMPI_", "PMI_", "SLURM_", "MPI_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop) or k in keep}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
 def run_session(argv: list[str], env: dict, timeout: float, cwd: str | None = None,
                 merge_stderr: bool = False) -> tuple[int, str, str]:
     """Run argv in its own session: (exit code, stdout, stderr). If it overstays `timeout`, kill

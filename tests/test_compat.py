@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from conftest import PROGS, ROOT, assert_ok, run_session
+from conftest import PROGS, ROOT, assert_ok, jobless_env, run_session
 
 mx = pytest.importorskip("mlx.core")
 
@@ -49,11 +49,7 @@ def test_install_uninstall_restore_mlx_functions():
     assert mx.distributed.Group is originals["init"]().__class__  # the class is never replaced
 
 
-def _clean_env() -> dict:
-    drop = ("FASTCOLL_", "MLX_", "OMPI_", "PMI_", "SLURM_", "MPI_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    return env
+_clean_env = jobless_env
 
 
 def test_strict_init_without_a_job_raises_as_mlx_does():

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, run_session
+from conftest import ROOT, jobless_env, run_session
 
 pytest.importorskip("mlx.core")
 
@@ -23,12 +23,7 @@ TP_SMALL = ["--hidden", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2"
 DP_SMALL = ["--steps", "30", "--batch", "32", "--inputs", "8", "--hidden", "16", "--outputs", "2"]
 
 
-def _env() -> dict:
-    drop = ("FASTCOLL_", "MLX_", "OMPI_", "PMI_", "SLURM_", "MPI_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+_env = jobless_env
 
 
 def run(argv: list[str], timeout: float = 90) -> str:

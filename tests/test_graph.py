@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from conftest import PROGS, ROOT, assert_ok, run_session
+from conftest import PROGS, assert_ok, jobless_env, run_session
 
 mx = pytest.importorskip("mlx.core")
 
@@ -53,10 +53,7 @@ def _launch(*args: str, timeout: int = 10) -> list[str]:
 
 
 def _env() -> dict:
-    drop = ("FASTCOLL_", "MLX_", "OMPI_", "PMI_", "SLURM_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop) or k == "FASTCOLL_NATIVE"}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    return env
+    return jobless_env("FASTCOLL_NATIVE")  # the engine under test stays the one this run asks for
 
 
 def test_graph_mode_peer_killed_mid_loop_ends_the_job():

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from conftest import PROGS, ROOT, assert_ok, free_port, run_session
+from conftest import PROGS, ROOT, assert_ok, free_port, jobless_env, run_session
 
 pytest.importorskip("mlx_lm")
 pytest.importorskip("tokenizers")
@@ -36,11 +36,7 @@ PROMPTS = ["the red cat is", "one two three four", "the old house by the river"]
 
 
 def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FASTCOLL_", "MLX_", "OMPI_", "PMI_", "SLURM_"))}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env["PYTHONUNBUFFERED"] = "1"
-    env["FASTCOLL_TIMEOUT"] = "60"
-    return env
+    return jobless_env() | {"FASTCOLL_TIMEOUT": "60"}
 
 
 @pytest.fixture(scope="module")

@@ -135,20 +135,12 @@ static void run(py_graph *g, const char *what, int64_t seq, const char *sig, con
     EngineObject *o = g->owner;
     if (!g->open || atomic_load(&o->failed))
         fatal(g, what, "FastcollError: the job has failed or fastcoll was finalized");
+    /* the call's fixed part as Python's calls hand it over (no buffers held: none to release) */
+    py_op fixed = {.op = *op, .seq = seq, .limit = g->limit, .rank = g->rank, .size = g->size,
+                   .piece_bytes = g->piece_bytes, .sig = (uint8_t *)sig, .sig_len = strlen(sig), .ranks = g->ranks};
     fc_err err;
     fc_call c;
-    memset(&c, 0, sizeof c);
-    c.e = &o->engine;
-    c.seq = seq;
-    c.sig = (const uint8_t *)sig;
-    c.sig_len = strlen(sig);
-    c.deadline = fc_deadline_in(g->limit);
-    c.rank = g->rank;
-    c.size = g->size;
-    c.ranks = g->ranks;
-    c.piece_bytes = g->piece_bytes;
-    c.err = &err;
-    fc_err_set(&err, FC_OK, -1);
+    py_op_call(&fixed, &o->engine, &c, &err);
     int rc;
     if (fc_service_claim_if_idle(&o->service)) {
         rc = fc_run(&c, op);
@@ -239,31 +231,32 @@ static void check_peer(py_graph *g, const char *what, int peer)
         fatal(g, what, "FastcollError: no such peer in the group (or this rank itself)");
 }
 
+/* A message from rank `from` to rank `to` of the group, numbered per direction as Python's
+ * point-to-point calls are: the sender's count of sends to `to` is the receiver's of receives. */
+static void p2p(py_graph *g, int kind, int peer, const void *src, void *dst, size_t nbytes)
+{
+    const char *what = kind == FC_K_SEND ? "send" : "recv";
+    int from = kind == FC_K_SEND ? g->rank : peer, to = kind == FC_K_SEND ? peer : g->rank;
+    pthread_mutex_lock(&g->lock);
+    check_peer(g, what, peer);
+    fc_op op = {.kind = kind, .algo = FC_A_DIRECT, .dtype = FC_UINT8, .root = peer, .itemsize = 1,
+                .src = src, .src_count = src ? nbytes : 0, .dst = dst, .dst_count = dst ? nbytes : 0};
+    char sig[SIG_MAX];
+    snprintf(sig, sizeof sig, "%sp2p(%d,%d,%zu)", g->prefix, from, to, nbytes);
+    int64_t *count = kind == FC_K_SEND ? &g->sent[peer] : &g->received[peer];
+    run(g, what, (*count)++, sig, &op);
+    pthread_mutex_unlock(&g->lock);
+}
+
 static int graph_send(void *ctx, const void *src, size_t nbytes, int peer)
 {
-    py_graph *g = ctx;
-    pthread_mutex_lock(&g->lock);
-    check_peer(g, "send", peer);
-    fc_op op = {.kind = FC_K_SEND, .algo = FC_A_DIRECT, .dtype = FC_UINT8, .root = peer, .itemsize = 1,
-                .src = src, .src_count = nbytes};
-    char sig[SIG_MAX];
-    snprintf(sig, sizeof sig, "%sp2p(%d,%d,%zu)", g->prefix, g->rank, peer, nbytes);
-    run(g, "send", g->sent[peer]++, sig, &op);
-    pthread_mutex_unlock(&g->lock);
+    p2p(ctx, FC_K_SEND, peer, src, NULL, nbytes);
     return 0;
 }
 
 static int graph_recv(void *ctx, void *dst, size_t nbytes, int peer)
 {
-    py_graph *g = ctx;
-    pthread_mutex_lock(&g->lock);
-    check_peer(g, "recv", peer);
-    fc_op op = {.kind = FC_K_RECV, .algo = FC_A_DIRECT, .dtype = FC_UINT8, .root = peer, .itemsize = 1,
-                .dst = dst, .dst_count = nbytes};
-    char sig[SIG_MAX];
-    snprintf(sig, sizeof sig, "%sp2p(%d,%d,%zu)", g->prefix, peer, g->rank, nbytes);
-    run(g, "recv", g->received[peer]++, sig, &op);
-    pthread_mutex_unlock(&g->lock);
+    p2p(ctx, FC_K_RECV, peer, NULL, dst, nbytes);
     return 0;
 }
 
