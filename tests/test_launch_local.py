@@ -85,6 +85,18 @@ def test_the_first_rank_to_fail_is_reported_not_the_first_noticed(launches, tmp_
     assert survivors(launches.marker) == []
 
 
+def test_a_rank_ending_after_its_peer_failed_says_so_before_it_is_stopped(launches, tmp_path):
+    """Rank 1 exits 3; rank 0 writes its own line 0.3 s later, as a rank that lost a peer writes
+    its error. The launcher waits a second before it sends SIGTERM, so the line is written (before,
+    the SIGTERM came within the launcher's 50 ms poll and rank 0 never wrote it)."""
+    code, out, err, _ = launches.run(
+        ["-n", "2", *launches.rank_args("first-fails", "1", "3", "1", "0.3", str(tmp_path / "lock"))])
+    assert code == 3, err.decode()
+    assert b"rank 0: ends with 1, 0.3 s after rank 1" in out, (out.decode(), err.decode())
+    assert b"SIGTERM" not in err, err.decode()
+    assert survivors(launches.marker) == []
+
+
 def test_rank_killed_by_signal(launches):
     code, out, err, took = launches.run(
         ["-n", "3", *launches.rank_args("kill-if", "1", str(int(signal.SIGKILL)))]

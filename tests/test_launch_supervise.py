@@ -61,7 +61,7 @@ def supervise(ranks: list[FakeRank]) -> tuple[int, str]:
     """Run a Supervisor over `ranks`: (exit code, what it printed)."""
     out, err = io.BytesIO(), io.BytesIO()
     mux = OutputMux(out, err, tag=True)
-    code = Supervisor(mux, grace=0.5, poll_interval=0.001).run([lambda r=r: r for r in ranks])
+    code = Supervisor(mux, grace=0.5, settle=0.2, poll_interval=0.001).run([lambda r=r: r for r in ranks])
     mux.close()
     return code, err.getvalue().decode()
 
@@ -95,3 +95,32 @@ def test_ranks_still_running_are_stopped():
     code, text = supervise(ranks)
     assert code == 5 and ranks[0].signals == [15], text
     assert "rank 1 (host localhost) exited with code 5; stopping the other 1 rank(s)" in text
+
+
+def test_a_rank_that_ends_while_the_others_settle_is_not_signalled():
+    """Rank 1 fails; rank 0 ends by itself (as a rank that lost its peer does) before the settle
+    period is over: it is sent nothing, and the job's code is rank 1's."""
+    ranks = [FakeRank(0, 1, 100.1, visible_from=5), FakeRank(1, 3, 100.0)]
+    code, text = supervise(ranks)
+    assert code == 3 and ranks[0].signals == [], (ranks[0].signals, text)
+
+
+def test_a_signal_while_the_others_settle_stops_them_at_once():
+    ranks = [FakeRank(0, None, None), FakeRank(1, 5, 100.0)]
+    out, err = io.BytesIO(), io.BytesIO()
+    mux = OutputMux(out, err, tag=True)
+    sup = Supervisor(mux, grace=0.5, settle=60.0, poll_interval=0.001)
+
+    def poll() -> int | None:  # the launcher gets SIGINT at rank 0's third look; SIGTERM ends it
+        ranks[0].polls += 1
+        if ranks[0].polls == 3:
+            sup.on_signal(2)
+        return 143 if ranks[0].signals else None
+
+    ranks[0].poll = poll
+    ranks[0].ended_at = lambda: 101.0 if ranks[0].signals else None
+    code = sup.run([lambda r=r: r for r in ranks])
+    mux.close()
+    text = err.getvalue().decode()
+    assert code == 5 and ranks[0].signals == [15], (ranks[0].signals, text)
+    assert "received SIGINT; stopping all ranks now" in text, text

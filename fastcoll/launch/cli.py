@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
         "FASTCOLL_LOCAL_RANK, FASTCOLL_COORDINATOR, FASTCOLL_TOKEN and FASTCOLL_INTERFACE.",
         epilog="A bare `python`/`python3` or a `script.py` runs with the launcher's Python (or "
         "--python) on every host. Stopping: the first rank to fail (or SIGINT/SIGTERM to the "
-        "launcher, or --timeout) stops every rank: the signal, then SIGKILL after --grace.",
+        "launcher, or --timeout) stops every rank: the signal (after a failure, 1 s later, so that "
+        "the others' own errors are written whole), then SIGKILL after --grace.",
     )
     _where_options(p)
     _environment_options(p)

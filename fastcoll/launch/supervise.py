@@ -3,7 +3,9 @@ timeout, and say why the job ended.
 
 Stopping is two-step, as mpirun and torchrun do it: a signal (SIGTERM, or the one the launcher
 got) to every rank's process group, then SIGKILL for whatever is still alive after the grace
-period. A second Ctrl-C skips the grace period.
+period. A second Ctrl-C skips the grace period. When a rank fails, the others are signalled
+only after a short settle period: a rank that lost a peer ends by itself a moment later with an
+error naming it, and a SIGTERM in the middle of writing that error would cut it short.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ class _Stop:
 
     code: int
     signal: int
-    started_at: float
+    started_at: float  # when the ranks are (or were) sent `signal`; the grace period counts from it
+    signalled: bool = False
 
 
 class Supervisor:
@@ -41,11 +44,13 @@ class Supervisor:
         mux: OutputMux,
         *,
         grace: float = 5.0,
+        settle: float = 1.0,
         timeout: float | None = None,
         poll_interval: float = 0.05,
     ) -> None:
         self._mux = mux
         self._grace = grace
+        self._settle = settle
         self._timeout = timeout
         self._poll = poll_interval
         self._signals: list[int] = []
@@ -83,6 +88,7 @@ class Supervisor:
                 self._mux.message(f"the job ran past --timeout {self._timeout:g} s; stopping all ranks")
                 stop = self._begin_stop(procs, codes, TIMEOUT_EXIT, signal.SIGTERM)
             if stop is not None:
+                self._signal_when_due(procs, codes, stop, now)
                 killed, forced, given_up = self._escalate(procs, codes, now - stop.started_at, killed, forced)
                 if given_up:
                     break
@@ -114,6 +120,9 @@ class Supervisor:
             if stop is None:
                 self._mux.message(f"received {name}; stopping all ranks")
                 stop = self._begin_stop(procs, codes, 128 + sig, sig)
+            elif not stop.signalled:  # a rank failed and the others are settling: stop them now
+                self._mux.message(f"received {name}; stopping all ranks now")
+                stop.started_at = time.monotonic()
             elif not killed:
                 self._mux.message(f"received {name} again; killing all ranks now")
                 stop.started_at = time.monotonic() - self._grace
@@ -131,7 +140,7 @@ class Supervisor:
                 others = len(procs) - len(codes)
                 if stop is None:
                     what += f"; stopping the other {others} rank(s)" if others else ""
-                    stop = self._begin_stop(procs, codes, code, signal.SIGTERM)
+                    stop = self._begin_stop(procs, codes, code, signal.SIGTERM, self._settle)
                 self._mux.message(what)
             elif code != 0 and stop is None:
                 others = len(procs) - len(codes)
@@ -139,7 +148,7 @@ class Supervisor:
                     f"rank {p.rank} (host {p.host}) {p.describe(code)}"
                     + (f"; stopping the other {others} rank(s)" if others else "")
                 )
-                stop = self._begin_stop(procs, codes, code, signal.SIGTERM)
+                stop = self._begin_stop(procs, codes, code, signal.SIGTERM, self._settle)
         return stop
 
     def _escalate(self, procs: list[RankProcess], codes: dict[int, int], stopping: float, killed: bool,
@@ -196,12 +205,20 @@ class Supervisor:
         return f"lost contact with host {p.host} ({which}): {p.lost()}"
 
     def _begin_stop(
-        self, procs: list[RankProcess], codes: dict[int, int], code: int, sig: int
+        self, procs: list[RankProcess], codes: dict[int, int], code: int, sig: int, settle: float = 0.0
     ) -> _Stop:
-        for p in procs:
-            if p.rank not in codes:
-                p.signal(sig)
-        return _Stop(code, sig, time.monotonic())
+        """Stop the ranks still running: `sig` now, or after `settle` seconds."""
+        stop = _Stop(code, sig, time.monotonic() + settle)
+        self._signal_when_due(procs, codes, stop, time.monotonic())
+        return stop
+
+    @staticmethod
+    def _signal_when_due(procs: list[RankProcess], codes: dict[int, int], stop: _Stop, now: float) -> None:
+        if not stop.signalled and now >= stop.started_at:
+            for p in procs:
+                if p.rank not in codes:
+                    p.signal(stop.signal)
+            stop.signalled = True
 
     @staticmethod
     def _summary(procs: list[RankProcess], codes: dict[int, int], stop: _Stop | None) -> int:

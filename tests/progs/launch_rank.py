@@ -13,7 +13,7 @@ Actions:
   tokencheck           print whether the token appears on any process's command line
   first-fails RANK CODE LATER DELAY LOCK   rank RANK exits with CODE; every other rank waits
                        for that exit (RANK's flock on LOCK is released), then exits with LATER
-                       DELAY seconds after it: a rank that fails because a peer died
+                       DELAY seconds after it, saying so: a rank that fails because a peer died
   fail-first RANK CODE print the FASTCOLL_* variables as JSON; then, on the first attempt
                        (FASTCOLL_RESTART_COUNT=0), rank RANK exits with CODE and the others `sleep`
 """
@@ -70,6 +70,7 @@ def _first_fails(rank: int, first: int, code: int, later: int, delay: float, loc
     fd = os.open(lock, os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX)  # returns once rank `first` has exited
     time.sleep(delay)
+    print(f"rank {rank}: ends with {later}, {delay:g} s after rank {first}", flush=True)
     os._exit(later)
 
 
