@@ -59,7 +59,7 @@ DEFAULT_YIELD_READS = 20
 # (a spinning rank then holds the core its peer needs). Two ranks, 4 B all_reduce, median on the
 # 2-core VM: with a third process busy, spin 200 us 1.9 us, spin 0 10.0 us; four ranks, spin 0
 # 10.4 us, spin 200 us 164 us; yield 1 ms instead of 5 ms doubled the four ranks' time
-# (bench/NOTES.md, entry 48). A call that moves 16 MiB or more never spins (fc_algo.c; NOTES 65).
+# (bench/NOTES.md, entry 48). A call that moves 16 MiB or more never spins (fc_wait.c; NOTES 65).
 DEFAULT_SPIN_US = -1
 AUTO_SPIN_US = 200
 DEFAULT_YIELD_US = 5000

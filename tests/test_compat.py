@@ -49,9 +49,6 @@ def test_install_uninstall_restore_mlx_functions():
     assert mx.distributed.Group is originals["init"]().__class__  # the class is never replaced
 
 
-_clean_env = jobless_env
-
-
 def test_strict_init_without_a_job_raises_as_mlx_does():
     code = (
         "import mlx.core as mx\n"
@@ -64,7 +61,7 @@ def test_strict_init_without_a_job_raises_as_mlx_does():
         "except RuntimeError as e:\n"
         "    print('strict:', e)\n"
     )
-    p = subprocess.run([sys.executable, "-c", code], env=_clean_env(), capture_output=True, text=True, timeout=60)
+    p = subprocess.run([sys.executable, "-c", code], env=jobless_env(), capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert "strict: [distributed] Couldn't initialize any backend" in p.stdout
 
@@ -86,7 +83,7 @@ def test_mlx_programs_wait_asleep_unless_tuned(tuning, fast_sync, want):
         "c = mx.distributed.init().fastcoll_group.config\n"
         "print('waits', c.spin_us, c.yield_us)\n"
     )
-    env = _clean_env() | {"FASTCOLL_TUNING": tuning, "FASTCOLL_FAST_SYNC": "0" if fast_sync == "graph" else fast_sync,
+    env = jobless_env() | {"FASTCOLL_TUNING": tuning, "FASTCOLL_FAST_SYNC": "0" if fast_sync == "graph" else fast_sync,
                           "FASTCOLL_MLX_GRAPH": "1" if fast_sync == "graph" else "0"}
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
@@ -110,7 +107,7 @@ def _mlx_ring_run(outdir: str, timeout: float = 60) -> str:
         sys.executable, "-c", "from mlx._distributed_utils.launch import main; main()",
         "-n", "2", "--backend", "ring", "--", sys.executable, os.path.join(PROGS, "compat_mlxref.py"), "mlx", outdir,
     ]
-    return run_session(argv, _clean_env(), timeout, merge_stderr=True)[1]
+    return run_session(argv, jobless_env(), timeout, merge_stderr=True)[1]
 
 
 def _cases(outdir, which: str) -> dict:
@@ -161,7 +158,7 @@ def test_run_unmodified_program_under_the_launcher():
         pytest.skip(f"fastcoll-launch is not importable: {e}")
     argv = [sys.executable, "-m", "fastcoll.launch", "-n", "2", "--timeout", "60", sys.executable, "-m",
             "fastcoll.mlx_compat", os.path.join(PROGS, "compat_plain.py"), "x", "--flag"]
-    code, out, err = run_session(argv, _clean_env(), 90, cwd=ROOT)
+    code, out, err = run_session(argv, jobless_env(), 90, cwd=ROOT)
     assert code == 0, err
     for r in range(2):
         assert f"plain rank {r} of 2: sum 3 via fastcoll.mlx_compat argv ['x', '--flag']" in out, out
@@ -178,7 +175,7 @@ def test_launcher_hints_an_mx_distributed_program_without_the_compat_layer(tmp_p
     (tmp_path / "plainprog.py").write_text(
         "import os, sys\nimport mlx.core as mx\ng = mx.distributed.init()\n"
         "print('size', g.size(), 'theirs', os.environ.get('THEIRS'), 'hook', any('ranksite' in p for p in sys.path))\n")
-    env = _clean_env()
+    env = jobless_env()
     env["PYTHONPATH"] += os.pathsep + str(tmp_path / "site")
     program, shown = (["plainprog.py"], "plainprog.py") if how == "script" else (["-m", "plainprog"], "-m plainprog")
     argv = [sys.executable, "-m", "fastcoll.launch", "-n", "2", "--timeout", "60", sys.executable, *program]
@@ -199,16 +196,16 @@ def test_runner_imports_beside_the_script_as_python_does(tmp_path):
     (tmp_path / "app" / "main.py").write_text(
         "import sys\nimport mlx.core as mx\nimport helper\n"
         "print(helper.VALUE, sys.path[0], sys.argv, mx.distributed.init.__module__)\n")
-    plain = subprocess.run([sys.executable, "app/main.py", "a"], cwd=tmp_path, env=_clean_env(),
+    plain = subprocess.run([sys.executable, "app/main.py", "a"], cwd=tmp_path, env=jobless_env(),
                            capture_output=True, text=True, timeout=60)
     ours = subprocess.run([sys.executable, "-m", "fastcoll.mlx_compat", "app/main.py", "a"],
-                          cwd=tmp_path, env=_clean_env(), capture_output=True, text=True, timeout=60)
+                          cwd=tmp_path, env=jobless_env(), capture_output=True, text=True, timeout=60)
     assert plain.returncode == 0 and ours.returncode == 0, plain.stderr + ours.stderr
     value, path, argv, _ = plain.stdout.split(" ", 3)
     assert ours.stdout.split(" ", 3)[:3] == [value, path, argv] == ["42", str(tmp_path / "app"), "['app/main.py',"]
     assert ours.stdout.split()[-1] == "fastcoll.mlx_compat.api"  # and mx.distributed is fastcoll's
     missing = subprocess.run([sys.executable, "-m", "fastcoll.mlx_compat", "app/nope.py"], cwd=tmp_path,
-                             env=_clean_env(), capture_output=True, text=True, timeout=60)
+                             env=jobless_env(), capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2
     assert missing.stderr == "python -m fastcoll.mlx_compat: can't open file 'app/nope.py': no such file or directory\n"
 
@@ -231,7 +228,7 @@ def test_init_checks_all_gather_factory_as_mlx_does():
         "ours = [outcome(mlx_compat.init, b, c) for b, c in cases + [('fastcoll', f)]]\n"
         "print(json.dumps([mlx, ours]))\n"
     )
-    p = subprocess.run([sys.executable, "-c", code], env=_clean_env(), capture_output=True, text=True, timeout=60)
+    p = subprocess.run([sys.executable, "-c", code], env=jobless_env(), capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     mlx, ours = json.loads(p.stdout)
     assert mlx == ["ValueError", "ValueError", "ValueError", "TypeError", "TypeError", 1], mlx

@@ -23,12 +23,9 @@ TP_SMALL = ["--hidden", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2"
 DP_SMALL = ["--steps", "30", "--batch", "32", "--inputs", "8", "--hidden", "16", "--outputs", "2"]
 
 
-_env = jobless_env
-
-
 def run(argv: list[str], timeout: float = 90) -> str:
     """Run argv in its own session; kill the whole session if it overstays. Returns stdout."""
-    code, out, err = run_session(argv, _env(), timeout, cwd=ROOT)
+    code, out, err = run_session(argv, jobless_env(), timeout, cwd=ROOT)
     assert code == 0, f"{argv} exited {code}:\n{out}\n{err[-3000:]}"
     return out
 

@@ -24,26 +24,12 @@ int fc_can_run(int algo, int kind)
     return algo >= 0 && algo < FC_A_COUNT && kind >= 0 && kind < FC_K_COUNT && ALGORITHMS[algo]->run[kind];
 }
 
-/* A call that moves this much waits for each piece while its peer copies and reduces MiBs, some
- * hundreds of microseconds: it does not spin, since a spin that long holds a CPU that a busy
- * machine's other work needs, the peer's own included (bench/NOTES.md, entry 65). */
-#define NO_SPIN_BYTES ((size_t)16 << 20)
-
+/* The bytes a call moves, as the engine's waits weigh it (fc_engine.h: call_bytes). */
 static size_t op_bytes(const fc_op *op)
 {
     size_t items = op->src_count > op->dst_count ? op->src_count : op->dst_count;
     size_t size = op->itemsize ? op->itemsize : 1;
     return items > SIZE_MAX / size ? SIZE_MAX : items * size;
-}
-
-static int run_algorithm(fc_call *c, const fc_op *op)
-{
-    fc_ns spin = c->e->spin_ns;
-    if (op_bytes(op) >= NO_SPIN_BYTES)
-        c->e->spin_ns = 0;
-    int rc = ALGORITHMS[op->algo]->run[op->kind](c, op);
-    c->e->spin_ns = spin;
-    return rc;
 }
 
 int fc_run(fc_call *c, const fc_op *op)
@@ -61,7 +47,10 @@ int fc_run(fc_call *c, const fc_op *op)
         local.dst = (uint8_t *)op->src;
         local.dst_count = op->src_count;
     }
-    if (run_algorithm(c, &local))
+    c->e->call_bytes = op_bytes(&local);
+    int rc = ALGORITHMS[op->algo]->run[op->kind](c, &local);
+    c->e->call_bytes = 0;
+    if (rc)
         return -1;
     int reduced = op->kind == FC_K_ALL_REDUCE || op->kind == FC_K_REDUCE_SCATTER || op->kind == FC_K_REDUCE;
     if (reduced && op->redop == FC_MEAN && op->dst)

@@ -80,6 +80,7 @@ typedef struct fc_engine {
     uint8_t *finalized; /* per peer: it sent CLOSE */
     uint8_t *gave_up;   /* per peer: it sent ABORT, or its connection ended */
     fc_ns spin_ns, yield_ns;
+    size_t call_bytes;   /* what the call now running moves (fc_run): a large one does not spin */
     fc_ns stepped_aside; /* when a wait last moved this thread off its peer's CPU (fc_wait.c) */
     _Atomic int interrupted;
     _Atomic int aborted; /* the abort notice is going out: no other frame may */

@@ -54,6 +54,17 @@ static fc_chan *peer_here(fc_engine *e, fc_chan *awaited, int cpu)
  * may be waiting for this very CPU; where nothing else is runnable the yield returns at once. */
 #define SPIN_YIELD_EVERY_NS (10 * 1000LL)
 
+/* A call that moves this much waits for each piece while its peer copies and reduces MiBs, some
+ * hundreds of microseconds: it does not spin, since a spin that long holds a CPU that a busy
+ * machine's other work needs, the peer's own included (bench/NOTES.md, entry 65). */
+#define NO_SPIN_BYTES ((size_t)16 << 20)
+
+/* How long a wait spins: the configured spin_ns, but for a large call. */
+static fc_ns spin_of(const fc_engine *e)
+{
+    return e->call_bytes >= NO_SPIN_BYTES ? 0 : e->spin_ns;
+}
+
 /* How often at most a wait moves this thread off the CPU it shares with its peer: the kernel pulls
  * it back whenever the CPU it left goes idle, so a rarer move leaves the pair together (NOTES 57). */
 #define STEP_ASIDE_EVERY_NS (5 * 1000 * 1000LL)
@@ -67,7 +78,7 @@ static int step_aside(fc_engine *e, fc_chan *peer, int cpu)
 {
 #if defined(__linux__) && !defined(FC_PORTABLE)
     fc_ns now = fc_now();
-    if (e->spin_ns == 0 || fc_chan_peer(e, peer) > e->rank ||
+    if (spin_of(e) == 0 || fc_chan_peer(e, peer) > e->rank ||
         (e->stepped_aside && now - e->stepped_aside < STEP_ASIDE_EVERY_NS))
         return 0;
     e->stepped_aside = now;
@@ -256,7 +267,7 @@ int fc_engine_wait(fc_engine *e, fc_step step, void *ctx, fc_chan *awaited, fc_n
 {
     fc_ns idle_since = fc_now(), checked = idle_since;
     int cpu = say_cpu(e);
-    fc_ns spin = e->spin_ns;
+    fc_ns spin = spin_of(e);
     int looked = 0; /* whether the peer's CPU was looked at since this wait began to idle */
     fc_ns yielded = 0; /* when the spin last yielded, counted from idle_since */
     for (;;) {
@@ -280,13 +291,13 @@ int fc_engine_wait(fc_engine *e, fc_step step, void *ctx, fc_chan *awaited, fc_n
         fc_ns idle = now - idle_since;
         if (!looked) {
             looked = 1;
-            spin = e->spin_ns;
+            spin = spin_of(e);
             fc_chan *here = peer_here(e, awaited, cpu);
             if (here) {
                 spin = 0;
                 if (step_aside(e, here, cpu)) {
                     cpu = say_cpu(e);
-                    spin = e->spin_ns;
+                    spin = spin_of(e);
                 }
             }
         }
