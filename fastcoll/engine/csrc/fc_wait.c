@@ -51,8 +51,9 @@ static fc_chan *peer_here(fc_engine *e, fc_chan *awaited, int cpu)
 
 /* A spin yields the CPU this often, as MPICH's progress loop does: where the ranks outnumber the
  * CPUs without this process knowing it (hosts that share a machine), the peer that owes the reply
- * may be waiting for this very CPU; where nothing else is runnable the yield returns at once. */
-#define SPIN_YIELD_EVERY_NS (10 * 1000LL)
+ * may be waiting for this very CPU, behind other spinning ranks that each hold it until they
+ * yield; where nothing else is runnable the yield returns at once (bench/NOTES.md, entry 66). */
+#define SPIN_YIELD_EVERY_NS (1 * 1000LL)
 
 /* A call that moves this much waits for each piece while its peer copies and reduces MiBs, some
  * hundreds of microseconds: it does not spin, since a spin that long holds a CPU that a busy
