@@ -8,8 +8,11 @@ system, shape and link is).
 One rank a host of `tests/netns.py`'s bed runs `bench/workers/tp_worker.py` (mlx-lm's
 `generate_step`, random weights, MLX's CPU backend), the systems alternating each round beside one
 process (`single`); `fastcoll-graph` is fastcoll with FASTCOLL_MLX_GRAPH=1 (MLX's graph runs
-the collectives); `fastcoll/KEY=VALUE` adds FASTCOLL_TUNING. A link's delay is bench/netdelay.c
-(NFQUEUE in user space; this kernel has no netem). Writes OUT/results.json and OUT/results.md.
+the collectives); `fastcoll/KEY=VALUE` adds FASTCOLL_TUNING; `floor` is the tensor-parallel
+split started as `ring` with its all-reduces left out (`tp_worker.py --no-exchange`), so that
+ring's time less the floor's is what its all-reduces cost a token. A link's delay is
+bench/netdelay.c (NFQUEUE in user space; this kernel has no netem). Writes OUT/results.json and
+OUT/results.md.
 """
 
 from __future__ import annotations
@@ -31,10 +34,12 @@ WORKER = REPO / "bench" / "workers" / "tp_worker.py"
 SHAPES = {
     "small": ["--hidden", "256", "--layers", "4", "--heads", "8", "--kv-heads", "8", "--intermediate", "688",
               "--vocab", "4096"],
+    "smaller": ["--hidden", "128", "--layers", "4", "--heads", "4", "--kv-heads", "4", "--intermediate", "344",
+               "--vocab", "1024"],
     "large": ["--hidden", "512", "--layers", "8", "--heads", "8", "--kv-heads", "8", "--intermediate", "1408",
               "--vocab", "8192"],
 }
-SYSTEMS = ("fastcoll", "fastcoll-graph", "ring", "ring-mlx.launch")
+SYSTEMS = ("fastcoll", "fastcoll-graph", "ring", "ring-mlx.launch", "floor")
 THREADS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}  # one core a rank, as the ranks share two
 
 
@@ -94,7 +99,8 @@ def command(hosts: Hosts, system: str, args: list[str], timeout: float) -> list[
                 *args]
     ring = hosts.bed.root / f"ring-{hosts.port}.json"
     ring.write_text(json.dumps([[f"{h.data[0]}:{hosts.port + i}"] for i, h in enumerate(hosts.hosts)]))
-    if system == "ring":
+    if system in ("ring", "floor"):
+        args = [*args, "--no-exchange"] if system == "floor" else args
         inner = f"MLX_RANK=$FASTCOLL_RANK MLX_HOSTFILE={ring} exec {PYTHON} {WORKER} " + " ".join(args)
         return [*launch, "/bin/sh", "-c", inner]
     if system == "ring-mlx.launch":
@@ -131,8 +137,9 @@ def measure(hosts: Hosts, a: argparse.Namespace, link: str) -> list[dict]:
     for shape, mode in combos(a):
         args = ["--mode", mode, "--tokens", str(a.tokens), "--repeat", str(a.repeat), *SHAPES[shape]]
         single = ["--mode", "single", *args[2:]] + (["--model", "qwen2"] if mode == "pp" else [])
+        systems = [s for s in a.systems if s != "floor" or mode == "tp"]  # a pipeline has no floor without its sends
         for r in range(a.rounds):
-            order = ["single", *(a.systems if r % 2 == 0 else a.systems[::-1])]
+            order = ["single", *(systems if r % 2 == 0 else systems[::-1])]
             for system in order:
                 doc = run(hosts, system, single if system == "single" else args, a.job_timeout)
                 rows.append({**doc, "hosts": len(hosts.hosts), "link": link, "shape": shape, "mode": mode,
@@ -146,7 +153,8 @@ def measure(hosts: Hosts, a: argparse.Namespace, link: str) -> list[dict]:
 def table(rows: list[dict]) -> str:
     """One line per configuration and system: ms/token, tokens/s, against ring, the same tokens."""
     out = ["| hosts | link | shape | mode | system | ms/token (median) | tokens/s | ring / system | "
-           "tokens = single | link floor, ms/token |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "tokens = single | link floor, ms/token | all-reduces' share of ring's token |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     keys = sorted({(r["hosts"], r["link"], r["shape"], r["mode"]) for r in rows})
     for key in keys:
         mine = [r for r in rows if (r["hosts"], r["link"], r["shape"], r["mode"]) == key]
@@ -157,12 +165,14 @@ def table(rows: list[dict]) -> str:
         for s in dict.fromkeys(r["system"] for r in mine):
             ok = [r for r in mine if r["system"] == s and "tokens" in r]
             same = "n/a" if want is None or not ok else ("yes" if all(r["tokens"] == want for r in ok) else "NO")
-            ratio = f"{ms['ring'] / ms[s]:.2f}x" if s in ms and "ring" in ms and s != "single" else ""
+            same = "wrong by design" if s == "floor" else same
+            ratio = f"{ms['ring'] / ms[s]:.2f}x" if s in ms and "ring" in ms and s not in ("single", "floor") else ""
+            share = f"{(ms['ring'] - ms['floor']) / ms['ring']:.2f}" if s == "ring" and "floor" in ms else ""
             value = f"{ms[s]:.2f}" if s in ms else "failed"
             tps = f"{1e3 / ms[s]:.1f}" if s in ms else ""
             floor = f"{mine[0]['floor_ms']:.2f}" if mine[0]["floor_ms"] else ""
             out.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {s} | {value} | {tps} | {ratio} | {same} "
-                       f"| {floor} |")
+                       f"| {floor} | {share} |")
     return "\n".join(out)
 
 

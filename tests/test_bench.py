@@ -204,3 +204,23 @@ def test_decode_bench_on_the_cpu(tmp_path: Path) -> None:
     assert results["gate"]["tokens"] == results["host"]["tokens"] and len(results["host"]["tokens"]) == 12
     assert all(doc["ms_per_token"] > 0 for doc in results.values())
     assert "| gate |" in out and out.count("| True |") >= 2, out
+
+
+def _tokens(stdout: str) -> list[int]:
+    line = next(line for line in stdout.splitlines() if "RESULT " in line)
+    return json.loads(line.split("RESULT ", 1)[1])["tokens"]
+
+
+def test_tp_worker_floor_leaves_the_all_reduces_out() -> None:
+    """tp_worker's --no-exchange (bench/tp_hosts.py's floor): two ranks run the split model
+    without its all-reduces, so their tokens are not the whole model's, which the same split with
+    its all-reduces makes; a pipeline has no such floor and is refused."""
+    pytest.importorskip("mlx_lm")
+    worker = ["bench/workers/tp_worker.py", "--tokens", "8", "--repeat", "1"]
+    ranks = ["-m", "fastcoll.launch", "-n", "2", "--timeout", "200", sys.executable, "-m", "fastcoll.mlx_compat"]
+    single = _tokens(_run([*worker, "--mode", "single"], 200))
+    assert _tokens(_run([*ranks, *worker, "--mode", "tp"], 240)) == single
+    assert _tokens(_run([*ranks, *worker, "--mode", "tp", "--no-exchange"], 240)) != single
+    r = subprocess.run([sys.executable, *worker, "--mode", "pp", "--no-exchange"], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT)
+    assert r.returncode == 2 and "--no-exchange is for --mode tp" in r.stderr, r.stderr

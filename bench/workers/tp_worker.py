@@ -5,6 +5,8 @@
 `model.model.pipeline(group)`; `--mode single`: the whole model in this process. Started by
 `fastcoll-launch ... -m fastcoll.mlx_compat` or MLX's ring; rank 0 prints `RESULT {json}`: the
 first run's tokens and the median over `--repeat` runs of ms per token after the first.
+`--no-exchange` (tp only) leaves the model's all-reduces out: each rank's own share of a token,
+the floor under any backend's time (its tokens are wrong by design).
 """
 
 from __future__ import annotations
@@ -35,7 +37,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
-    return p.parse_args()
+    p.add_argument("--no-exchange", action="store_true", help="tp: the all-reduces left out (a floor)")
+    a = p.parse_args()
+    if a.no_exchange and a.mode != "tp":
+        p.error("--no-exchange is for --mode tp (the pipeline's sends order its stages)")
+    return a
 
 
 def build(a: argparse.Namespace, kind: str):
@@ -79,8 +85,12 @@ def main() -> None:
         model.model.pipeline(group)
     mx.eval(model.parameters())
     prompt = mx.array(np.random.default_rng(a.seed).integers(0, a.vocab, size=a.prompt_len), dtype=mx.uint32)
+    all_sum = mx.distributed.all_sum
+    if a.no_exchange:  # mlx.nn's sharded layers look all_sum up at each call
+        mx.distributed.all_sum = lambda x, *args, **kwargs: x
     decode(model, prompt, 4)  # warm up: the kernels compiled, the connections used
     runs = [decode(model, prompt, a.tokens) for _ in range(a.repeat)]
+    mx.distributed.all_sum = all_sum
     if group is not None:  # no rank leaves while another still needs it (generate_step runs a step ahead)
         from mlx_lm.generate import generation_stream
 
