@@ -164,8 +164,8 @@ def table(rows: list[dict]) -> str:
         want = next((r["tokens"] for r in mine if r["system"] == "single" and "tokens" in r), None)
         for s in dict.fromkeys(r["system"] for r in mine):
             ok = [r for r in mine if r["system"] == s and "tokens" in r]
-            same = "n/a" if want is None or not ok else ("yes" if all(r["tokens"] == want for r in ok) else "NO")
-            same = "wrong by design" if s == "floor" else same
+            same = ("wrong by design" if s == "floor" else "n/a" if want is None or not ok
+                    else "yes" if all(r["tokens"] == want for r in ok) else "NO")
             ratio = f"{ms['ring'] / ms[s]:.2f}x" if s in ms and "ring" in ms and s not in ("single", "floor") else ""
             share = f"{(ms['ring'] - ms['floor']) / ms['ring']:.2f}" if s == "ring" and "floor" in ms else ""
             value = f"{ms[s]:.2f}" if s in ms else "failed"
