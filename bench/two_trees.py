@@ -38,7 +38,7 @@ def checkout(rev: str, into: str, role: str) -> str:
 
 
 def run(tree: str, args: list[str], out: str) -> dict[tuple, float]:
-    """One run of `tree`'s own benchmark: (system, op, bytes) -> median seconds."""
+    """One run of `tree`'s own benchmark: (system, op, ranks, bytes) -> median seconds."""
     env = dict(os.environ, PYTHONPATH=tree)
     script = os.path.join(tree, "bench", "compare.py")
     if not os.path.exists(script):
@@ -46,8 +46,13 @@ def run(tree: str, args: list[str], out: str) -> dict[tuple, float]:
     subprocess.run([sys.executable, script, *args, "--out", out],
                    cwd=tree, env=env, check=True, stdout=subprocess.DEVNULL)
     with open(os.path.join(out, "results.json")) as f:
-        points = json.load(f)["points"]
-    return {(p["system"], p["op"], p["size"]): p["median_s"] for p in points if p["status"] == "ok"}
+        return medians(json.load(f)["points"])
+
+
+def medians(points: list[dict]) -> dict[tuple, float]:
+    """results.json's points as (system, op, ranks, bytes) -> median seconds: the ranks are part
+    of the key, so that a run of several --world sizes keeps each one's point."""
+    return {(p["system"], p["op"], p.get("world", 0), p["size"]): p["median_s"] for p in points if p["status"] == "ok"}
 
 
 def main() -> None:
@@ -67,13 +72,13 @@ def main() -> None:
                 for key, s in run(tree, args, os.path.join(tmp, f"{name}{i}")).items():
                     seen.setdefault(key, {}).setdefault(name, []).append(s * 1e6)
     print(f"before: {a.before}, after: {a.after}, {a.rounds} rounds alternating; bench/compare.py {' '.join(args)}")
-    print("| system | op | bytes | before us | after us | after/before |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| system | op | ranks | bytes | before us | after us | after/before |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for key in sorted(seen):
         v = seen[key]
         if "before" in v and "after" in v:
             b, f = statistics.median(v["before"]), statistics.median(v["after"])
-            print(f"| {key[0]} | {key[1]} | {key[2]} | {b:.1f} | {f:.1f} | {f / b:.2f} |")
+            print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {b:.1f} | {f:.1f} | {f / b:.2f} |")
 
 
 if __name__ == "__main__":

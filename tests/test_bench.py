@@ -72,6 +72,17 @@ def test_ratio_arithmetic() -> None:
     assert t["mlx-ring"]["small_pass"] and t["mpi"]["small_pass"]
 
 
+def test_two_trees_keeps_each_world_size_apart() -> None:
+    from bench import two_trees
+
+    def point(world: int, t: float, status: str = "ok") -> dict:
+        return {"system": "fastcoll-tcp", "op": "all_reduce", "world": world, "size": 4096, "status": status,
+                "median_s": t}
+
+    got = two_trees.medians([point(2, 1e-5), point(4, 3e-5), point(8, 1.0, "failed")])
+    assert got == {("fastcoll-tcp", "all_reduce", 2, 4096): 1e-5, ("fastcoll-tcp", "all_reduce", 4, 4096): 3e-5}
+
+
 def test_names_rotation_and_parsing() -> None:
     assert parse_system("fastcoll-tcp/c4").connections == 4
     assert parse_system("fastcoll-tcp/a2").addresses == 2

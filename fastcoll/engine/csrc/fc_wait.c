@@ -66,6 +66,17 @@ static fc_ns spin_of(const fc_engine *e)
     return e->call_bytes >= NO_SPIN_BYTES ? 0 : e->spin_ns;
 }
 
+/* A large call yields between looks for this long at most, then sleeps: yielding for the
+ * configured 5 ms keeps a rank runnable while its peer, beside a busy core, needs that CPU to
+ * copy the piece this rank waits for (bench/NOTES.md, entry 69). The Python engine yields only
+ * for a small message at all. */
+#define LARGE_YIELD_NS (300 * 1000LL)
+
+static fc_ns yield_of(const fc_engine *e)
+{
+    return e->call_bytes >= NO_SPIN_BYTES && e->yield_ns > LARGE_YIELD_NS ? LARGE_YIELD_NS : e->yield_ns;
+}
+
 /* How often at most a wait moves this thread off the CPU it shares with its peer: the kernel pulls
  * it back whenever the CPU it left goes idle, so a rarer move leaves the pair together (NOTES 57). */
 #define STEP_ASIDE_EVERY_NS (5 * 1000 * 1000LL)
@@ -309,7 +320,7 @@ int fc_engine_wait(fc_engine *e, fc_step step, void *ctx, fc_chan *awaited, fc_n
             } else {
                 relax();
             }
-        } else if (idle < spin + e->yield_ns) {
+        } else if (idle < spin + yield_of(e)) {
             sched_yield();
         } else if (block(e, awaited, deadline, &checked, err) < 0) {
             return -1;
