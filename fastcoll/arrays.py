@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -105,11 +105,13 @@ def to_host(x: Any) -> Host:
 _MX_ZEROS_BYTES = 256 * 1024
 
 
-def output(name: str, shape: tuple[int, ...], mlx: bool) -> tuple[Any, np.ndarray]:
-    """A fresh result array of the caller's kind and a writable flat host view of its memory."""
+def output(name: str, shape: tuple[int, ...], mlx: bool,
+           empty: Callable[[tuple[int, ...], np.dtype], np.ndarray] = np.empty) -> tuple[Any, np.ndarray]:
+    """A fresh result array of the caller's kind and a writable flat host view of its memory;
+    `empty(shape, dtype)` makes a numpy one (Group.empty: large ones over the engine's memory)."""
     host = dtypes.host_dtype(name)
     if not mlx:
-        out = np.empty(shape, dtype=host)
+        out = empty(shape, host)
         return out, out.reshape(-1)
     mx_dtype = getattr(mx, "bool_" if name == "bool" else host.name)
     if math.prod(shape) * host.itemsize <= _MX_ZEROS_BYTES:

@@ -20,11 +20,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from fastcoll import arrays, dtypes, lifecycle
-from fastcoll.algorithms import Call, block, blocks
+from fastcoll.algorithms import Call, block
 from fastcoll.config import check_timeout
 from fastcoll.engine.ops import Op
 from fastcoll.errors import CollectiveTimeoutError
-from fastcoll.group import NOT_GATED, NOT_PLANNED, Group
+from fastcoll.group import ENGINE_RESULT_BYTES, NOT_GATED, NOT_PLANNED, Group
 from fastcoll.service import Done
 from fastcoll.wire import signature
 
@@ -79,12 +79,12 @@ def all_reduce(x: Any, op: str = "sum", group: Group | None = None, async_op: bo
                 src = x
             else:  # an mx.array's bytes, evaluated (numpy has no bfloat16: its bits as uint16)
                 src = np.array(x.view(arrays.mx.uint16) if x.dtype == arrays.mx.bfloat16 else x, copy=False).reshape(-1)
-            out = _empty(src.shape, src.dtype)
+            out = _empty(src.shape, src.dtype) if src.nbytes < ENGINE_RESULT_BYTES else g.empty(src.shape, src.dtype)
             if g.run_plan(plan, src, out, out) is not NOT_PLANNED:
                 return out if kind is _NDARRAY else arrays.mx_result(out.reshape(x.shape), x.dtype)
     g = begin(g, timeout)
     h = arrays.to_host(x)
-    out, buf = arrays.output(h.name, h.shape, h.mlx) if g.size() > 1 else (x, None)
+    out, buf = arrays.output(h.name, h.shape, h.mlx, g.empty) if g.size() > 1 else (x, None)
     dtypes.check_reduction(h.name, op)
     if buf is None:
         return Done(x) if async_op else x
@@ -112,7 +112,7 @@ def reduce_scatter(x: Any, op: str = "sum", group: Group | None = None, async_op
         raise ValueError(f"reduce_scatter needs x.shape[0] divisible by the group size {n}; x has shape {h.shape}")
     if n == 1:
         return Done(x) if async_op else x
-    out, buf = arrays.output(h.name, (h.shape[0] // n,) + tuple(h.shape[1:]), h.mlx)
+    out, buf = arrays.output(h.name, (h.shape[0] // n,) + tuple(h.shape[1:]), h.mlx, g.empty)
     step = Op("reduce_scatter", g.choose("reduce_scatter", h.flat.nbytes), h.flat, buf, h.name, op, result=out)
     return g.run(signature("reduce_scatter", op, h.name, h.shape), step, timeout, async_op)
 
@@ -129,7 +129,7 @@ def reduce(x: Any, root: int = 0, op: str = "sum", group: Group | None = None, a
     dtypes.check_reduction(h.name, op)
     if g.size() == 1:
         return Done(x) if async_op else x
-    out, buf = arrays.output(h.name, h.shape, h.mlx) if g.rank() == root else (None, None)
+    out, buf = arrays.output(h.name, h.shape, h.mlx, g.empty) if g.rank() == root else (None, None)
     step = Op("reduce", g.choose("reduce", h.flat.nbytes), h.flat, buf, h.name, op, root=root, result=out)
     return g.run(signature("reduce", op, root, h.name, h.shape), step, timeout, async_op)
 
@@ -145,7 +145,8 @@ def all_gather(x: Any, group: Group | None = None, async_op: bool = False, timeo
         plan = g.plans.get(("all_gather", x.dtype, x.shape))
         if plan is not None and x.flags.c_contiguous:
             n = g.config.world_size
-            out = np.empty((n,) if not x.shape else (n * x.shape[0],) + x.shape[1:], x.dtype)
+            shape = (n,) if not x.shape else (n * x.shape[0],) + x.shape[1:]
+            out = _empty(shape, x.dtype) if x.nbytes * n < ENGINE_RESULT_BYTES else g.empty(shape, x.dtype)
             y = g.run_plan(plan, x, out, out)
             if y is not NOT_PLANNED:
                 return y
@@ -155,7 +156,7 @@ def all_gather(x: Any, group: Group | None = None, async_op: bool = False, timeo
     if n == 1:
         y = x.reshape(1) if len(h.shape) == 0 else x
         return Done(y) if async_op else y
-    out, buf = arrays.output(h.name, _stacked(h.shape, n), h.mlx)
+    out, buf = arrays.output(h.name, _stacked(h.shape, n), h.mlx, g.empty)
     a, b = block(buf.size, n, g.rank())
     buf[a:b] = h.flat
     step = Op("all_gather", g.choose("all_gather", buf.nbytes), dst=buf, result=out)
@@ -186,7 +187,7 @@ def gather(x: Any, root: int = 0, group: Group | None = None, async_op: bool = F
     if n == 1:
         y = x.reshape(1) if len(h.shape) == 0 else x
         return Done(y) if async_op else y
-    out, buf = arrays.output(h.name, _stacked(h.shape, n), h.mlx) if g.rank() == root else (None, None)
+    out, buf = arrays.output(h.name, _stacked(h.shape, n), h.mlx, g.empty) if g.rank() == root else (None, None)
     step = Op("gather", g.choose("gather", n * h.flat.nbytes), h.flat, buf, root=root, result=out)
     return g.run(signature("gather", root, h.name, h.shape), step, timeout, async_op)
 
@@ -199,7 +200,10 @@ def broadcast(x: Any, root: int = 0, group: Group | None = None, async_op: bool 
         plan = g.plans.get(("broadcast", x.dtype, x.shape, root))
         if plan is not None and x.flags.c_contiguous:
             mine = g.rank() == root
-            out = x if mine else np.empty(x.shape, x.dtype)
+            if mine:
+                out = x
+            else:
+                out = _empty(x.shape, x.dtype) if x.nbytes < ENGINE_RESULT_BYTES else g.empty(x.shape, x.dtype)
             y = g.run_plan(plan, x if mine else None, None if mine else out, out)
             if y is not NOT_PLANNED:
                 return y
@@ -211,7 +215,7 @@ def broadcast(x: Any, root: int = 0, group: Group | None = None, async_op: bool 
     if g.rank() == root:
         out, buf = x, h.flat
     else:
-        out, buf = arrays.output(h.name, h.shape, h.mlx)
+        out, buf = arrays.output(h.name, h.shape, h.mlx, g.empty)
     step = Op("broadcast", g.choose("broadcast", buf.nbytes), dst=buf, root=root, result=out)
     sig = signature("broadcast", root, h.name, h.shape)
     if repeat and x.flags.c_contiguous and x.dtype.isnative:
@@ -237,7 +241,7 @@ def scatter(x: Any, root: int = 0, group: Group | None = None, async_op: bool = 
         raise ValueError(f"scatter needs x.shape[0] divisible by the group size {n}; x has shape {h.shape}")
     if n == 1:
         return Done(x) if async_op else x
-    out, buf = arrays.output(h.name, (h.shape[0] // n,) + tuple(h.shape[1:]), h.mlx)
+    out, buf = arrays.output(h.name, (h.shape[0] // n,) + tuple(h.shape[1:]), h.mlx, g.empty)
     step = Op("scatter", g.choose("scatter", buf.nbytes * n), h.flat, buf, root=root, result=out)
     return g.run(signature("scatter", root, h.name, h.shape), step, timeout, async_op)
 
@@ -256,7 +260,7 @@ def all_to_all(x: Any, group: Group | None = None, async_op: bool = False, timeo
         raise ValueError(f"all_to_all needs x.shape[0] divisible by the group size {n}; x has shape {h.shape}")
     if n == 1:
         return Done(x) if async_op else x
-    out, buf = arrays.output(h.name, h.shape, h.mlx)
+    out, buf = arrays.output(h.name, h.shape, h.mlx, g.empty)
     step = Op("all_to_all", g.choose("all_to_all", h.flat.nbytes), h.flat, buf, result=out)
     return g.run(signature("all_to_all", h.name, h.shape), step, timeout, async_op)
 

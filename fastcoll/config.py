@@ -63,6 +63,10 @@ DEFAULT_YIELD_READS = 20
 DEFAULT_SPIN_US = -1
 AUTO_SPIN_US = 200
 DEFAULT_YIELD_US = 5000
+# The native engine keeps the memory of large numpy results that the program has let go, up to
+# this many MiB, for the next results: fresh pages for every call cost a quarter of a 64 MiB
+# all_reduce's CPU time on 4 ranks (bench/NOTES.md, entry 70). 0 keeps none.
+DEFAULT_RESULT_CACHE_MB = 512
 
 LOG_LEVELS = ("warning", "info", "debug")
 
@@ -117,6 +121,7 @@ class Config:
     yield_reads: int = DEFAULT_YIELD_READS
     spin_us: int = DEFAULT_SPIN_US
     yield_us: int = DEFAULT_YIELD_US
+    result_cache_mb: int = DEFAULT_RESULT_CACHE_MB
     tuned: frozenset = frozenset()  # the knobs FASTCOLL_TUNING set (for_mlx keeps those)
 
     def __post_init__(self) -> None:
@@ -177,7 +182,7 @@ class Config:
 
 
 TUNING = ("direct_max_bytes", "direct_max_bytes_two_ranks", "piece_bytes", "doubling", "gate_direct",
-          "gate_watch_ms", "gate_host_min_bytes", "spin_reads", "yield_reads", "spin_us", "yield_us")
+          "gate_watch_ms", "gate_host_min_bytes", "spin_reads", "yield_reads", "spin_us", "yield_us", "result_cache_mb")
 
 
 # An MLX program evaluates on threads of its own (mlx-lm's loop builds the next step while the last

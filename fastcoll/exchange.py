@@ -111,7 +111,7 @@ def all_gather_v(
         if min(known) < 0:
             raise MismatchError(f"all_gather_v: a rank reported a negative size: {known}")
     check_bound("all_gather_v", sum(known), row, dtypes.host_dtype(h.name).itemsize)
-    out, buf = arrays.output(h.name, (sum(known),) + rest, h.mlx)
+    out, buf = arrays.output(h.name, (sum(known),) + rest, h.mlx, g.empty)
     bounds = cut(known, row)
     a, b = bounds[g.rank()]
     buf[a:b] = h.flat
@@ -156,7 +156,7 @@ def all_to_all_v(
     if known is None:
         known = _exchange_counts(g, send, timeout)
     check_bound("all_to_all_v", sum(known), row, dtypes.host_dtype(h.name).itemsize)
-    out, buf = arrays.output(h.name, (sum(known),) + rest, h.mlx)
+    out, buf = arrays.output(h.name, (sum(known),) + rest, h.mlx, g.empty)
     step = Op("all_to_all", g.choose("all_to_all", h.flat.nbytes), h.flat, buf, bounds=cut(send, row),
               recv_bounds=cut(known, row), result=(out, list(known)))
     return g.run(signature("all_to_all_v", h.name, rest), step, timeout, async_op)
@@ -204,7 +204,7 @@ def recv(shape: Any, dtype: Any, src: int, group: Group | None = None, timeout: 
     if any(s < 0 for s in shape):
         raise ValueError(f"recv shape {shape} has a negative dimension")
     name, mlx = _dtype_name(dtype)
-    out, buf = arrays.output(name, shape, mlx)
+    out, buf = arrays.output(name, shape, mlx, g.empty)
     step = Op("recv", g.choose("recv", buf.nbytes), dst=buf, root=src, result=out)
     return g.run(signature("send", src, g.rank(), name, shape), step, timeout, async_op, p2p=("recv", src))
 

@@ -32,6 +32,7 @@ import dataclasses
 import functools
 import hashlib
 import logging
+import math
 import threading
 import time
 from typing import Any, Callable
@@ -55,6 +56,9 @@ _get_ident = threading.get_ident
 NOT_PLANNED = object()  # Group.run_plan's answer when a call must take the ordinary way
 NOT_GATED = object()  # Group.launch_gated's answer when the gate does not take the call
 _PLANS_MAX = 64  # kinds of repeated call a group remembers (a model repeats a handful)
+# A numpy result this large is made over memory from the engine (Engine.result_memory); a smaller
+# one is numpy's: malloc's free lists serve it without fresh pages anyway.
+ENGINE_RESULT_BYTES = 1 << 20
 
 
 class Group:
@@ -103,6 +107,16 @@ class Group:
         'none' for a world of one."""
         engine = self._job.engine
         return "none" if engine is None else engine.describe()
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """A new numpy array for a collective's result (uninitialised, as numpy.empty's): a large
+        one over memory the engine keeps between calls, where it keeps any."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        engine = self._job.engine
+        memory = engine.result_memory(nbytes) if engine is not None and nbytes >= ENGINE_RESULT_BYTES else None
+        if memory is None:
+            return np.empty(shape, dtype)
+        return np.frombuffer(memory, dtype=dtype).reshape(shape)
 
     def split(self, color: int, key: int = -1, timeout: float | None = None) -> "Group":
         """Split into sub-groups by `color`; every rank of this group must call it.

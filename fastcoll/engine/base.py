@@ -99,6 +99,12 @@ class Engine(abc.ABC):
     def attach_gate(self, gate: Any) -> None:
         """The job's fence gate, once its mode is fixed: an engine may serve its host half."""
 
+    def result_memory(self, nbytes: int) -> Any:
+        """Writable memory of `nbytes` for a large numpy result, which this engine takes back
+        once no array uses it (so that the next call of that size finds its pages mapped), or
+        None where numpy should allocate."""
+        return None
+
     def abort(self, error: FastcollError) -> None:
         """Tell every peer this rank gave up (the peers raise an error of the same class)."""
         self.transport.abort(error)

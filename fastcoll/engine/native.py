@@ -215,10 +215,11 @@ class NativeEngine(Engine):
 
     name = "native"
 
-    def __init__(self, native: Any, transport: NativeTransport, timeout: float):
+    def __init__(self, native: Any, transport: NativeTransport, timeout: float, result_cache_bytes: int = 0):
         self._n = native
         self.transport = transport
         self._timeout = timeout
+        self._results = _native.ResultCache(result_cache_bytes) if result_cache_bytes else None
         self._ranks: dict[tuple, bytes] = {}  # a group's ranks, as the int32 array C reads
         native.set_failure_handler(self._queued_failed)
         # The planned path's run lock, without a Python frame each (a small call's fixed cost).
@@ -247,7 +248,7 @@ class NativeEngine(Engine):
             tcp.close_links(links)
             raise
         transport = NativeTransport(native, config.rank, config.world_size, config.timeout, described, connections)
-        return cls(native, transport, config.timeout)
+        return cls(native, transport, config.timeout, min(config.result_cache_mb, 1 << 30) << 20)
 
     # ----- the engine interface -----
 
@@ -317,9 +318,18 @@ class NativeEngine(Engine):
         finally:
             self._n.release()
 
+    def result_memory(self, nbytes: int) -> Any:
+        """A block of fastcoll/engine/csrc/py_results.c's cache: it comes back to the cache when
+        the last array over it is gone (None where the cache is off: result_cache_mb=0)."""
+        return None if self._results is None else self._results.take(nbytes)
+
     def close(self, timeout: float) -> None:
         linger = max(0.0, self.transport.last_word_until - time.monotonic())
-        self._n.close(timeout, linger)
+        try:
+            self._n.close(timeout, linger)
+        finally:
+            if self._results is not None:
+                self._results.close()
 
     # ----- running -----
 

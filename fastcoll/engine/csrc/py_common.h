@@ -6,6 +6,7 @@
  *                 last words; completions; the references released later with the GIL
  *   py_args.c     a collective's arguments from Python, checked, as an fc_op
  *   py_graph.c    the graph table: collectives MLX's evaluation thread calls without Python
+ *   py_results.c  the ResultCache type: memory for large results, kept between calls
  *
  * The GIL is released around every wait. The service thread never takes it to run a native
  * call: only a Python function queued behind native calls, and the report of a failure, do.
@@ -93,6 +94,10 @@ extern PyObject *py_native_error;
 extern PyTypeObject py_engine_type;
 extern PyTypeObject py_completion_type;
 extern PyTypeObject py_plan_type;
+extern PyTypeObject py_result_cache_type;
+
+/* py_results.c: ready its types (0, or -1 with a Python error). */
+int py_results_ready(void);
 
 /* py_plan.c: a Plan fixes a call's fixed part once, for calls that repeat with new buffers. */
 PyObject *py_run_planned(EngineObject *self, PyObject *const *args, Py_ssize_t nargs);

@@ -161,7 +161,8 @@ PyMODINIT_FUNC PyInit__native(void);
 
 PyMODINIT_FUNC PyInit__native(void)
 {
-    if (PyType_Ready(&py_engine_type) || PyType_Ready(&py_completion_type) || PyType_Ready(&py_plan_type))
+    if (PyType_Ready(&py_engine_type) || PyType_Ready(&py_completion_type) || PyType_Ready(&py_plan_type) ||
+        py_results_ready())
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m)
@@ -173,6 +174,7 @@ PyMODINIT_FUNC PyInit__native(void)
     if (add(m, "NativeError", py_native_error) || add(m, "Engine", Py_NewRef((PyObject *)&py_engine_type)) ||
         add(m, "Completion", Py_NewRef((PyObject *)&py_completion_type)) ||
         add(m, "Plan", Py_NewRef((PyObject *)&py_plan_type)) ||
+        add(m, "ResultCache", Py_NewRef((PyObject *)&py_result_cache_type)) ||
         add(m, "DTYPES", names(DTYPE_NAMES, FC_DTYPE_COUNT)) || add(m, "OPS", names(OP_NAMES, FC_OP_COUNT)) ||
         add(m, "KINDS", names(KIND_NAMES, FC_K_COUNT)) || add(m, "ALGORITHMS", names(ALGO_NAMES, FC_A_COUNT))) {
         Py_DECREF(m);
