@@ -40,16 +40,24 @@ typedef struct {
 
 static PyTypeObject block_type;
 
-/* Free the oldest kept block. */
-static void drop_oldest(CacheObject *c)
+/* Take kept block i out of the cache: its memory (cap: its size). */
+static void *take_out(CacheObject *c, int i, size_t *cap)
 {
-    free(c->kept[0]);
-    c->held -= c->kept_cap[0];
+    void *mem = c->kept[i];
+    *cap = c->kept_cap[i];
+    c->held -= *cap;
     c->nkept--;
-    for (int i = 0; i < c->nkept; i++) {
+    for (; i < c->nkept; i++) {
         c->kept[i] = c->kept[i + 1];
         c->kept_cap[i] = c->kept_cap[i + 1];
     }
+    return mem;
+}
+
+static void drop_oldest(CacheObject *c)
+{
+    size_t cap;
+    free(take_out(c, 0, &cap));
 }
 
 /* Keep `mem` (cap bytes) if the cache is open and it fits under the limit; else free it. */
@@ -76,17 +84,7 @@ static void *reuse(CacheObject *c, size_t n, size_t *cap)
     for (int i = c->nkept - 1; i >= 0; i--)
         if (c->kept_cap[i] >= n && c->kept_cap[i] / 2 <= n && (best < 0 || c->kept_cap[i] < c->kept_cap[best]))
             best = i;
-    if (best < 0)
-        return NULL;
-    void *mem = c->kept[best];
-    *cap = c->kept_cap[best];
-    c->held -= *cap;
-    c->nkept--;
-    for (int i = best; i < c->nkept; i++) {
-        c->kept[i] = c->kept[i + 1];
-        c->kept_cap[i] = c->kept_cap[i + 1];
-    }
-    return mem;
+    return best < 0 ? NULL : take_out(c, best, cap);
 }
 
 /* New memory for n bytes (cap: what was allocated), or NULL. */
