@@ -121,6 +121,6 @@ def test_result_cache_mb_0_keeps_nothing(launch):
     why = native_missing()
     if why is not None:
         pytest.skip(f"no native engine: {why}")
-    results = launch(2, "results_worker.py", FASTCOLL_TUNING="result_cache_mb=0").wait(timeout=120)
+    results = launch(2, "results_worker.py", FASTCOLL_NATIVE="1", FASTCOLL_TUNING="result_cache_mb=0").wait(timeout=120)
     assert_ok(results)
     assert all("owner=ndarray" in r.out and "native engine" in r.out for r in results), [r.out for r in results]
