@@ -36,6 +36,10 @@ class Job:
         self.error: FastcollError | None = None
         self.closed = False
         self.tracer = None
+        if engine is not None:
+            # Registered after the transport's modules were imported, so it runs before their
+            # own exit hooks (atexit runs the last registered first).
+            atexit.register(self._end_at_exit)
         if config.trace and engine is not None:
             from fastcoll.trace import Tracer
 
@@ -115,8 +119,14 @@ class Job:
                     log.warning("rank %d: gated results failed at finalize: %s", self.config.rank, e)
             self.gate.close()
         if self.engine is not None:
+            atexit.unregister(self._end_at_exit)
             self.engine.close(timeout=self.config.timeout)
         self.write_trace()
+
+    def _end_at_exit(self) -> None:
+        """At exit, for a job nobody finalized (a program that ends on a fastcoll error does)."""
+        if not self.closed:
+            self.engine.end_at_exit()
 
     def write_trace(self) -> None:
         """Write the tracer's file (FASTCOLL_TRACE), if the job traces."""

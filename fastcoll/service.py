@@ -87,6 +87,11 @@ class Service:
         """Give back the run lock that claim_if_idle() took."""
         self._running.release()
 
+    def stop_running(self, timeout: float) -> bool:
+        """Take the run lock for good, once the function running (if any) ends within `timeout`
+        seconds: nothing runs after. False if it did not end in time."""
+        return self._running.acquire(timeout=timeout)
+
     def _loop(self) -> None:
         while True:
             item = self._queue.get()

@@ -7,7 +7,8 @@ through fastcoll.testhooks (a delay or a death at a named point of the set-up), 
 1. init() raises in time, never hangs: rank 0 late at its deadline, a peer that dies at any
    point of the set-up, FASTCOLL_TIMEOUT past ZeroMQ's int32 heartbeat.
 2. Two jobs on one coordinator port never merge: a rank of another job is refused, by name.
-3. A per-call timeout bounds a stall in the middle of a payload, and says which way it stalled.
+3. A per-call timeout bounds a stall in the middle of a payload, and says which way it stalled;
+   a program that then exits without finalize() (a send still in flight) exits cleanly.
 4. Ctrl-C reaches the caller every time (a KeyboardInterrupt swallowed in a deallocator too),
    and the peers raise at once.
 5. A call after finalize() raises at once, naming finalize(); nothing starts a rendezvous.
@@ -326,6 +327,48 @@ def test_a_root_stuck_sending_keeps_its_own_limit(launch, transport):
     cls, elapsed, message = error_of(lines)
     assert cls == "CollectiveTimeoutError" and 1.9 <= elapsed <= 3.0, f"root: {elapsed}s\n{show(results)}"
     assert message.startswith("rank 0 timed out sending to rank 1"), message
+
+
+def test_exiting_with_a_zero_copy_send_in_flight_does_not_crash(launch):
+    # The window of a SIGSEGV seen once in the stalled broadcast over ZeroMQ, held open: the
+    # root's send of its 256 MiB payload is cut off by its timeout, the root returns from main()
+    # without finalize(), and the stopped rank resumes just then, so that libzmq's I/O thread
+    # reads the payload while the interpreter exits. pyzmq's exit hook frees the buffers of
+    # zero-copy sends whether or not libzmq still reads them; fastcoll must stop libzmq first.
+    for attempt in range(3):
+        job = launch(2, WORKER, "stall-broadcast", transport="zmq", timeout="5")
+        root = job.procs[0]
+        deadline = time.monotonic() + 20
+        seen = ""
+        while time.monotonic() < deadline and "ERROR" not in seen:
+            line = root.stdout.readline()
+            if not line:
+                break
+            seen += line
+        os.kill(job.procs[1].pid, signal.SIGCONT)
+        try:
+            code = root.wait(timeout=15)
+        finally:
+            job.kill()
+        out, err = root.communicate()
+        assert "ERROR CollectiveTimeoutError" in seen, f"attempt {attempt}: {seen}{out}\n{err[-3000:]}"
+        assert code == 3, f"attempt {attempt}: the root exited {code}\n{seen}{out}\n{err[-3000:]}"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_exiting_with_a_collective_in_flight_ends_at_once(launch, transport):
+    # An async_op nobody waited for, its peer absent, when the program returns: the exit stops
+    # the call (its service thread first, then the transport), cleanly and within a second or so.
+    job = launch(2, WORKER, "exit-mid-call", "6", transport=transport, timeout="30")
+    start = time.monotonic()
+    try:
+        code = job.procs[0].wait(timeout=20)
+    finally:
+        took = time.monotonic() - start
+        job.kill()
+    out, err = job.procs[0].communicate()
+    assert code == 0 and "QUEUED" in out, f"rank 0 exited {code}\n{out}\n{err[-3000:]}"
+    assert took < 5.0, f"rank 0 took {took:.1f}s to exit\n{out}\n{err[-3000:]}"
 
 
 # --- 4. Ctrl-C reaches the caller, and the peers raise at once ---------------------------------

@@ -131,6 +131,10 @@ class Engine(abc.ABC):
         """What carries the messages and which engine moves them, for Group.transport_info()."""
         return f"{self.transport.describe()}; {self.name} engine"
 
+    def end_at_exit(self) -> None:
+        """The interpreter is exiting and the job was not finalized: stop what would run on past
+        the Python objects it reads. The native engine's thread reads none at exit."""
+
     @abc.abstractmethod
     def close(self, timeout: float) -> None:
         """Run what is queued (for at most `timeout` seconds), tell the peers, release everything."""

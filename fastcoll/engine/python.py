@@ -7,6 +7,7 @@ is one the native engine does not own (ZeroMQ).
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from typing import Any
 
@@ -18,6 +19,8 @@ from fastcoll.engine.base import Engine, Task
 from fastcoll.engine.ops import Op, bounds_of
 from fastcoll.service import Service, Work
 from fastcoll.transport.base import Transport
+
+log = logging.getLogger("fastcoll")
 
 
 class PythonEngine(Engine):
@@ -44,6 +47,13 @@ class PythonEngine(Engine):
     def run(self, task: Task) -> Any:
         """Run `task` on this thread (which holds the run lock)."""
         return run_task(self.transport, task)
+
+    def end_at_exit(self) -> None:
+        self.transport.interrupt("the interpreter is exiting")  # a call under way ends within 0.2 s
+        if self._service.stop_running(timeout=1.0):
+            self.transport.end_at_exit()
+        else:
+            log.warning("a collective was still running at exit: its transport was left as it was")
 
     def close(self, timeout: float) -> None:
         self._service.close(timeout=timeout)

@@ -83,6 +83,10 @@ class Transport(abc.ABC):
     def close(self) -> None:
         """Release every socket."""
 
+    def end_at_exit(self) -> None:
+        """The interpreter is exiting and nothing closed this transport, nor uses it now: stop
+        what would run on past the objects it reads (a transport with I/O threads of its own)."""
+
     def connections(self) -> list[tuple[int, int, str, object, object]]:
         """Each connection as (peer, channel, kind, this end's address, the peer's); none for a
         transport without connections of its own."""

@@ -21,6 +21,7 @@ from typing import Any
 
 import zmq
 import zmq.auth.thread
+import zmq.utils.garbage  # noqa: F401 -- before any exit hook of fastcoll's (end_at_exit says why)
 import zmq.utils.monitor
 
 from fastcoll import diagnosis, testhooks, wire
@@ -416,6 +417,15 @@ class ZmqTransport(Transport):
         except (zmq.ZMQError, FastcollError):
             pass
         self._close_sockets()
+        self._listener.close()
+
+    def end_at_exit(self) -> None:
+        """Drop what libzmq holds unsent and stop its I/O threads. pyzmq's exit hook frees the
+        buffers of zero-copy sends whether or not libzmq still reads them (a send that a failed
+        call left in flight: a SIGSEGV at exit); this runs first, since atexit runs the hooks
+        registered last first and pyzmq's was registered when this module imported it."""
+        self._trackers.clear()
+        self._close_sockets(linger=0)
         self._listener.close()
 
     def _close_sockets(self, linger: int | None = None) -> None:

@@ -180,6 +180,17 @@ def main() -> int:
         say("NOERROR")
         return 4
 
+    if SCENARIO == "exit-mid-call":
+        # Rank 0 queues a 64 MiB all_reduce that rank 1 never joins, then returns from main()
+        # without wait() or finalize(); rank 1 waits for rank 0's process to end, then returns.
+        fastcoll.barrier()
+        if r == 0:
+            fastcoll.all_reduce(np.ones(16 << 20, np.float32), async_op=True)
+            say("QUEUED")
+            return 0
+        time.sleep(float(ARG or "3"))
+        return 0
+
     if SCENARIO == "late-large":
         # 16 MiB all-reduces: the others give up after timeout=1; the victim arrives 0.4 s
         # after that, while their finalize() still delivers the rest of their message and the
