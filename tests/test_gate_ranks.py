@@ -1,8 +1,11 @@
 """The fence gate's host mode across real rank processes on both engines, each rank's GPU played
 by a thread (tests/progs/gate_worker.py): exact results over many gates between host-path calls,
-and a peer that dies between gates (the survivor's gate released with an error, the error raised)."""
+a peer that dies between gates (the survivor's gate released with an error, the error raised), and
+an exit with a gate its device never reached."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
@@ -38,3 +41,18 @@ def test_a_peer_lost_between_gates_releases_the_gate_with_an_error(launch, engin
     _, status, seconds = released.split()
     assert status == "error" and float(seconds) < 5.0, released  # well before FASTCOLL_TIMEOUT
     assert "ERROR PeerLostError" in zero.out, zero.out
+
+
+@pytest.mark.parametrize("engine", engines())
+def test_exiting_with_a_gate_the_device_never_reached_is_prompt(launch, engine):
+    # main() returns with a gated result nobody evaluated: the host half must stop waiting for
+    # that arrival at exit (the exit hook), not hold the exit up for the engine's second.
+    job = launch(2, "gate_worker.py", "exit", FASTCOLL_NATIVE=engine, FASTCOLL_LOG="warning", **GATE_ENV)
+    start = time.monotonic()
+    results = job.wait(timeout=60)
+    took = time.monotonic() - start
+    assert_ok(results)
+    for r in results:
+        assert "PENDING" in r.out, r.out
+        assert "still running at exit" not in r.err, r.err[-3000:]
+    assert took < 15, f"the job took {took:.1f}s"

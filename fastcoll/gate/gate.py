@@ -173,6 +173,11 @@ class Gate:
         """The group failed elsewhere: record `error` and release every issued gate with it."""
         self._host.fail(error)
 
+    def stop_serving(self) -> None:
+        """At interpreter exit: stop the host half's waits for arrivals and release every issued
+        gate, without waiting for the GPU (close() does that)."""
+        self._host.close()
+
     def close(self) -> None:
         """Release every issued gate (with a 'closed' status), log the profile, free the page."""
         if self._closed:

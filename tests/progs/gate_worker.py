@@ -6,6 +6,8 @@ names (the native one serves the host half in C, the Python one on its service t
                              sizes, between host-path collectives; every result checked exactly
     gate_worker.py kill      rank 1 dies between two gates; rank 0's next gate is released with
                              an error status (its device never left waiting) and check() raises
+    gate_worker.py exit      a gate whose device never arrives (the stream held: its result is
+                             never evaluated) is pending when main() returns without finalize()
 
 Prints ENGINE <transport_info>, then OK <gates> or, for kill on rank 0, RELEASED <status>
 <seconds> and ERROR <class>.
@@ -31,7 +33,15 @@ from fastcoll.gate.layout import ControlLayout
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for the test double
 from gate_sim import SimDevice  # noqa: E402
 
-testhooks.set_gate_factory(lambda c: Gate(SimDevice(ControlLayout(c.gate_max_bytes, c.world_size)), c))
+DEVICES: list[SimDevice] = []
+
+
+def make_gate(c):
+    DEVICES.append(SimDevice(ControlLayout(c.gate_max_bytes, c.world_size)))
+    return Gate(DEVICES[-1], c)
+
+
+testhooks.set_gate_factory(make_gate)
 SCENARIO = sys.argv[1]
 g = fastcoll.init()
 r, n = g.rank(), g.size()
@@ -114,4 +124,14 @@ def kill() -> int:
     return 0
 
 
-sys.exit(many() if SCENARIO == "many" else kill())
+def exit_pending() -> int:
+    x = mx.ones(256, dtype=mx.float32)
+    gated(x, "sum")
+    DEVICES[0].hold()  # the next gate's "kernel" never runs: its arrival never comes
+    fastcoll.all_reduce(x)
+    time.sleep(0.3)  # its host half is waiting for the arrival now (on the Python engine's thread)
+    print("PENDING", flush=True)
+    return 0
+
+
+sys.exit({"many": many, "kill": kill, "exit": exit_pending}[SCENARIO]())
