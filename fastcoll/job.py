@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -36,6 +37,7 @@ class Job:
         self.error: FastcollError | None = None
         self.closed = False
         self.tracer = None
+        self._pid = os.getpid()
         if engine is not None:
             # Registered after the transport's modules were imported, so it runs before their
             # own exit hooks (atexit runs the last registered first).
@@ -125,7 +127,7 @@ class Job:
 
     def _end_at_exit(self) -> None:
         """At exit, for a job nobody finalized (a program that ends on a fastcoll error does)."""
-        if not self.closed:
+        if not self.closed and os.getpid() == self._pid:  # not in a forked child: not its job
             if self.gate is not None:  # a gate whose result nobody evaluated is never served
                 self.gate.stop_serving()
             self.engine.end_at_exit()

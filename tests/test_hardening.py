@@ -371,6 +371,13 @@ def test_exiting_with_a_collective_in_flight_ends_at_once(launch, transport):
     assert took < 5.0, f"rank 0 took {took:.1f}s to exit\n{out}\n{err[-3000:]}"
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_forked_child_that_exits_leaves_the_job_alone(launch, transport):
+    results = outcome(launch(2, WORKER, "fork-exit", transport=transport, timeout="30"), 60)
+    for r, (code, lines, out, err) in enumerate(results):
+        assert code == 0 and "OK" in lines and "CHILD-HUNG" not in lines, f"rank {r}\n{show(results)}"
+
+
 # --- 4. Ctrl-C reaches the caller, and the peers raise at once ---------------------------------
 
 

@@ -27,13 +27,14 @@ import numpy as np
 import fastcoll
 from fastcoll import testhooks
 
-faulthandler.dump_traceback_later(60, exit=True)  # a hang shows its stack (the tests allow far less)
+SCENARIO = sys.argv[1]
+if SCENARIO != "fork-exit":  # its watchdog thread is not in a forked child, whose exit then hangs
+    faulthandler.dump_traceback_later(60, exit=True)  # a hang shows its stack (the tests allow far less)
 # What Ctrl-C does is under test: a shell that starts the suite in the background leaves SIGINT
 # ignored for its children, and Python then installs no handler of its own (every Ctrl-C test
 # failed so). Install it whatever was inherited.
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
-SCENARIO = sys.argv[1]
 ARG = sys.argv[2] if len(sys.argv) > 2 else ""
 RANK = int(os.environ.get("FASTCOLL_RANK", os.environ.get("SLURM_PROCID", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))))
 TIMEOUT = float(os.environ.get("FASTCOLL_TIMEOUT", "60"))
@@ -189,6 +190,27 @@ def main() -> int:
             say("QUEUED")
             return 0
         time.sleep(float(ARG or "3"))
+        return 0
+
+    if SCENARIO == "fork-exit":
+        # A child forked after init() that exits the normal way (its atexit hooks run) must
+        # leave the parent's job alone, and must itself end.
+        fastcoll.barrier()
+        if r == 0:
+            pid = os.fork()
+            if pid == 0:
+                sys.exit(0)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and os.waitpid(pid, os.WNOHANG) == (0, 0):
+                time.sleep(0.01)
+            else:
+                if time.monotonic() >= deadline:
+                    os.kill(pid, signal.SIGKILL)
+                    say("CHILD-HUNG")
+        y = fastcoll.all_reduce(np.full(1 << 20, r + 1.0, np.float32))  # large: zero-copy on zmq
+        assert float(y[0]) == n * (n + 1) / 2, y[:4]
+        fastcoll.finalize()
+        say("OK")
         return 0
 
     if SCENARIO == "late-large":
