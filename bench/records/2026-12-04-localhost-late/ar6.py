@@ -1,6 +1,6 @@
 import os, sys, time, numpy as np, fastcoll
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "workers"))
-from timing import check_input, layout, verify
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
+from bench.workers.timing import check_input, layout, verify  # noqa: E402
 g = fastcoll.init()
 r = g.rank()
 lay = layout("all_reduce", 64 << 20, g.size())
