@@ -128,8 +128,6 @@ class Job:
     def _end_at_exit(self) -> None:
         """At exit, for a job nobody finalized (a program that ends on a fastcoll error does)."""
         if not self.closed and os.getpid() == self._pid:  # not in a forked child: not its job
-            if self.gate is not None:  # a gate whose result nobody evaluated is never served
-                self.gate.stop_serving()
             self.engine.end_at_exit()
 
     def write_trace(self) -> None:

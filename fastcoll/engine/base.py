@@ -133,7 +133,9 @@ class Engine(abc.ABC):
 
     def end_at_exit(self) -> None:
         """The interpreter is exiting and the job was not finalized: stop what would run on past
-        the Python objects it reads. The native engine's thread reads none at exit."""
+        the Python objects it reads. The native engine's thread reads none, and is left alone: a
+        wait it ended now would take the GIL during finalization, which ends the thread inside
+        CPython (pthread_exit)."""
 
     @abc.abstractmethod
     def close(self, timeout: float) -> None:

@@ -32,6 +32,7 @@ class PythonEngine(Engine):
     def __init__(self, transport: Transport):
         self.transport = transport
         self._service = Service()
+        self._gate: Any = None
 
     def enqueue(self, task: Task, async_op: bool) -> Work | None:
         if not async_op and self._service.claim_if_idle():
@@ -48,7 +49,12 @@ class PythonEngine(Engine):
         """Run `task` on this thread (which holds the run lock)."""
         return run_task(self.transport, task)
 
+    def attach_gate(self, gate: Any) -> None:
+        self._gate = gate  # its host half runs on the service thread, as a queued call
+
     def end_at_exit(self) -> None:
+        if self._gate is not None:  # a gate whose result nobody evaluated is never served
+            self._gate.stop_serving()
         self.transport.interrupt("the interpreter is exiting")  # a call under way ends within 0.2 s
         if self._service.stop_running(timeout=1.0):
             self.transport.end_at_exit()
