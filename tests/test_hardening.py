@@ -257,6 +257,19 @@ def test_no_token_and_no_job_identity_warns():
 # --- 3. A per-call timeout bounds a stall in the middle of a payload ---------------------------
 
 
+def _read_until(proc: subprocess.Popen, marker: str, seconds: float = 20) -> str:
+    """What `proc` printed up to and including the line with `marker` (or until it closed its
+    output, or `seconds` passed), read while it runs."""
+    deadline = time.monotonic() + seconds
+    seen = ""
+    while time.monotonic() < deadline and marker not in seen:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen += line
+    return seen
+
+
 def _stalled_broadcast(launch, world: int, transport: str, **kw) -> list:
     """The stall-broadcast scenario: every rank but the stopped one (rank 1) ends within 20 s,
     then rank 1 is killed; each rank's outcome."""
@@ -338,13 +351,7 @@ def test_exiting_with_a_zero_copy_send_in_flight_does_not_crash(launch):
     for attempt in range(3):
         job = launch(2, WORKER, "stall-broadcast", transport="zmq", timeout="5")
         root = job.procs[0]
-        deadline = time.monotonic() + 20
-        seen = ""
-        while time.monotonic() < deadline and "ERROR" not in seen:
-            line = root.stdout.readline()
-            if not line:
-                break
-            seen += line
+        seen = _read_until(root, "ERROR")
         os.kill(job.procs[1].pid, signal.SIGCONT)
         try:
             code = root.wait(timeout=15)
@@ -384,13 +391,7 @@ def test_a_forked_child_that_exits_leaves_the_job_alone(launch, transport):
 def _interrupt_outcome(job: Job, victim: int, send_sigint: bool) -> list:
     if send_sigint:
         p = job.procs[victim]
-        deadline = time.monotonic() + 20
-        seen = ""
-        while time.monotonic() < deadline and "LOOPING" not in seen:
-            line = p.stdout.readline()
-            if not line:
-                break
-            seen += line
+        seen = _read_until(p, "LOOPING")
         assert "LOOPING" in seen, seen
         os.kill(p.pid, signal.SIGINT)
         results = outcome(job, 15)
