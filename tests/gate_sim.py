@@ -185,11 +185,14 @@ class SimDevice:
                         status = L.MISMATCH
                         self._record(seq, status, p)
                         break
-        if status == L.OK:
-            status = w[L.STATUS]
         out = np.full(nbytes, 0xFF, dtype=np.uint8)
         if status == L.OK:
-            out = self._reduce(name, op, nbytes, seq)
+            # As fc_gate: the slots are reduced while thread 0 reads the host's STATUS, and a gate
+            # the host failed is poisoned after all.
+            reduced = self._reduce(name, op, nbytes, seq)
+            status = w[L.STATUS]
+            if status == L.OK:
+                out = reduced
         w[L.SPIN_ITERS] = iters
         w[L.ACK] = seq
         result.finish(out, status, iters)

@@ -68,3 +68,27 @@ def test_gated_results_are_exact(gate):
         assert not gate.pending()
     finally:
         service.close()
+
+
+def test_a_gate_the_host_fails_is_all_ones_on_the_gpu(gate):
+    """The host releases a failed gate with an error STATUS. The kernel reads STATUS beside the
+    slots and reduces them all the same (bench/NOTES.md 72): it must then poison its result
+    (all-ones bytes: NaN), though the mailbox holds plausible data."""
+    import mlx.core as mx
+
+    from fastcoll.errors import PeerLostError
+    from gate_sim import SerialService
+
+    service = SerialService()
+    try:
+        def dies(send, gathered):
+            gathered.reshape(-1, send.size)[:] = send  # every slot this rank's x
+            raise PeerLostError("rank 1 closed its connection")
+
+        y = gate.all_reduce(mx.ones((4096,), dtype=mx.bfloat16), "sum", dies, service.submit)
+        mx.eval(y)
+        assert np.all(np.array(y.view(mx.uint16)) == 0xFFFF)
+        with pytest.raises(PeerLostError, match="closed its connection"):
+            gate.check()
+    finally:
+        service.close()

@@ -84,8 +84,14 @@ FC_DEVICE fc_uint fc_spin_direct(fc_words_t words, fc_bytes_t gather, fc_uint se
     }
   }
   if (status == FC_OK) {
+    // Every rank's signature loaded before any is compared, so that the loads are in flight
+    // together: one bus round trip, not one a rank.
+    fc_uint sigs[FC_RANKS];
     for (p = 0; p < FC_RANKS; ++p) {
-      if (fc_load_relaxed(fc_line(gather, p) + FC_G_SIG + (seq & 1u)) != sig) {
+      sigs[p] = fc_load_relaxed(fc_line(gather, p) + FC_G_SIG + (seq & 1u));
+    }
+    for (p = 0; p < FC_RANKS; ++p) {
+      if (sigs[p] != sig) {
         status = FC_MISMATCH;
         fc_record_failure(words, seq, status, p);
         break;
@@ -131,21 +137,28 @@ FC_DEVICE void fc_arrive(fc_words_t words, fc_uint seq, fc_uint sig) {
 #endif
 }
 
-// The spin of either mode, then the host's STATUS of the gate (an acquire load after the spin's):
-// the gate's status, which the spinning thread alone reads. Every thread loading a control word
-// would be a bus round trip each (these loads do not coalesce): the other threads get the status
-// from the spinning thread instead (bench/NOTES.md, entry 26).
+// The spin of either mode: the gate's status as the spin found it (FC_OK once released).
 FC_DEVICE fc_uint fc_wait(fc_words_t words, fc_uint seq, fc_uint prev, fc_uint sig, fc_uint max_iters) {
 #if FC_DIRECT
-  fc_uint status = fc_spin_direct(words, fc_at(FC_GATHER_AT), seq, prev, sig, max_iters);
+  return fc_spin_direct(words, fc_at(FC_GATHER_AT), seq, prev, sig, max_iters);
 #else
-  fc_uint status = fc_spin(words, seq, prev, max_iters);
+  return fc_spin(words, seq, prev, max_iters);
 #endif
-  if (status == FC_OK) {
-    status = fc_load(words + FC_STATUS);
-  }
-  return status;
 }
+
+// The host's STATUS of a gate whose spin ended in FC_OK, read by the spinning thread alone (every
+// thread loading a control word would be a bus round trip each: these loads do not coalesce;
+// bench/NOTES.md, entry 26). A relaxed load suffices: it follows that thread's acquire load of
+// RELEASE (or of the last FLAG), after which the host's STATUS store is visible; and it orders
+// nothing, so the slots' loads that follow it are in flight beside it (bench/NOTES.md, entry 72).
+FC_DEVICE fc_uint fc_host_status(fc_words_t words) {
+  return fc_load_relaxed(words + FC_STATUS);
+}
+
+// How many elements of every slot one thread loads before it combines them: as many as keep
+// FC_RANKS * FC_REDUCE_BATCH values in its registers at 32, so that an 8 KiB bfloat16 x on two
+// ranks is one pass of 256 threads (one bus round trip rather than two).
+#define FC_REDUCE_BATCH (FC_RANKS >= 32 ? 1 : 32 / FC_RANKS)
 
 // One step of a reduction, as the host path computes it (fastcoll/dtypes.py): in float, the
 // result rounded to the dtype by the caller after every rank; min and max propagate NaN as
