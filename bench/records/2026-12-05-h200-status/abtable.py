@@ -16,7 +16,7 @@ for row in rows:
             docs = json.loads((root / run / f"gate_ranks_{k}.json").read_text())
             docs = sorted(docs, key=lambda d: d["rank"])
             us = [d[row]["serial"]["median"] * 1000 / 64 for d in docs]
-            per.setdefault((run.split("-")[0], k), []).extend(us)
+            per.setdefault((Path(run).name.split("-")[0], k), []).extend(us)
             cells.append(" / ".join(f"{u:.1f}" for u in us))
         print(f"| {i} | {run} | {cells[0]} | {cells[1]} |")
     print("\n| kind | old median | new median | new / old |\n| --- | --- | --- | --- |")
