@@ -64,6 +64,22 @@ def test_empty_address_in_a_list_is_refused(launch):
 
 
 @pytest.mark.parametrize("engine", engines())
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("world,piece", [(3, "262144"), (4, "262144"), (4, "65536")])
+def test_ring_calls_that_send_more_than_a_link_holds_before_receiving(launch, world, piece, transport, engine):
+    """Ring reduce_scatter and all_reduce with 16 or 64 pieces a block: what a rank sends before
+    it receives (a block, then the partial sums it forwards) outnumbers what a link holds (shared
+    memory: 2 MiB). Two ways this once hung every rank until the timeout: reduce_scatter waited
+    for its forwarded pieces to leave before going on, and the Python engine wrote a piece of at
+    most 64 KiB on the caller's thread until it all went, not receiving meanwhile."""
+    job = launch(world, "ring_backlog_worker.py", transport=transport, FASTCOLL_NATIVE=engine,
+                 FASTCOLL_TUNING=f"piece_bytes={piece}", FASTCOLL_TIMEOUT="30")
+    results = job.wait(timeout=90)
+    assert_ok(results)
+    assert all("exact" in r.out for r in results)
+
+
+@pytest.mark.parametrize("engine", engines())
 @pytest.mark.parametrize("world", [2, 3])
 def test_repeated_calls(launch, world, engine):
     """The same small calls many times (planned after the first on the native engine), between

@@ -45,7 +45,7 @@ class _Ring:
     def reduce_scatter(self, reduce: Combine, forward_last: bool, place=None) -> None:
         """Afterwards block r of buf holds the full reduction of block r. With `place`, each
         piece reduced at step s goes to place(s, a, b) instead of buf[a:b] (reduce_scatter's
-        1/n result and a few pieces of scratch, not a whole buffer)."""
+        1/n result and its scratch: its src is only read)."""
         tmp = np.empty(self.piece, dtype=self.src.dtype)
         for a, b in self.pieces(self.r - 1):
             self.send(a, b, own=True)
@@ -80,32 +80,27 @@ def all_reduce(call: Call, src: np.ndarray, buf: np.ndarray, reduce: Combine) ->
     call.flush()
 
 
-# Pieces of scratch for the blocks reduce_scatter passes on (they must stay unchanged until
-# flushed): reused in turn, with a flush before the first piece comes round again.
-SCRATCH_PIECES = 8
-
-
 def reduce_scatter(call: Call, src: np.ndarray, bounds: list[tuple[int, int]], reduce: Combine) -> np.ndarray:
     """Return this rank's block of the reduction of every rank's src (flat, left unchanged).
 
-    It allocates the result (1/n of src), a piece to receive into and at most SCRATCH_PIECES
-    pieces for the partial sums it forwards, never a buffer of src's size."""
+    It allocates the result (1/n of src), a piece to receive into and room for every partial sum
+    it forwards ((n - 2)/n of src): a piece sent on must stay unchanged until it has left, and a
+    rank that waited for that inside the ring would wait for its right neighbour to take its
+    queued pieces while that neighbour waited the same way: nobody around the ring receiving."""
     r, n = call.rank, call.size
     lo, hi = bounds[r]
     out = np.empty(hi - lo, dtype=src.dtype)
     ring = _Ring(call, src, bounds, src)
-    slots = max(1, min(SCRATCH_PIECES, len(ring.pieces(r - 1)) * max(0, n - 2)))
-    scratch = np.empty((slots, ring.piece) if n > 2 else (0, 0), dtype=src.dtype)
-    used = [0]  # pieces placed in scratch so far
+    forwarded = [bounds[(r - s - 2) % n] for s in range(n - 2)]  # the blocks of steps 0 .. n - 3
+    scratch = np.empty(sum(b - a for a, b in forwarded), dtype=src.dtype)
+    used = [0]  # elements of scratch placed so far
 
     def place(s: int, a: int, b: int) -> np.ndarray:
         if s == n - 2:  # this rank's own block: the result
             return out[a - lo : b - lo]
-        i = used[0] % slots
-        if i == 0 and used[0]:
-            call.flush()  # the pieces sent from the scratch have left: it may be written again
-        used[0] += 1
-        return scratch[i, : b - a]
+        i = used[0]
+        used[0] += b - a
+        return scratch[i : i + b - a]
 
     ring.reduce_scatter(reduce, forward_last=False, place=place)
     call.flush()

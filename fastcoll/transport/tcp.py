@@ -78,6 +78,14 @@ def _write(link: Any, data: Any, deadline: Callable[[], float], me: int, peer: i
                 between()
 
 
+def _rest(frame: bytes, payload: memoryview | None, sent: int) -> tuple[bytes, memoryview | None]:
+    """What is left of the message `frame` + `payload` after its first `sent` bytes."""
+    if sent < len(frame):
+        return frame[sent:], payload
+    rest = payload if payload.format == "B" and payload.ndim == 1 else payload.cast("B")
+    return b"", rest[sent - len(frame):]
+
+
 class _Reader:
     """Per-peer receive buffer: headers and small payloads arrive in as few recv calls as possible."""
 
@@ -190,6 +198,7 @@ class _Sender:
         self._outstanding = 0
         self.broken: dict[int, FastcollError] = {}  # peers whose connection broke: sends dropped
         self._cut = set() if cut is None else cut  # links cut in the middle of a message
+        self._half: set = set()  # links whose message the caller began: the rest is queued here
         self._closed = False
         self._current_peer: int | None = None  # whom the message going out now is for
         self._stop_at = math.inf  # when the message going out now is given up (abort, close)
@@ -214,10 +223,13 @@ class _Sender:
             self._last = (frame, links)
             self._cond.notify_all()
 
-    def put(self, peer: int, sock: Any, frame: bytes, payload: memoryview | None) -> None:
+    def put(self, peer: int, sock: Any, frame: bytes, payload: memoryview | None, rest: bool = False) -> None:
+        """Queue a message; `rest`: the rest of one the caller began writing on `sock`."""
         with self._cond:
             if self._aborted:
                 return  # the group has failed: nothing more goes out
+            if rest:
+                self._half.add(sock)
             self._items.append((peer, sock, frame, payload))
             self._outstanding += 1
             self._cond.notify_all()
@@ -263,6 +275,7 @@ class _Sender:
             except OSError as e:  # reported by TcpTransport.flush, after what the peer sent is read
                 self.broken.setdefault(peer, _lost(peer, e))
             with self._cond:
+                self._half.discard(sock)  # its message is whole, or the link is cut or broken
                 self._current_peer = None
                 self._outstanding -= 1
                 self._cond.notify_all()
@@ -275,7 +288,8 @@ class _Sender:
         for peer, link in links:
             if link is busy:
                 continue
-            if link not in self._told and link not in self._cut and peer not in self.broken:
+            whole = link not in self._cut and link not in self._half
+            if link not in self._told and whole and peer not in self.broken:
                 try:
                     _write(link, frame, self._bound, self._me, peer)
                 except (OSError, FastcollError):
@@ -370,36 +384,28 @@ class TcpTransport(Transport):
         small = payload is None or payload.nbytes <= INLINE_BYTES
         # A link that can say a large message fits without waiting (a shared-memory ring) takes
         # it now, sparing the hand-off to the sender thread (which needs the GIL to copy).
-        if sender.idle() and (small or sock.fits(len(frame) + payload.nbytes)):
-            try:
-                try:
-                    if payload is None:
-                        total = len(frame)
-                        sent = sock.send(frame)
-                    else:
-                        total = len(frame) + payload.nbytes
-                        sent = sock.sendmsg([frame, payload])
-                except BlockingIOError:  # a slice went by without room: the peer is slow
-                    sent = 0
-                if sent < total:  # the rest, until the call's deadline
-                    limit = time.monotonic() + self._timeout if deadline is None else deadline
-                    until = lambda: limit  # noqa: E731
-                    if sent < len(frame):
-                        _write(sock, memoryview(frame)[sent:], until, self.rank, peer)
-                        sent = len(frame)
-                    if payload is not None:
-                        _write(sock, payload[sent - len(frame):], until, self.rank, peer)
-            except OSError as e:
-                # A peer that gave up sent its ABORT (or a header that shows a mismatch) before
-                # it closed: report the break in flush(), once that has been read.
-                self._broken.setdefault(peer, _lost(peer, e))
-            except BaseException:
-                # Stopped part-way (the deadline, a Ctrl-C): no ABORT may follow on this link,
-                # where it would land in the middle of the message.
-                self._cut.add(sock)
-                raise
-        else:
+        if not (sender.idle() and (small or sock.fits(len(frame) + payload.nbytes))):
             sender.put(peer, sock, frame, payload)
+            return
+        try:
+            try:
+                sent = sock.send(frame) if payload is None else sock.sendmsg([frame, payload])
+            except BlockingIOError:  # a slice went by without room: the peer is slow
+                sent = 0
+        except OSError as e:
+            # A peer that gave up sent its ABORT (or a header that shows a mismatch) before it
+            # closed: report the break in flush(), once that has been read.
+            self._broken.setdefault(peer, _lost(peer, e))
+            return
+        except BaseException:
+            # Stopped part-way (a Ctrl-C): no ABORT may follow on this link, where it would
+            # land in the middle of the message.
+            self._cut.add(sock)
+            raise
+        if sent < len(frame) + (0 if payload is None else payload.nbytes):
+            # No room for the rest now: the sender thread writes it, and this rank goes on to
+            # its receives. Waiting here could hang a ring of ranks each writing to the next.
+            sender.put(peer, sock, *_rest(frame, payload, sent), rest=True)
 
     def flush(self, deadline: float | None = None) -> None:
         for sender in self._senders:

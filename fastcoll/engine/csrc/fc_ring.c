@@ -6,9 +6,6 @@
 
 #include "fc_algo.h"
 
-/* How many pieces of scratch reduce_scatter cycles through for the partial sums it forwards. */
-#define SCRATCH_PIECES 8
-
 typedef struct ring {
     fc_call *c;
     const fc_op *op;
@@ -61,27 +58,27 @@ static int recv_left(ring *g, uint8_t *out, size_t count)
     return fc_recv(g->c, g->left, g->c->received++, out, count);
 }
 
-/* Where the piece [a, b) reduced at step s goes: buf, or (with scratch) reduce_scatter's result
- * and a cycle of scratch pieces (flushed before a piece is written again). */
+/* Where the piece [a, b) reduced at step s goes: buf, or reduce_scatter's result and its scratch,
+ * which holds every partial sum forwarded: a piece sent on must stay unchanged until it has left,
+ * and a rank waiting for that inside the ring waits for its right neighbour, which waits for its
+ * own: nobody around the ring would receive. */
 typedef struct placer {
     uint8_t *out; /* this rank's block of the result, from element lo */
     int64_t lo;
     uint8_t *scratch;
-    size_t slots, used;
+    size_t used; /* elements of scratch placed so far */
 } placer;
 
-static uint8_t *place(ring *g, placer *pl, int s, int64_t a, int *failed)
+static uint8_t *place(ring *g, placer *pl, int s, int64_t a, int64_t b)
 {
     size_t isz = g->c->itemsize;
     if (!pl)
         return FC_AT(g->buf, a, isz);
     if (s == g->n - 2)
         return FC_AT(pl->out, a - pl->lo, isz);
-    size_t i = pl->used % pl->slots;
-    if (i == 0 && pl->used && fc_flush(g->c))
-        *failed = 1;
-    pl->used++;
-    return FC_AT(pl->scratch, i * g->piece, isz);
+    uint8_t *p = FC_AT(pl->scratch, pl->used, isz);
+    pl->used += (size_t)(b - a);
+    return p;
 }
 
 /* Afterwards block r holds the full reduction of block r (in buf, or through `pl`). */
@@ -107,7 +104,7 @@ static int reduce_scatter_steps(ring *g, int forward_last, placer *pl)
                 failed = 1;
                 break;
             }
-            uint8_t *dst = place(g, pl, s, pa, &failed);
+            uint8_t *dst = place(g, pl, s, pa, pb);
             /* each block meets this rank's contribution exactly once, on its way round */
             fc_combine(g->op, tmp, FC_AT(g->src, pa, isz), dst, (size_t)(pb - pa));
             if (!failed && (!last || forward_last))
@@ -168,12 +165,14 @@ static int reduce_scatter(fc_call *c, const fc_op *op)
 {
     ring g;
     ring_init(&g, c, op, (uint8_t *)op->src, op->src, op->bounds, c->size); /* buf is src: only read */
-    int64_t lo = op->bounds[2 * c->rank], a, b;
-    block_of(&g, c->rank - 1, &a, &b);
-    size_t slots = fc_piece_count(a, b, g.piece) * (size_t)(c->size > 2 ? c->size - 2 : 0);
-    slots = slots < 1 ? 1 : slots > SCRATCH_PIECES ? SCRATCH_PIECES : slots;
-    placer pl = {op->dst, lo, NULL, slots, 0};
-    if (c->size > 2 && !(pl.scratch = fc_scratch(c, slots * g.piece * c->itemsize)))
+    size_t forwarded = 0; /* the elements of the blocks of steps 0 .. n - 3 */
+    for (int s = 0; s < c->size - 2; s++) {
+        int64_t a, b;
+        block_of(&g, c->rank - s - 2, &a, &b);
+        forwarded += (size_t)(b - a);
+    }
+    placer pl = {op->dst, op->bounds[2 * c->rank], NULL, 0};
+    if (forwarded && !(pl.scratch = fc_scratch(c, forwarded * c->itemsize)))
         return -1;
     int rc = reduce_scatter_steps(&g, 0, &pl) || fc_flush(c);
     free(pl.scratch);
