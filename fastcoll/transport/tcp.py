@@ -405,7 +405,7 @@ class TcpTransport(Transport):
         if sent < len(frame) + (0 if payload is None else payload.nbytes):
             # No room for the rest now: the sender thread writes it, and this rank goes on to
             # its receives. Waiting here could hang a ring of ranks each writing to the next.
-            sender.put(peer, sock, *_rest(frame, payload, sent), rest=True)
+            sender.put(peer, sock, *_rest(frame, payload, sent), rest=sent > 0)
 
     def flush(self, deadline: float | None = None) -> None:
         for sender in self._senders:
