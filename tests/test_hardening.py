@@ -307,6 +307,24 @@ def test_per_call_timeout_bounds_a_stall_mid_payload(launch, transport, world):
             assert "rank 1" in message, message
 
 
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_a_stall_mid_payload_in_small_pieces_on_the_python_engine(launch, transport):
+    # The same stall with pieces of 64 KiB, which the Python engine writes on the caller's thread:
+    # what a full link leaves of one goes to the sender thread as a begun message, and the abort
+    # after the root's timeout must write no ABORT into its middle. Every rank still ends at its
+    # 0.5 s limit with a timeout that names the direction.
+    results = _stalled_broadcast(launch, 3, transport, timeout="5", FASTCOLL_NATIVE="0",
+                                 FASTCOLL_TUNING="piece_bytes=65536")
+    for r, (code, lines, _, _) in enumerate(results):
+        if r == 1:
+            continue
+        assert code == 3, f"rank {r}\n{show(results)}"
+        cls, elapsed, message = error_of(lines)
+        assert cls == "CollectiveTimeoutError", f"rank {r}\n{show(results)}"
+        assert 0.45 <= elapsed <= 1.0, f"rank {r} took {elapsed}s\n{show(results)}"
+        assert "timed out" in message and "rank 1" in message, message
+
+
 @pytest.mark.parametrize("transport", ["tcp", "zmq", "shm"])
 def test_a_receiver_told_of_the_roots_timeout_raises_it_at_once(launch, transport):
     # The window the test above can land in, held open: rank 2's own limit (5 s) is far behind

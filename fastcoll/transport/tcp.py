@@ -226,10 +226,10 @@ class _Sender:
     def put(self, peer: int, sock: Any, frame: bytes, payload: memoryview | None, rest: bool = False) -> None:
         """Queue a message; `rest`: the rest of one the caller began writing on `sock`."""
         with self._cond:
+            if rest:
+                self._half.add(sock)  # until its rest has gone: no ABORT into its middle
             if self._aborted:
                 return  # the group has failed: nothing more goes out
-            if rest:
-                self._half.add(sock)
             self._items.append((peer, sock, frame, payload))
             self._outstanding += 1
             self._cond.notify_all()
