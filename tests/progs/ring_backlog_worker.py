@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 import fastcoll
+from checks import check, run
 
 BLOCK = 1 << 20  # float32 elements of each rank's block: 4 MiB
 
@@ -15,14 +16,14 @@ def main() -> None:
     g = fastcoll.init()
     r, n = g.rank(), g.size()
     base = np.arange(n * BLOCK, dtype=np.float32) % 7
+    total = n * base + sum(range(n))  # every rank's base + rank, summed
     got = fastcoll.reduce_scatter(base + r)
-    want = (n * base + sum(range(n)))[r * BLOCK : (r + 1) * BLOCK]
-    assert got.shape == want.shape and np.array_equal(got, want), (got[:4], want[:4])
+    check(np.array_equal(got, total[r * BLOCK : (r + 1) * BLOCK]), f"reduce_scatter gave {got[:4]}")
     summed = fastcoll.all_reduce(base + r)
-    assert np.array_equal(summed, n * base + sum(range(n))), summed[:4]
+    check(np.array_equal(summed, total), f"all_reduce gave {summed[:4]}")
     print(f"rank {r}: reduce_scatter and all_reduce of {base.nbytes >> 20} MiB exact", flush=True)
     fastcoll.finalize()
 
 
 if __name__ == "__main__":
-    main()
+    run(main)
