@@ -9,6 +9,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "fc_streamcopy.h"
+
 #ifdef MSG_NOSIGNAL
 #define SEND_FLAGS (MSG_DONTWAIT | MSG_NOSIGNAL)
 #else
@@ -183,10 +185,11 @@ static int push_shm(fc_link *l)
         fc_frame *f = &l->out[l->out_first];
         size_t got;
         if (f->done < f->head_len) {
-            got = fc_ring_put(&l->tx, frame_head(f) + f->done, f->head_len - f->done);
+            got = fc_ring_put(&l->tx, frame_head(f) + f->done, f->head_len - f->done, 0);
         } else {
             size_t pdone = f->done - f->head_len;
-            got = fc_ring_put(&l->tx, f->payload + pdone, f->payload_len - pdone);
+            got = fc_ring_put(&l->tx, f->payload + pdone, f->payload_len - pdone,
+                              f->payload_len >= FC_STREAM_MIN_BYTES);
         }
         size_t before = l->out_count;
         written(l, got);

@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "fc_streamcopy.h"
+
 #define LINE_WORDS 16 /* 128 bytes of int64 */
 
 void fc_ring_init(fc_ring *r, uint8_t *mem, size_t cap, int writer)
@@ -24,15 +26,21 @@ size_t fc_ring_free(fc_ring *r)
     return r->cap - (size_t)(r->mine - tail);
 }
 
+static void plain_copy(void *dst, const void *src, size_t n)
+{
+    memcpy(dst, src, n);
+}
+
 /* Copy n bytes between a linear buffer and the ring at position pos (wrapping). */
-static void copy_in(fc_ring *r, int64_t pos, const uint8_t *src, size_t n)
+static void copy_in(fc_ring *r, int64_t pos, const uint8_t *src, size_t n, int stream)
 {
     size_t i = (size_t)(pos % (int64_t)r->cap), first = r->cap - i;
+    void (*copy)(void *, const void *, size_t) = stream ? fc_stream_copy : plain_copy;
     if (first > n)
         first = n;
-    memcpy(r->data + i, src, first);
+    copy(r->data + i, src, first);
     if (first < n)
-        memcpy(r->data, src + first, n - first);
+        copy(r->data, src + first, n - first);
 }
 
 static void copy_out(fc_ring *r, int64_t pos, uint8_t *dst, size_t n)
@@ -45,13 +53,13 @@ static void copy_out(fc_ring *r, int64_t pos, uint8_t *dst, size_t n)
         memcpy(dst + first, r->data, n - first);
 }
 
-size_t fc_ring_put(fc_ring *r, const void *src, size_t n)
+size_t fc_ring_put(fc_ring *r, const void *src, size_t n, int stream)
 {
     size_t room = fc_ring_free(r);
     if (n > room)
         n = room;
     if (n) {
-        copy_in(r, r->mine, src, n);
+        copy_in(r, r->mine, src, n, stream);
         r->mine += (int64_t)n;
     }
     return n;

@@ -34,8 +34,9 @@ void fc_ring_init(fc_ring *r, uint8_t *mem, size_t cap, int writer);
 
 /* Writer: free bytes now. */
 size_t fc_ring_free(fc_ring *r);
-/* Writer: copy up to n bytes after the head (what fits); how many. Invisible until published. */
-size_t fc_ring_put(fc_ring *r, const void *src, size_t n);
+/* Writer: copy up to n bytes after the head (what fits); how many. Invisible until published.
+ * `stream`: with stores that bypass this CPU's caches (fc_streamcopy.h), for a large message. */
+size_t fc_ring_put(fc_ring *r, const void *src, size_t n, int stream);
 /* Writer: publish what was put; 1 if the reader sleeps and must be woken (its flag is cleared). */
 int fc_ring_publish(fc_ring *r);
 /* Writer: about to sleep for room: 1 if the ring is still full (sleep), 0 if room came. */
