@@ -6,7 +6,9 @@ llama of random weights, one process beside ranks through fastcoll, in one run (
 Each run is `bench/workers/tp_worker.py` on MLX's default device (bfloat16): `single` the whole
 model in one process; the others its ranks, started by `fastcoll-launch` under
 `-m fastcoll.mlx_compat` with `model.shard(group)`, as a user would, with the environment in
-RUNS (NAME#2 runs NAME again). Without a GPU the gate is off and its runs take the host path.
+RUNS (NAME#2 runs NAME again); `floor` is those ranks with the model's all-reduces left out
+(`tp_worker.py --no-exchange`, wrong tokens by design): what two ranks cost before any exchange.
+Without a GPU the gate is off and its runs take the host path.
 Prints ms per token against the single process and whether each run made the host path's tokens.
 """
 
@@ -30,7 +32,7 @@ SHAPES = {  # tp_worker's model arguments: Llama 3 8B's shape, and a smoke test 
 GATE = {"FASTCOLL_FAST_SYNC": "1"}
 RUNS = {"single": {}, "host": {"FASTCOLL_FAST_SYNC": "0"}, "gate": GATE,
         "gate_host_mode": GATE | {"FASTCOLL_TUNING": "gate_direct=0"},
-        "gate_profile": GATE | {"FASTCOLL_GATE_PROFILE": "1"}}
+        "gate_profile": GATE | {"FASTCOLL_GATE_PROFILE": "1"}, "floor": {}}
 
 
 def command(name: str, args: argparse.Namespace) -> list[str]:
@@ -39,6 +41,8 @@ def command(name: str, args: argparse.Namespace) -> list[str]:
               "--dtype", "bfloat16", "--device", "gpu", "--tokens", str(args.tokens), "--repeat", str(args.repeat)]
     if name == "single":
         return [sys.executable, *worker]
+    if name == "floor":
+        worker.append("--no-exchange")
     return [*launcher(), "-n", str(args.world), "--timeout", str(args.timeout), sys.executable, "-m",
             "fastcoll.mlx_compat", *worker]
 
@@ -67,6 +71,7 @@ def report(results: dict[str, dict], args: argparse.Namespace) -> list[str]:
         ms = doc["ms_per_token"]
         against = f"{ms / single:.2f}x" if single else "-"
         same = "-" if host is None or run == "host" else str(doc["tokens"] == host)
+        same += " (a floor)" if run.startswith("floor") else ""
         lines.append(f"| {run} | {ms:.2f} | {1000 / ms:.1f} | {against} | {same} |")
     return lines
 

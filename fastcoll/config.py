@@ -63,6 +63,10 @@ DEFAULT_YIELD_READS = 20
 DEFAULT_SPIN_US = -1
 AUTO_SPIN_US = 200
 DEFAULT_YIELD_US = 5000
+# A call of the native engine whose wait once idled long_wait_us leaves the yields out of the next
+# call of its kind (that wait is a peer's work, not a reply on its way); 0 never does. Graph mode
+# sets it (MLX_GRAPH_WAITS).
+DEFAULT_LONG_WAIT_US = 0
 # The native engine keeps the memory of large numpy results that the program has let go, up to
 # this many MiB, for the next results: fresh pages for every call cost a quarter of a 64 MiB
 # all_reduce's CPU time on 4 ranks (bench/NOTES.md, entry 70). 0 keeps none.
@@ -121,6 +125,7 @@ class Config:
     yield_reads: int = DEFAULT_YIELD_READS
     spin_us: int = DEFAULT_SPIN_US
     yield_us: int = DEFAULT_YIELD_US
+    long_wait_us: int = DEFAULT_LONG_WAIT_US
     result_cache_mb: int = DEFAULT_RESULT_CACHE_MB
     tuned: frozenset = frozenset()  # the knobs FASTCOLL_TUNING set (for_mlx keeps those)
 
@@ -182,7 +187,8 @@ class Config:
 
 
 TUNING = ("direct_max_bytes", "direct_max_bytes_two_ranks", "piece_bytes", "doubling", "gate_direct",
-          "gate_watch_ms", "gate_host_min_bytes", "spin_reads", "yield_reads", "spin_us", "yield_us", "result_cache_mb")
+          "gate_watch_ms", "gate_host_min_bytes", "spin_reads", "yield_reads", "spin_us", "yield_us", "long_wait_us",
+          "result_cache_mb")
 
 
 # An MLX program evaluates on threads of its own (mlx-lm's loop builds the next step while the last
@@ -191,8 +197,9 @@ TUNING = ("direct_max_bytes", "direct_max_bytes_two_ranks", "piece_bytes", "doub
 MLX_WAITS = {"spin_us": 0, "yield_us": 0}
 # In graph mode MLX's evaluation thread waits, while the thread that would build the next step
 # mostly waits for it: yielding the CPU for up to 2 ms, then sleeping, answers a peer sooner than
-# a wake-up does and still lets the threads that share the core run (bench/NOTES.md 63).
-MLX_GRAPH_WAITS = {"spin_us": 0, "yield_us": 2000}
+# a wake-up does and still lets the threads that share the core run (bench/NOTES.md 63). But a
+# kind of call that last waited 1 ms or more (a pipeline's stage) sleeps at once (NOTES 80).
+MLX_GRAPH_WAITS = {"spin_us": 0, "yield_us": 2000, "long_wait_us": 1000}
 
 
 def for_mlx(config: Config) -> Config:

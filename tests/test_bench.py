@@ -206,15 +206,17 @@ def test_gate_bench_on_the_cpu(tmp_path: Path) -> None:
 
 def test_decode_bench_on_the_cpu(tmp_path: Path) -> None:
     """decode_bench's tiny llama through mlx-lm on the CPU: one process, two ranks on the host
-    path and two 'gate' ranks (the host path here) make the same tokens."""
+    path and two 'gate' ranks (the host path here) make the same tokens; the floor's two ranks,
+    their all-reduces left out, do not, and the table marks it."""
     pytest.importorskip("mlx_lm")
-    out = _run(["bench/decode_bench.py", "--shape", "tiny", "--tokens", "12", "--runs", "single,host,gate",
+    out = _run(["bench/decode_bench.py", "--shape", "tiny", "--tokens", "12", "--runs", "single,host,gate,floor",
                 "--out", str(tmp_path)], 400)
     results = json.loads((tmp_path / "decode_tiny.json").read_text())
-    assert [results[r]["world"] for r in ("single", "host", "gate")] == [1, 2, 2], results
+    assert [results[r]["world"] for r in ("single", "host", "gate", "floor")] == [1, 2, 2, 2], results
     assert results["gate"]["tokens"] == results["host"]["tokens"] and len(results["host"]["tokens"]) == 12
+    assert results["floor"]["tokens"] != results["host"]["tokens"]
     assert all(doc["ms_per_token"] > 0 for doc in results.values())
-    assert "| gate |" in out and out.count("| True |") >= 2, out
+    assert "| gate |" in out and out.count("| True |") >= 2 and "| False (a floor) |" in out, out
 
 
 def _tokens(stdout: str) -> list[int]:

@@ -67,11 +67,12 @@ def test_strict_init_without_a_job_raises_as_mlx_does():
 
 
 @pytest.mark.parametrize("tuning, fast_sync, want", [
-    ("", "0", (0, 0)),  # an MLX program's waits sleep at once
-    ("spin_us=150", "0", (150, 0)),  # but for a knob the user set
-    ("yield_us=7", "0", (0, 7)),
-    ("", "1", (-1, 5000)),  # the fence gate's host half keeps its spin
-    ("", "graph", (0, 2000)),  # in graph mode MLX's evaluation thread yields a while first
+    ("", "0", (0, 0, 0)),  # an MLX program's waits sleep at once
+    ("spin_us=150", "0", (150, 0, 0)),  # but for a knob the user set
+    ("yield_us=7", "0", (0, 7, 0)),
+    ("", "1", (-1, 5000, 0)),  # the fence gate's host half keeps its spin
+    ("", "graph", (0, 2000, 1000)),  # in graph mode MLX's evaluation thread yields a while first
+    ("long_wait_us=0", "graph", (0, 2000, 0)),  # (unless the last call of its kind waited long)
 ])
 def test_mlx_programs_wait_asleep_unless_tuned(tuning, fast_sync, want):
     """Under mx.distributed the engine's waits sleep at once (config.for_mlx), since MLX evaluates
@@ -81,13 +82,13 @@ def test_mlx_programs_wait_asleep_unless_tuned(tuning, fast_sync, want):
         "from fastcoll import mlx_compat\n"
         "mlx_compat.install()\n"
         "c = mx.distributed.init().fastcoll_group.config\n"
-        "print('waits', c.spin_us, c.yield_us)\n"
+        "print('waits', c.spin_us, c.yield_us, c.long_wait_us)\n"
     )
     env = jobless_env() | {"FASTCOLL_TUNING": tuning, "FASTCOLL_FAST_SYNC": "0" if fast_sync == "graph" else fast_sync,
                           "FASTCOLL_MLX_GRAPH": "1" if fast_sync == "graph" else "0"}
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
-    assert f"waits {want[0]} {want[1]}" in p.stdout, p.stdout
+    assert f"waits {want[0]} {want[1]} {want[2]}" in p.stdout, p.stdout
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])

@@ -232,7 +232,7 @@ class NativeEngine(Engine):
         belong to the native engine. `local_ranks`: how many of the job's ranks share this host."""
         channels = len(next(iter(links.values())))
         native = _native.Engine(config.rank, config.world_size, channels, spin_us(config, local_ranks),
-                                config.yield_us, threading.main_thread().ident)
+                                config.yield_us, threading.main_thread().ident, config.long_wait_us)
         kinds = [link.kind for ls in links.values() for link in ls]
         described = "tcp" if "shm" not in kinds else f"tcp, shared memory on {kinds.count('shm')} of {len(kinds)} connections"
         connections = [(p, ch, link.kind) + tcp.ends(link.sock) for p, ls in sorted(links.items())

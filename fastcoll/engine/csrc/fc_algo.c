@@ -47,9 +47,9 @@ int fc_run(fc_call *c, const fc_op *op)
         local.dst = (uint8_t *)op->src;
         local.dst_count = op->src_count;
     }
-    c->e->call_bytes = op_bytes(&local);
+    fc_engine_call_begin(c->e, op->kind, op_bytes(&local));
     int rc = ALGORITHMS[op->algo]->run[op->kind](c, &local);
-    c->e->call_bytes = 0;
+    fc_engine_call_end(c->e);
     if (rc)
         return -1;
     int reduced = op->kind == FC_K_ALL_REDUCE || op->kind == FC_K_REDUCE_SCATTER || op->kind == FC_K_REDUCE;

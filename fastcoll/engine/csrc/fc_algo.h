@@ -19,6 +19,7 @@ enum fc_kind {
     FC_K_ALL_REDUCE = 0, FC_K_ALL_GATHER, FC_K_REDUCE_SCATTER, FC_K_BROADCAST, FC_K_BARRIER,
     FC_K_ALL_TO_ALL, FC_K_GATHER, FC_K_SCATTER, FC_K_REDUCE, FC_K_SEND, FC_K_RECV, FC_K_COUNT
 };
+_Static_assert(FC_K_COUNT <= 32, "fc_engine's long_kinds keeps a bit a kind");
 
 /* The algorithms (fastcoll/algorithms/select.py's ALGORITHMS, in this order). */
 enum fc_algo_id { FC_A_DIRECT = 0, FC_A_DOUBLING, FC_A_RING, FC_A_PAIRWISE, FC_A_CHAIN, FC_A_COUNT };

@@ -26,7 +26,8 @@ void fc_err_text(fc_err *err, const void *text, size_t len)
     err->text_len = (uint32_t)len;
 }
 
-int fc_engine_init(fc_engine *e, int rank, int size, int channels, fc_ns spin_ns, fc_ns yield_ns)
+int fc_engine_init(fc_engine *e, int rank, int size, int channels, fc_ns spin_ns, fc_ns yield_ns,
+                   fc_ns long_wait_ns)
 {
     memset(e, 0, sizeof *e);
     if (size < 1 || channels < 1 || rank < 0 || rank >= size)
@@ -36,6 +37,8 @@ int fc_engine_init(fc_engine *e, int rank, int size, int channels, fc_ns spin_ns
     e->channels = channels;
     e->spin_ns = spin_ns;
     e->yield_ns = yield_ns;
+    e->long_wait_ns = long_wait_ns;
+    e->call_kind = -1;
     size_t n = (size_t)size * (size_t)channels;
     e->chans = calloc(n, sizeof *e->chans);
     e->finalized = calloc((size_t)size, 1);

@@ -80,7 +80,13 @@ typedef struct fc_engine {
     uint8_t *finalized; /* per peer: it sent CLOSE */
     uint8_t *gave_up;   /* per peer: it sent ABORT, or its connection ended */
     fc_ns spin_ns, yield_ns;
+    /* A call whose wait once idled this long leaves the yields out of the next call of its kind
+     * (0: never; fc_wait.c, long_wait_of). */
+    fc_ns long_wait_ns;
     size_t call_bytes;   /* what the call now running moves (fc_run): a large one does not spin */
+    int call_kind;       /* the collective now running (fc_run's kind), -1 outside one */
+    fc_ns call_idle_most; /* the longest that a wait of the call now running has idled */
+    uint32_t long_kinds; /* bit k: the last call of kind k idled long_wait_ns or more */
     fc_ns stepped_aside; /* when a wait last moved this thread off its peer's CPU (fc_wait.c) */
     _Atomic int interrupted;
     _Atomic int aborted; /* the abort notice is going out: no other frame may */
@@ -94,7 +100,8 @@ typedef struct fc_engine {
     int *pfd_chan;
 } fc_engine;
 
-int fc_engine_init(fc_engine *e, int rank, int size, int channels, fc_ns spin_ns, fc_ns yield_ns);
+int fc_engine_init(fc_engine *e, int rank, int size, int channels, fc_ns spin_ns, fc_ns yield_ns,
+                   fc_ns long_wait_ns);
 /* Hand the engine the link to `peer` on channel `ch` (see fc_link_init). 0, or -1. */
 int fc_engine_add_link(fc_engine *e, int peer, int ch, int fd, uint8_t *tx, uint8_t *rx, size_t cap);
 void fc_engine_free(fc_engine *e);
@@ -150,6 +157,10 @@ typedef int (*fc_step)(fc_engine *e, void *ctx, int *moved, fc_err *err);
 int fc_engine_wait(fc_engine *e, fc_step step, void *ctx, fc_chan *awaited, fc_ns deadline, fc_err *err);
 /* Write what every link takes now; 1 if bytes went out. */
 int fc_engine_push_all(fc_engine *e);
+/* Around one collective (fc_run): its kind (below 32) and the bytes it moves, which the waits
+ * weigh; at its end, whether its waits idled long enough to leave the yields out of the next. */
+void fc_engine_call_begin(fc_engine *e, int kind, size_t bytes);
+void fc_engine_call_end(fc_engine *e);
 
 /* ----- the end (fc_close.c) ----- */
 

@@ -72,9 +72,39 @@ static fc_ns spin_of(const fc_engine *e)
  * for a small message at all. */
 #define LARGE_YIELD_NS (300 * 1000LL)
 
+/* How long a wait yields: none where the last call of this kind idled long_wait_ns or more in
+ * one wait. Such a wait is not a reply a few microseconds away but a peer's work (a pipeline's
+ * stage), and yielding through it burns a CPU for nothing: pipelined decode in MLX's graph spent
+ * half its job's system time so (bench/NOTES.md 80). A call that idles less brings them back. */
 static fc_ns yield_of(const fc_engine *e)
 {
+    if (e->long_wait_ns && e->call_kind >= 0 && (e->long_kinds >> e->call_kind & 1u))
+        return 0;
     return e->call_bytes >= NO_SPIN_BYTES && e->yield_ns > LARGE_YIELD_NS ? LARGE_YIELD_NS : e->yield_ns;
+}
+
+void fc_engine_call_begin(fc_engine *e, int kind, size_t bytes)
+{
+    e->call_kind = kind >= 0 && kind < 32 ? kind : -1;
+    e->call_bytes = bytes;
+    e->call_idle_most = 0;
+}
+
+void fc_engine_call_end(fc_engine *e)
+{
+    if (e->long_wait_ns && e->call_kind >= 0) {
+        uint32_t bit = 1u << e->call_kind;
+        e->long_kinds = e->call_idle_most >= e->long_wait_ns ? e->long_kinds | bit : e->long_kinds & ~bit;
+    }
+    e->call_kind = -1;
+    e->call_bytes = 0;
+}
+
+/* A stretch of `idle` ns in which nothing moved has ended (the call's longest counts). */
+static inline void idled(fc_engine *e, fc_ns idle)
+{
+    if (idle > e->call_idle_most)
+        e->call_idle_most = idle;
 }
 
 /* How often at most a wait moves this thread off the CPU it shares with its peer: the kernel pulls
@@ -285,14 +315,18 @@ int fc_engine_wait(fc_engine *e, fc_step step, void *ctx, fc_chan *awaited, fc_n
     for (;;) {
         int moved = fc_engine_push_all(e);
         int r = step(e, ctx, &moved, err);
-        if (r)
+        if (r) {
+            if (e->long_wait_ns)
+                idled(e, fc_now() - idle_since);
             return r > 0 ? 0 : -1;
+        }
         if (atomic_load_explicit(&e->interrupted, memory_order_relaxed)) {
             fc_err_set(err, FC_E_INTERRUPTED, -1);
             return -1;
         }
         fc_ns now = fc_now();
         if (moved) {
+            idled(e, now - idle_since);
             idle_since = now;
             looked = 0;
             yielded = 0;

@@ -30,18 +30,19 @@ static int usable(EngineObject *self)
 static int engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 {
     int rank, size, channels;
-    long long spin_us, yield_us;
+    long long spin_us, yield_us, long_wait_us = 0;
     unsigned long main_thread;
-    static char *kwlist[] = {"rank", "size", "channels", "spin_us", "yield_us", "main_thread", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiLLk", kwlist, &rank, &size, &channels, &spin_us, &yield_us,
-                                     &main_thread))
+    static char *kwlist[] = {"rank", "size", "channels", "spin_us", "yield_us", "main_thread", "long_wait_us", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiLLk|L", kwlist, &rank, &size, &channels, &spin_us, &yield_us,
+                                     &main_thread, &long_wait_us))
         return -1;
     if (self->ready) {
         PyErr_SetString(PyExc_RuntimeError, "an Engine is set up once");
         return -1;
     }
-    if (spin_us < 0 || yield_us < 0 || spin_us > 10000000 || yield_us > 10000000 ||
-        fc_engine_init(&self->engine, rank, size, channels, spin_us * 1000, yield_us * 1000)) {
+    if (spin_us < 0 || yield_us < 0 || long_wait_us < 0 || spin_us > 10000000 || yield_us > 10000000 ||
+        long_wait_us > 10000000 ||
+        fc_engine_init(&self->engine, rank, size, channels, spin_us * 1000, yield_us * 1000, long_wait_us * 1000)) {
         PyErr_SetString(PyExc_ValueError, "bad rank, size, channels or wait settings");
         return -1;
     }
@@ -558,7 +559,7 @@ PyTypeObject py_engine_type = {
     .tp_name = "fastcoll.engine._native.Engine",
     .tp_basicsize = sizeof(EngineObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Engine(rank, size, channels, spin_us, yield_us, main_thread): this rank's data plane.",
+    .tp_doc = "Engine(rank, size, channels, spin_us, yield_us, main_thread, long_wait_us=0): this rank's data plane.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)engine_init,
     .tp_dealloc = (destructor)engine_dealloc,
