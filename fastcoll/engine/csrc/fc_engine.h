@@ -81,7 +81,7 @@ typedef struct fc_engine {
     uint8_t *gave_up;   /* per peer: it sent ABORT, or its connection ended */
     fc_ns spin_ns, yield_ns;
     /* A call whose wait once idled this long leaves the yields out of the next call of its kind
-     * (0: never; fc_wait.c, long_wait_of). */
+     * (0: never; fc_wait.c, yield_of). */
     fc_ns long_wait_ns;
     size_t call_bytes;   /* what the call now running moves (fc_run): a large one does not spin */
     int call_kind;       /* the collective now running (fc_run's kind), -1 outside one */
