@@ -100,10 +100,11 @@ void fc_engine_call_end(fc_engine *e)
     e->call_bytes = 0;
 }
 
-/* A stretch of `idle` ns in which nothing moved has ended (the call's longest counts). */
+/* A stretch of `idle` ns in which nothing moved has ended (the call's longest counts, and only
+ * where the long-wait rule is on: otherwise nothing reads it). */
 static inline void idled(fc_engine *e, fc_ns idle)
 {
-    if (idle > e->call_idle_most)
+    if (e->long_wait_ns && idle > e->call_idle_most)
         e->call_idle_most = idle;
 }
 
@@ -316,7 +317,7 @@ int fc_engine_wait(fc_engine *e, fc_step step, void *ctx, fc_chan *awaited, fc_n
         int moved = fc_engine_push_all(e);
         int r = step(e, ctx, &moved, err);
         if (r) {
-            if (e->long_wait_ns)
+            if (e->long_wait_ns) /* (the clock read only where the rule reads the result) */
                 idled(e, fc_now() - idle_since);
             return r > 0 ? 0 : -1;
         }
