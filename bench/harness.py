@@ -21,16 +21,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench import metrics
+from fastcoll.launch import agent
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 Command = tuple[list[str], dict[str, str]]  # argv and the environment it adds
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing uses now and the kernel will not hand out meanwhile
+    (the launcher's choice)."""
+    return agent.free_port("127.0.0.1")
 
 
 def free_port_range(count: int, tries: int = 50) -> int:

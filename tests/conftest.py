@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,30 +12,16 @@ from typing import Callable
 
 import pytest
 
+from fastcoll.launch import agent
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGS = os.path.join(ROOT, "tests", "progs")
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing uses right now, below the kernel's ephemeral range:
-    a port the kernel hands out (bind to 0) may be taken as the local port of some outgoing
-    connection before the rank that is to listen on it binds it ('Address already in use',
-    seen once in a suite on a slow machine); a port below the range is never handed out so."""
-    low = 32768
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        pass  # not Linux: macOS's range starts at 49152, above this default too
-    for _ in range(100):
-        port = random.randrange(10000, max(10001, low))
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free TCP port below the ephemeral range")
+    """A TCP port on 127.0.0.1 that nothing uses now and the kernel will not hand out meanwhile
+    (the launcher's choice: fastcoll.launch.agent.free_port)."""
+    return agent.free_port("127.0.0.1")
 
 
 def rank_env(rank: int, size: int, port: int, transport: str = "shm", token: str = "test-token", **extra: str) -> dict:

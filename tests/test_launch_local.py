@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
+import subprocess
 import sys
 import time
 
 import pytest
+
+from conftest import ROOT
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "progs"))
 from launch_support import (  # noqa: E402,F401
@@ -372,3 +376,32 @@ def test_cpu_share_splits_whole_cores_in_consecutive_blocks(monkeypatch):
     assert [agent.cpu_share(i, 5) for i in range(5)] == [[c, c + 8] for c in range(5)]
     with pytest.raises(agent.BindError, match="5 core"):
         agent.cpu_share(0, 6)
+
+
+_PORT_RACE = """
+import socket, sys
+from fastcoll.launch.job import plan_job
+with open("/proc/sys/net/ipv4/ip_local_port_range", "w") as f:
+    f.write("40000 40009")
+port = int(plan_job(None, ["true"], nprocs=2).coordinator.rsplit(":", 1)[1])
+taken = [socket.socket() for _ in range(10)]
+for s in taken:  # every port the kernel hands out, as others' listeners and connections would
+    s.bind(("127.0.0.1", 0))
+rank0 = socket.socket()
+rank0.bind(("127.0.0.1", port))
+print("rank 0 bound", port)
+"""
+
+
+def test_the_coordinator_port_is_not_one_the_kernel_hands_out_meanwhile():
+    # CI once saw rank 0 fail with 'Address already in use' on the launcher's port: the kernel
+    # had given it to some other socket between the launcher's choice and rank 0's bind. Here,
+    # in a network namespace of its own, every port of a narrowed ephemeral range is taken in
+    # between; rank 0's bind must still succeed.
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) for a network namespace of the test's own")
+    done = subprocess.run(["unshare", "-n", sys.executable, "-c", _PORT_RACE], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 0, done.stderr
+    port = int(done.stdout.split()[-1])
+    assert port < 40000, done.stdout

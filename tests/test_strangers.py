@@ -582,3 +582,29 @@ def test_a_stranger_refused_before_it_sends_does_not_block():
     finally:
         strangers.close()
         listener.close()
+
+
+def test_a_listener_closed_before_its_accept_thread_runs_ends_it_quietly(monkeypatch):
+    # CI once printed "Exception in thread fastcoll-accept ... Bad file descriptor": a rank gave
+    # up (its rendezvous failed) and closed its listener before the accept thread had started.
+    # Here the thread always starts only after close().
+    from fastcoll.transport import listen
+
+    closed = threading.Event()
+    errors: list[BaseException] = []
+
+    class LateThread(threading.Thread):
+        def run(self):
+            closed.wait(10)
+            super().run()
+
+    monkeypatch.setattr(listen.threading, "Thread", LateThread)
+    monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(args.exc_value))
+    listener = listen.AuthListener("127.0.0.1", 0, TOKEN.encode())
+    threads = list(listener._threads)
+    listener.close()
+    closed.set()
+    for t in threads:
+        t.join(10)
+        assert not t.is_alive()
+    assert errors == []

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import random
 import signal
 import socket
 import subprocess
@@ -60,7 +61,7 @@ def main() -> None:
         # reader's lock, which would make interpreter shutdown abort.
         os._exit(code)
     if mode == "port":
-        print(_free_port(), flush=True)
+        print(free_port(), flush=True)
         sys.exit(0)
     if mode == "check":
         sys.exit(check_mode(request))
@@ -279,10 +280,39 @@ def on_cpus(cpus: list[int] | None) -> Iterator[None]:
         os.sched_setaffinity(0, before)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+LOWEST_PORT = 10000  # below are the well-known and registered services' usual ports
+
+
+def free_port(host: str = "") -> int:
+    """A TCP port free on `host` now, for rank 0 to listen on later: below the kernel's ephemeral
+    range where there is room.
+
+    A port the kernel hands out (bind to port 0) may become the local port of some outgoing
+    connection, or of another rank's listener, before rank 0 binds it ('Address already in use',
+    seen in CI); the kernel never hands out a port below the range."""
+    low = _ephemeral_low()
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for _ in range(100):
+        port = random.randrange(LOWEST_PORT, low) if low > LOWEST_PORT + 100 else 0
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                if port == 0:
+                    raise
+                continue
+            return s.getsockname()[1]
+    raise OSError(f"no free TCP port on {host or 'any address'} between {LOWEST_PORT} and {low}")
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's setting; elsewhere IANA's 49152,
+    macOS's default)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 49152
 
 
 def check_mode(request: dict) -> int:

@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 import re
 import secrets
-import socket
 import sys
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from fastcoll.config import parse_address
+from fastcoll.launch.agent import free_port
 from fastcoll.launch.hostfile import Host, HostList, is_local_host, is_loopback
 
 LOOPBACK = "127.0.0.1"
@@ -83,13 +83,6 @@ def parse_env_items(items: Sequence[str], environ: Mapping[str, str]) -> dict[st
             value = environ[key]
         out[key] = value
     return out
-
-
-def free_local_port(host: str = LOOPBACK) -> int:
-    """A port that is free on `host` right now (bind port 0 and let the kernel choose)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def plan_job(
@@ -193,13 +186,13 @@ def _with_port(
     """host:port where rank 0 will listen: `address` or the first host as the job names it."""
     if all_local:
         address = address or LOOPBACK
-        port = free_local_port(LOOPBACK if is_loopback(address) else "")
+        port = free_port(LOOPBACK if is_loopback(address) else "")
     else:
         if address is None:
             address = first.address
             _refuse_loopback_name(first, address)
         if is_local_host(first.name):
-            port = free_local_port("")
+            port = free_port("")
         elif remote_port is None:
             raise PlanError("the first host is remote and no way to ask it for a port was given")
         else:

@@ -86,6 +86,8 @@ class AuthListener:
         self.notes: dict[int, Any] = {}
         self._ready: queue.Queue[tuple[int, socket.socket, Any]] = queue.Queue()
         self._closed = threading.Event()
+        for sock in socks:
+            sock.settimeout(0.1)  # here, not on the thread: close() may come before the thread runs
         self._threads = [
             threading.Thread(target=self._accept_loop, args=(sock,), name="fastcoll-accept", daemon=True)
             for sock in socks
@@ -104,7 +106,6 @@ class AuthListener:
         return [sock.getsockname()[:2] for sock in self._socks]
 
     def _accept_loop(self, sock: socket.socket) -> None:
-        sock.settimeout(0.1)
         while not self._closed.is_set():
             try:
                 conn, addr = sock.accept()
