@@ -135,6 +135,20 @@ def test_real_ranks_name_the_silent_one(launch, transport, order):
         assert f"rank 2 (host {host}) stopped answering (it told no rank whom it waits for)" in line, (r.rank, line)
 
 
+@pytest.mark.parametrize("transport", ["tcp", "shm", "zmq"])
+def test_data_that_came_before_the_timeout_is_no_answer(launch, transport):
+    """Three rank processes: rank 0 sends rank 2 a message, then ranks 0 and 1 fall silent; rank
+    2's wait for rank 1 runs out. What rank 0 had sent before is no answer to rank 2's notice, so
+    rank 2 heard from nobody and names its own network. (A host of the bed that vanished named
+    its neighbour in CI: the neighbour's data from before the cut counted as an answer.)"""
+    host = socket.gethostname()
+    results = launch(3, "diagnosis_stale_worker.py", "1", transport=transport).wait(timeout=60)
+    r = results[2]
+    line = r.out.strip().splitlines()[-1] if r.out.strip() else r.err[-2000:]
+    assert line.startswith("CollectiveTimeoutError"), line
+    assert f"no rank answered rank 2 (host {host}): its own network (or every peer at once) failed" in line, line
+
+
 def test_a_message_cut_off_midway_names_its_sender():
     """A wait that runs out inside a payload says whom it waited for, as one for a header does:
     it was reported as waiting for nobody, and the peer named this rank ('gave up for another

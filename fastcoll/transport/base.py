@@ -23,6 +23,11 @@ log = logging.getLogger("fastcoll.transport")
 # peer may be reading the rest of a large message first), and for a peer that is not reading
 # at all (stopped) before it closes anyway. ZeroMQ lingers as long.
 LAST_WORD_SECONDS = 1.0
+# What a timed-out rank drops unread of each peer's messages already delivered before it compares
+# notices: at most this many messages, each of at most this many bytes, each read within this time.
+STALE_MESSAGES = 64
+STALE_BYTES = 1 << 20
+STALE_READ_SECONDS = 0.05
 
 _ERRORS = {
     cls.__name__: cls
@@ -138,7 +143,10 @@ class Transport(abc.ABC):
         """After a timeout (this rank's abort notice sent): until `deadline`, collect every peer's
         abort notice into `reports` (peer -> whom it waited for, None if not a wait), and the
         peers whose connection ended into `lost`. A peer that sends data instead is alive: it
-        goes into `reports` as None, its data left unread."""
+        goes into `reports` as None, its data left unread. Data already here when this rank gave
+        up says nothing of the peer now (a rank whose own network failed holds what came before):
+        it is read past first (`_read_past_stale`)."""
+        self._read_past_stale(reports, lost)
         while True:
             waiting = [p for p in range(self.size) if p != self.rank and p not in reports and p not in lost]
             if not waiting or time.monotonic() >= deadline:
@@ -148,14 +156,46 @@ class Transport(abc.ABC):
                 self._keep_unread(peer, 0, self._next_header(peer, 0, deadline))
                 reports[peer] = None  # it sent data: it answers
             except errors.FastcollError as e:
-                sender = getattr(e, "sender", None)
-                if getattr(e, "from_peer", False):
-                    # (while this rank waited for `peer`, another peer's notice may have come)
-                    reports[peer if sender is None else sender] = getattr(e, "sender_waits", None)
-                elif isinstance(e, errors.PeerLostError):
-                    lost.add(peer)
-                elif not isinstance(e, errors.CollectiveTimeoutError):
-                    reports[peer] = None  # a peer that broke some other way has still answered
+                self._note(peer, e, reports, lost)
+
+    def _read_past_stale(self, reports: dict, lost: set) -> None:
+        """Take every message each peer has already delivered, without waiting, and drop it: a
+        notice or a loss among them is noted. A message too large to drop cheaply (or one that
+        is still arriving) is kept unread, and its peer counted as answering, as before."""
+        now = time.monotonic()
+        for peer in range(self.size):
+            for _ in range(STALE_MESSAGES):
+                if peer == self.rank or peer in reports or peer in lost:
+                    break
+                try:
+                    h = self._next_header(peer, 0, now)
+                except errors.FastcollError as e:
+                    if isinstance(e, errors.CollectiveTimeoutError) and not getattr(e, "from_peer", False):
+                        break  # nothing more here yet (a peer's notice is a timeout too, from_peer)
+                    self._note(peer, e, reports, lost)
+                    continue
+                if h.nbytes > STALE_BYTES:
+                    self._keep_unread(peer, 0, h)
+                    reports[peer] = None
+                    break
+                try:
+                    if h.nbytes:
+                        self._read_payload(peer, 0, memoryview(bytearray(h.nbytes)), now + STALE_READ_SECONDS)
+                except errors.FastcollError:
+                    reports[peer] = None  # still arriving: it sends now; the stream stays mid-payload
+                    break
+
+    @staticmethod
+    def _note(peer: int, e: FastcollError, reports: dict, lost: set) -> None:
+        """What a read from `peer` during the notices' window raised, into reports or lost."""
+        sender = getattr(e, "sender", None)
+        if getattr(e, "from_peer", False):
+            # (while this rank waited for `peer`, another peer's notice may have come)
+            reports[peer if sender is None else sender] = getattr(e, "sender_waits", None)
+        elif isinstance(e, errors.PeerLostError):
+            lost.add(peer)
+        elif not isinstance(e, errors.CollectiveTimeoutError):
+            reports[peer] = None  # a peer that broke some other way has still answered
 
     def _keep_unread(self, peer: int, chunk: int, header: Header) -> None:
         """Hold a header that `_next_header` returned but whose payload will not be read, so that
