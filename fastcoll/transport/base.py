@@ -160,12 +160,15 @@ class Transport(abc.ABC):
 
     def _read_past_stale(self, reports: dict, lost: set) -> None:
         """Take every message each peer has already delivered, without waiting, and drop it: a
-        notice or a loss among them is noted. A message too large to drop cheaply (or one that
-        is still arriving) is kept unread, and its peer counted as answering, as before."""
+        notice or a loss among them is noted. A peer whose message is too large to drop cheaply
+        (kept unread), or is still arriving (it sends now), counts as answering, as before."""
         now = time.monotonic()
+        scratch = None  # one buffer for every dropped payload, made at the first
         for peer in range(self.size):
+            if peer == self.rank:
+                continue
             for _ in range(STALE_MESSAGES):
-                if peer == self.rank or peer in reports or peer in lost:
+                if peer in reports or peer in lost:
                     break
                 try:
                     h = self._next_header(peer, 0, now)
@@ -178,11 +181,13 @@ class Transport(abc.ABC):
                     self._keep_unread(peer, 0, h)
                     reports[peer] = None
                     break
+                if not h.nbytes:
+                    continue
+                scratch = scratch or memoryview(bytearray(STALE_BYTES))
                 try:
-                    if h.nbytes:
-                        self._read_payload(peer, 0, memoryview(bytearray(h.nbytes)), now + STALE_READ_SECONDS)
+                    self._read_payload(peer, 0, scratch[:h.nbytes], now + STALE_READ_SECONDS)
                 except errors.FastcollError:
-                    reports[peer] = None  # still arriving: it sends now; the stream stays mid-payload
+                    reports[peer] = None  # the stream stays mid-payload: read no further
                     break
 
     @staticmethod
