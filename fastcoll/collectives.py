@@ -98,6 +98,18 @@ def all_reduce(x: Any, op: str = "sum", group: Group | None = None, async_op: bo
     return g.run(sig, step, timeout, async_op)
 
 
+def gated_all_reduce(x: Any, op: str = "sum", group: Group | None = None) -> Any:
+    """all_reduce(x, op) through the job's fence gate: its lazy result (an mx.array whose graph
+    holds the gate's kernel), or None where the gate does not take the call (no gate, a
+    sub-group, x's size, dtype or op), which then has not started: the caller makes it the
+    usual way. Every rank decides alike (fastcoll/gate/accept.py)."""
+    g = lifecycle.resolve(group)
+    if g.gate is None:
+        return None
+    y = begin(g, None, drain=False).launch_gated(x, op, False, None)
+    return None if y is NOT_GATED else y
+
+
 def reduce_scatter(x: Any, op: str = "sum", group: Group | None = None, async_op: bool = False, timeout: float | None = None) -> Any:
     """Reduce `x` over all ranks and give rank r block r of axis 0.
 

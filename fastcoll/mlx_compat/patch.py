@@ -5,7 +5,9 @@ mlx.nn's sharded layers (`AllToShardedLinear`, `ShardedToAllLinear`, `shard_line
 `mlx.core.distributed` module each time they call them (`mx.distributed.all_sum(x, group=...)`),
 so replacing those attributes reaches them. Code that copied a function out before `install()`
 (`from mlx.core.distributed import all_sum`) keeps MLX's own. `mx.distributed.Group` (the
-class) is left alone: the groups handed out are `mlx_compat.Group`.
+class) is left alone: the groups handed out are `mlx_compat.Group`. MLX's grad, value_and_grad,
+vmap, vjp and jvp are wrapped too, so that a collective knows whether it is being differentiated
+(fastcoll/mlx_compat/tracing.py).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, Iterator
 
 import mlx.core as mx
 
-from fastcoll.mlx_compat import api
+from fastcoll.mlx_compat import api, tracing
 
 # The names install() replaces in mlx.core.distributed.
 PATCHED = (
@@ -38,6 +40,7 @@ def install() -> None:
         _saved = {name: getattr(module, name) for name in PATCHED}
         for name in PATCHED:
             setattr(module, name, getattr(api, name))
+        tracing.install()
 
 
 def uninstall() -> None:
@@ -48,6 +51,7 @@ def uninstall() -> None:
             return
         for name, fn in _saved.items():
             setattr(mx.distributed, name, fn)
+        tracing.uninstall()
         _saved = None
 
 

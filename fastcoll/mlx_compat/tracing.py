@@ -1,0 +1,78 @@
+"""Whether MLX is differentiating or vectorizing on this thread: install() wraps MLX's grad,
+value_and_grad, vmap, vjp and jvp so that each counts while it runs.
+
+A gated all_sum needs its `mx.custom_function` (fastcoll/mlx_compat/autograd.py) only while one of
+these traces it: the custom function is what gives the gate's kernel a vjp, jvp and vmap. Outside
+them it is two more graph nodes a call (bench/NOTES.md 83), so api.py leaves it out there. MLX's
+other transformations need no count: mx.compile and mx.export_function cannot replay a host
+exchange either way, and mx.checkpoint differentiates only inside a grad. A function transformed
+before install() is not counted: a gated call in it then meets MLX's error for a kernel without a
+vjp, never a wrong gradient, because only gated calls leave the custom function out.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any, Callable
+
+import mlx.core as mx
+
+RETURNING = ("grad", "value_and_grad", "vmap")  # these return the transformed function
+IMMEDIATE = ("vjp", "jvp")  # these trace the function they are given at once
+
+
+class _Depth(threading.local):
+    n = 0  # transformations running on this thread (MLX traces on the caller's thread)
+
+
+_depth = _Depth()
+_saved: dict[str, Any] | None = None  # MLX's own transformations while wrapped
+
+
+def running() -> bool:
+    """True while a grad, value_and_grad, vmap, vjp or jvp made after install() runs on this
+    thread (the function it traces, and its backward pass)."""
+    return _depth.n > 0
+
+
+def _counted(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        _depth.n += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _depth.n -= 1
+
+    return call
+
+
+def _returning(transform: Callable) -> Callable:
+    @functools.wraps(transform)
+    def transformed(*args: Any, **kwargs: Any) -> Any:
+        return _counted(transform(*args, **kwargs))
+
+    return transformed
+
+
+def install() -> None:
+    """Wrap MLX's transformations (the caller holds patch.py's lock)."""
+    global _saved
+    if _saved is not None:
+        return
+    _saved = {name: getattr(mx, name) for name in RETURNING + IMMEDIATE}
+    for name in RETURNING:
+        setattr(mx, name, _returning(_saved[name]))
+    for name in IMMEDIATE:
+        setattr(mx, name, _counted(_saved[name]))
+
+
+def uninstall() -> None:
+    """Put MLX's own transformations back (functions transformed meanwhile keep counting)."""
+    global _saved
+    if _saved is None:
+        return
+    for name, fn in _saved.items():
+        setattr(mx, name, fn)
+    _saved = None
