@@ -182,7 +182,9 @@ def _reduce(op: str, x: Any, group: Any, name: str, stream: Any) -> mx.array:
     g = _resolve(group)
     if _single(g):
         return x
-    if not tracing.running():  # nothing differentiates it: the gate's kernel needs no custom function
+    # Nothing differentiates it: the gate's kernel needs no custom function (the gate takes only
+    # float dtypes, so host_reduce's bool and complex cases never come here).
+    if tracing.untraced():
         y = gated_all_reduce(x, op, g)
         if y is not None:
             return y

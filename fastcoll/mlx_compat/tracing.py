@@ -2,12 +2,14 @@
 value_and_grad, vmap, vjp and jvp so that each counts while it runs.
 
 A gated all_sum needs its `mx.custom_function` (fastcoll/mlx_compat/autograd.py) only while one of
-these traces it: the custom function is what gives the gate's kernel a vjp, jvp and vmap. Outside
-them it is two more graph nodes a call (bench/NOTES.md 83), so api.py leaves it out there. MLX's
-other transformations need no count: mx.compile and mx.export_function cannot replay a host
-exchange either way, and mx.checkpoint differentiates only inside a grad. A function transformed
-before install() is not counted: a gated call in it then meets MLX's error for a kernel without a
-vjp, never a wrong gradient, because only gated calls leave the custom function out.
+these traces it: the custom function is what gives the gate's kernel a vjp (under jvp and vmap
+the call keeps it too, as before this rule; MLX then fails on the kernel either way). Outside
+them it is two more graph nodes a call (bench/NOTES.md 83), so api.py leaves it out there, and
+only while installed: without install() nothing is counted. MLX's other transformations need no
+count: mx.compile and mx.export_function cannot replay a host exchange either way, and
+mx.checkpoint differentiates only inside a grad. A function transformed before install() is not
+counted: a gated call in it then meets MLX's error for a kernel without a vjp, never a wrong
+gradient, because only gated calls leave the custom function out.
 """
 
 from __future__ import annotations
@@ -28,12 +30,13 @@ class _Depth(threading.local):
 
 _depth = _Depth()
 _saved: dict[str, Any] | None = None  # MLX's own transformations while wrapped
+_wrappers: dict[str, Any] = {}  # ours, while installed
 
 
-def running() -> bool:
-    """True while a grad, value_and_grad, vmap, vjp or jvp made after install() runs on this
-    thread (the function it traces, and its backward pass)."""
-    return _depth.n > 0
+def untraced() -> bool:
+    """True while installed and no grad, value_and_grad, vmap, vjp or jvp made since runs on
+    this thread (neither the function it traces nor its backward pass)."""
+    return _depth.n == 0 and _saved is not None
 
 
 def _counted(fn: Callable) -> Callable:
@@ -62,17 +65,20 @@ def install() -> None:
     if _saved is not None:
         return
     _saved = {name: getattr(mx, name) for name in RETURNING + IMMEDIATE}
-    for name in RETURNING:
-        setattr(mx, name, _returning(_saved[name]))
-    for name in IMMEDIATE:
-        setattr(mx, name, _counted(_saved[name]))
+    for name in RETURNING + IMMEDIATE:
+        wrap = _returning if name in RETURNING else _counted
+        _wrappers[name] = wrap(_saved[name])
+        setattr(mx, name, _wrappers[name])
 
 
 def uninstall() -> None:
-    """Put MLX's own transformations back (functions transformed meanwhile keep counting)."""
+    """Put MLX's own transformations back where ours still stand (functions transformed meanwhile
+    keep counting)."""
     global _saved
     if _saved is None:
         return
     for name, fn in _saved.items():
-        setattr(mx, name, fn)
+        if getattr(mx, name) is _wrappers.get(name):  # not over whoever wrapped ours since
+            setattr(mx, name, fn)
     _saved = None
+    _wrappers.clear()

@@ -1,10 +1,11 @@
 """One rank of tests/test_compat.py's gated tests: mx.distributed.all_sum over the fence gate's
 host mode, each rank's device played by a thread (tests/gate_sim.py). Outside MLX's
-transformations a gated call is the gate's kernel alone; inside mx.grad (and mlx.nn's
-value_and_grad, mx.vjp, mx.vmap) it goes through the custom function that gives it MLX's vjp.
+transformations a gated call is the gate's kernel alone; inside mx.grad (and mx.value_and_grad,
+mx.vjp, mlx.nn's value_and_grad) it goes through the custom function that gives it MLX's vjp, and
+so does every call while mlx_compat is not installed. A grad that MLX made before install()
+is not seen: its gated call raises, as a real kernel's missing vjp does.
 
-The simulated kernel's output stands for a real one as an mx.array with its gradient stopped (a
-gate's kernel has no vjp of its own), so a gradient that skipped the custom function would be 0.
+The simulated kernel's output stands for a real one: an mx.array whose vjp raises NO_VJP.
 Prints OK <gates> <custom-function calls>.
 """
 
@@ -21,10 +22,23 @@ import fastcoll
 from fastcoll import mlx_compat, testhooks
 from fastcoll.gate import Gate
 from fastcoll.gate.layout import ControlLayout
-from fastcoll.mlx_compat import autograd
+from fastcoll.mlx_compat import autograd, patch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 from gate_sim import SimDevice  # noqa: E402
+
+
+NO_VJP = "the simulated gate kernel has no vjp"
+
+
+@mx.custom_function
+def kernel_output(v):
+    return v * 1
+
+
+@kernel_output.vjp
+def _(primals, cotangent, output):
+    raise ValueError(NO_VJP)
 
 
 class LazyDevice(SimDevice):
@@ -38,7 +52,7 @@ class LazyDevice(SimDevice):
     def launch(self, x, op, max_iters, after):
         result, token = super().launch(x, op, max_iters, after)
         self.results.append(result)
-        self.outputs.append(mx.stop_gradient(x))
+        self.outputs.append(kernel_output(x))
         return self.outputs[-1], token
 
 
@@ -99,9 +113,27 @@ _, grads = nn.value_and_grad(layer, lambda v: (mx.distributed.all_sum(layer(v), 
 assert np.array_equal(np.array(grads["bias"]), np.array(w)), ("nn.value_and_grad", grads["bias"])
 check(5, 4, "nn.value_and_grad")
 
+# a grad that MLX made before install(): not counted, so the kernel alone, whose vjp raises
+patch.uninstall()
+early = mx.grad(loss)
+patch.install()
+try:
+    early(x)
+    raise AssertionError("a grad made before install() went through")
+except ValueError as e:
+    assert NO_VJP in str(e), e
+check(6, 4, "a grad made before install()")
+
+# not installed: mlx_compat's own all_sum under MLX's grad keeps its custom function
+patch.uninstall()
+grad = mx.grad(lambda v: (mlx_compat.all_sum(v, group=group) * w).sum())(x)
+assert np.array_equal(np.array(grad), np.array(w)), ("not installed", grad)
+patch.install()
+check(7, 5, "not installed")
+
 # and after them, the plain call is the kernel alone again
 y = mx.distributed.all_sum(x, group=group)
 assert y is dev.outputs[-1]
-check(6, 4, "plain again")
+check(8, 5, "plain again")
 print("OK", len(dev.results), forwards[0], flush=True)
 fastcoll.finalize()
