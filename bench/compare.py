@@ -40,6 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=None,
                    help="fixed timed iterations per point and round (default: --budget)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up iterations (default 3; --quick: 1)")
+    p.add_argument("--settle", type=float, default=None,
+                   help="untimed seconds at each job's start, before the first point (default 0.5; --quick: 0)")
     p.add_argument("--budget", type=float, default=0.25,
                    help="seconds per point and round when --iters is not given")
     p.add_argument("--min-iters", type=int, default=5)
@@ -71,6 +73,7 @@ def build_config(args: argparse.Namespace) -> harness.Config:
         systems=[systems.parse_system(s) for s in _csv(args.systems)], ops=ops,
         worlds=[int(w) for w in _csv(quick("2", args.world, "2,4"))], sizes=sizes,
         rounds=quick(1, args.rounds, 3), iters=quick(5, args.iters, 0), warmup=quick(1, args.warmup, 3),
+        settle_s=quick(0.0, args.settle, 0.5),
         budget_s=args.budget, min_iters=args.min_iters, max_iters=args.max_iters,
         timeout_s=quick(60.0, args.timeout, 600.0))
 

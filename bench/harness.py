@@ -181,6 +181,7 @@ class Config:
     rounds: int = 3
     iters: int = 0  # > 0: fixed iterations per point and round; else the time budget applies
     warmup: int = 3
+    settle_s: float = 0.5  # untimed calls at a job's start (timing.settle)
     budget_s: float = 0.25
     min_iters: int = 5
     max_iters: int = 2000
@@ -190,7 +191,8 @@ class Config:
         """The command line of the workers (bench/workers/timing.py understands it)."""
         return ["--ops", ",".join(self.ops), "--sizes", ",".join(map(str, self.sizes)), "--warmup",
                 str(self.warmup), "--min-iters", str(self.min_iters), "--max-iters", str(self.max_iters),
-                "--iters", str(self.iters), "--budget", "0" if self.iters > 0 else str(self.budget_s)]
+                "--iters", str(self.iters), "--budget", "0" if self.iters > 0 else str(self.budget_s),
+                "--settle", str(self.settle_s)]
 
 
 @dataclass

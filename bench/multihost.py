@@ -88,7 +88,7 @@ def bench(args: argparse.Namespace) -> int:
                 bed.shape(link)
             config = harness.Config(systems=args.systems, ops=["all_reduce"], worlds=[args.hosts],
                                     sizes=args.sizes, rounds=args.rounds, budget_s=args.budget,
-                                    max_iters=1000, timeout_s=args.job_timeout)
+                                    settle_s=args.settle, max_iters=1000, timeout_s=args.job_timeout)
             doc = report.assemble(harness.run(config, hosts.launch, lambda m: print(f"[{link}] {m}", flush=True)))
             doc["meta"]["link"] = link
             written = report.write(doc, Path(args.out) / link, plots=False)
@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--links", default="unshaped,1gbit", help="unshaped, or a tbf rate (1gbit, 100mbit, ...)")
     b.add_argument("--rounds", type=int, default=2)
     b.add_argument("--budget", type=float, default=0.25, help="seconds per point and round")
+    b.add_argument("--settle", type=float, default=0.5, help="untimed seconds at each job's start")
     b.add_argument("--job-timeout", type=float, default=240)
     b.add_argument("--out", default=str(REPO / "bench" / "out" / "multihost"))
     args = p.parse_args(argv)

@@ -110,6 +110,11 @@ def _cell(p: dict[str, Any] | None, what: str) -> str:
     return f"{p['busbw_GBps']:.3g}{mark}"
 
 
+def _settled(cfg: dict[str, Any]) -> str:
+    """The untimed start of every job, where the run had one (older documents have none)."""
+    return f" after {cfg['settle_s']} s of untimed calls at each job's start" if cfg.get("settle_s") else ""
+
+
 def _header(doc: dict[str, Any]) -> list[str]:
     """The run's command, machine, settings, versions, skipped systems, failures and notes."""
     meta, points, cfg = doc["meta"], doc["points"], doc["meta"]["config"]
@@ -121,7 +126,7 @@ def _header(doc: dict[str, Any]) -> list[str]:
              f"- when: {meta.get('time')}; load average at start {meta.get('loadavg_start')}, "
              f"at end {meta.get('loadavg_end')}",
              f"- {cfg['rounds']} interleaved round(s), {how} per point and round, {cfg['warmup']} warm-up "
-             "iterations; float32; the time of an iteration is that of its slowest rank"]
+             f"iterations{_settled(cfg)}; float32; the time of an iteration is that of its slowest rank"]
     if doc.get("versions"):
         lines.append("- versions: " + "; ".join(f"{k}: {v}" for k, v in doc["versions"].items()))
     lines += [f"- **{name} skipped**: {reason}" for name, reason in doc.get("skipped", {}).items()]

@@ -57,6 +57,29 @@ def test_layout_and_check() -> None:
     assert timing.verify("all_reduce", lay, 0, 3, total) is None
 
 
+def test_settle_runs_the_first_point_untimed_until_every_rank_has_had_its_seconds(monkeypatch) -> None:
+    """A job's start runs slow on every system (bench/NOTES.md 86): the worker runs its first point
+    untimed for --settle seconds, agreeing on when to stop as the slowest rank sees it."""
+    calls: list[str] = []
+    clock = [0.0]
+
+    def prepare(op: str, inp: np.ndarray, out_elems: int) -> timing.Collective:
+        calls.append(f"prepare {op} {inp.size}")
+        return lambda: calls.append("call")
+
+    def gather(v: np.ndarray) -> np.ndarray:  # a second rank that has run 0.1 s longer
+        clock[0] += 0.05
+        return np.stack([v, v + 0.1])
+
+    backend = timing.Backend("fake", 0, 2, lambda: None, gather, prepare)
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
+    timing.settle(backend, "all_reduce", 64, 0.3)
+    assert calls[0] == "prepare all_reduce 16"
+    # this rank reports 0, 0.05 ... 0.20 s, the other 0.1 s more: its 0.30 ends the fifth batch
+    assert calls.count("call") == 5 * 20
+    assert "--settle" in harness.Config(systems=["x"], ops=["all_reduce"], worlds=[2], sizes=[4]).worker_args()
+
+
 def test_ratio_arithmetic() -> None:
     def point(system: str, t: float) -> dict:
         return {"system": system, "op": "all_reduce", "world": 2, "size": 4096, "bytes": 4096,

@@ -179,13 +179,31 @@ def measure_point(backend: Backend, op: str, nominal: int, settings: argparse.Na
                     "cpu_s": [float(c) for c in per_rank[:, -1]]}
 
 
+def settle(backend: Backend, op: str, nominal: int, seconds: float) -> None:
+    """Run (op, nominal) untimed for about `seconds` before the first point is measured: a job's
+    first few hundred milliseconds run slower on every system (bench/NOTES.md 86), and the first
+    point would otherwise measure them. The ranks agree every 20 calls on whether to stop."""
+    lay = layout(op, nominal, backend.world)
+    try:
+        fn = backend.prepare(op, check_input(op, lay, backend.rank), lay.out_elems)
+    except NotSupported:
+        return
+    start = time.perf_counter()
+    while True:
+        for _ in range(20):
+            fn()
+        if float(backend.gather_floats(np.array([time.perf_counter() - start])).max()) >= seconds:
+            return
+
+
 def worker_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line every worker understands (the harness builds it)."""
     p = argparse.ArgumentParser(description="one rank of a fastcoll benchmark worker")
     p.add_argument("--ops", default=",".join(OPS))  # any of ALL_OPS
     p.add_argument("--sizes", default="4,4096", help="comma-separated nominal sizes in bytes")
     for name, kind, default in (("iters", int, 20), ("warmup", int, 3), ("min-iters", int, 5),
-                                ("max-iters", int, 2000), ("budget", float, 0.0)):  # budget 0: fixed --iters
+                                ("max-iters", int, 2000), ("budget", float, 0.0),  # budget 0: fixed --iters
+                                ("settle", float, 0.0)):  # settle: untimed seconds before the first point
         p.add_argument(f"--{name}", type=kind, default=default)
     p.add_argument("--partial", default=os.environ.get("BENCH_PARTIAL_FILE"),
                    help="rank 0 rewrites this file with the results so far after every point")
@@ -196,6 +214,8 @@ def run_worker(backend: Backend, args: argparse.Namespace) -> dict[str, Any]:
     """Measure every requested point; rank 0 prints the JSON document and returns it."""
     ops, sizes = [o for o in args.ops.split(",") if o], [int(s) for s in args.sizes.split(",") if s]
     doc: dict[str, Any] = {"system": backend.system, "world": backend.world, "meta": backend.meta, "points": []}
+    if ops and sizes and args.settle > 0:
+        settle(backend, ops[0], sizes[0], args.settle)
     for op in ops:
         for size in sizes:
             try:
