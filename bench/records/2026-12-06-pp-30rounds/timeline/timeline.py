@@ -5,9 +5,10 @@ time from rank 1's send to rank 0's receive returning, and from the later all_ga
 each rank's return."""
 import collections
 import statistics as st
+import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else Path(__file__).resolve().parent
 
 
 def load(r: int) -> list[tuple[int, int, str]]:
