@@ -181,7 +181,7 @@ class Config:
     rounds: int = 3
     iters: int = 0  # > 0: fixed iterations per point and round; else the time budget applies
     warmup: int = 3
-    settle_s: float = 0.5  # untimed calls at a job's start (timing.settle)
+    settle_s: float = 0.5  # seconds of untimed calls at each job's start (timing.settle)
     budget_s: float = 0.25
     min_iters: int = 5
     max_iters: int = 2000

@@ -1,7 +1,7 @@
 """fastcoll and its peers across the hosts of the network-namespace bed (`tests/netns.py`: every
 byte crosses a veth pair and a bridge, not loopback; root and Linux only; docs/multihost.md).
 
-    python bench/multihost.py bench [--hosts 2] [--systems ...] [--sizes ...] [--links unshaped,1gbit]
+    python bench/multihost.py bench [--hosts 2] [--systems ...] [--sizes ...] [--links unshaped,1gbit] [--settle S]
 
 all_reduce of float32, one rank a host, through the localhost benchmark's harness, workers and
 report, each system started as across real hosts (Hosts.command): OUT/LINK/results.md and .json.

@@ -112,7 +112,7 @@ def _cell(p: dict[str, Any] | None, what: str) -> str:
 
 def _settled(cfg: dict[str, Any]) -> str:
     """The untimed start of every job, where the run had one (older documents have none)."""
-    return f" after {cfg['settle_s']} s of untimed calls at each job's start" if cfg.get("settle_s") else ""
+    return f" after {cfg['settle_s']} s of untimed calls once at each job's start" if cfg.get("settle_s") else ""
 
 
 def _header(doc: dict[str, Any]) -> list[str]:

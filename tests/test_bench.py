@@ -57,27 +57,51 @@ def test_layout_and_check() -> None:
     assert timing.verify("all_reduce", lay, 0, 3, total) is None
 
 
-def test_settle_runs_the_first_point_untimed_until_every_rank_has_had_its_seconds(monkeypatch) -> None:
-    """A job's start runs slow on every system (bench/NOTES.md 86): the worker runs its first point
-    untimed for --settle seconds, agreeing on when to stop as the slowest rank sees it."""
+def test_settle_runs_the_first_point_untimed_until_every_rank_has_had_its_seconds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job's start ran slow on the bed (bench/NOTES.md 86): the worker runs its first point that
+    the system has untimed for --settle seconds, stopping when the rank that has run least has."""
     calls: list[str] = []
     clock = [0.0]
 
     def prepare(op: str, inp: np.ndarray, out_elems: int) -> timing.Collective:
+        if op == "gather":
+            raise timing.NotSupported("no gather here")
         calls.append(f"prepare {op} {inp.size}")
         return lambda: calls.append("call")
 
-    def gather(v: np.ndarray) -> np.ndarray:  # a second rank that has run 0.1 s longer
-        clock[0] += 0.05
-        return np.stack([v, v + 0.1])
+    def gather(v: np.ndarray) -> np.ndarray:  # a second rank that has run 0.125 s less
+        clock[0] += 0.0625
+        return np.stack([v, v - 0.125])
 
     backend = timing.Backend("fake", 0, 2, lambda: None, gather, prepare)
     monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
-    timing.settle(backend, "all_reduce", 64, 0.3)
-    assert calls[0] == "prepare all_reduce 16"
-    # this rank reports 0, 0.05 ... 0.20 s, the other 0.1 s more: its 0.30 ends the fifth batch
-    assert calls.count("call") == 5 * 20
-    assert "--settle" in harness.Config(systems=["x"], ops=["all_reduce"], worlds=[2], sizes=[4]).worker_args()
+    ran = timing.settle(backend, [("gather", 64), ("all_reduce", 64), ("all_reduce", 4)], 0.25)
+    assert calls[0] == "prepare all_reduce 16" and ran["op"] == "all_reduce" and ran["size"] == 64
+    # the timed first call's agreement, then one before each batch: this rank reports 0, 0.0625,
+    # ... 0.375 s, the other 0.125 s less, whose 0.25 at the seventh ends it after six batches
+    assert calls.count("call") == 1 + 6 * 20 == ran["calls"]
+    assert timing.settle(backend, [("gather", 4)], 0.25) is None
+
+
+def test_the_harness_settles_every_job_and_a_worker_by_hand_does_not() -> None:
+    cfg = harness.Config(systems=["x"], ops=["all_reduce"], worlds=[2], sizes=[4])
+    assert timing.worker_args(cfg.worker_args()).settle == 0.5
+    assert timing.worker_args([]).settle == 0.0
+
+
+def test_a_slow_first_point_settles_in_fewer_calls_a_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 64 MiB point of 0.8 s a call must not be run 20 times before the ranks agree to stop."""
+    clock = [0.0]
+    n = [0]
+
+    def call() -> None:
+        n[0] += 1
+        clock[0] += 0.8
+
+    backend = timing.Backend("fake", 0, 2, lambda: None, lambda v: np.stack([v, v]), lambda *a: call)
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
+    assert timing.settle(backend, [("all_reduce", 64 << 20)], 0.5)["calls"] == n[0] == 2
 
 
 def test_ratio_arithmetic() -> None:

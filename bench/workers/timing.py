@@ -179,21 +179,28 @@ def measure_point(backend: Backend, op: str, nominal: int, settings: argparse.Na
                     "cpu_s": [float(c) for c in per_rank[:, -1]]}
 
 
-def settle(backend: Backend, op: str, nominal: int, seconds: float) -> None:
-    """Run (op, nominal) untimed for about `seconds` before the first point is measured: a job's
-    first few hundred milliseconds run slower on every system (bench/NOTES.md 86), and the first
-    point would otherwise measure them. The ranks agree every 20 calls on whether to stop."""
-    lay = layout(op, nominal, backend.world)
-    try:
-        fn = backend.prepare(op, check_input(op, lay, backend.rank), lay.out_elems)
-    except NotSupported:
-        return
-    start = time.perf_counter()
-    while True:
-        for _ in range(20):
-            fn()
-        if float(backend.gather_floats(np.array([time.perf_counter() - start])).max()) >= seconds:
-            return
+def settle(backend: Backend, points: list[tuple[str, int]], seconds: float) -> dict[str, Any] | None:
+    """Run the first of `points` (op, nominal size) that this system has, untimed, until every
+    rank has run it for `seconds`: a job's first few hundred milliseconds ran slower for both
+    systems measured on the bed (bench/NOTES.md 86), and the first point measured would carry
+    them. The ranks agree about every 50 ms whether to stop. What ran, or None if nothing could."""
+    for op, nominal in points:
+        lay = layout(op, nominal, backend.world)
+        try:
+            fn = backend.prepare(op, check_input(op, lay, backend.rank), lay.out_elems)
+        except NotSupported:
+            continue  # the same on every rank: they all try the next point
+        t0 = time.perf_counter()
+        fn()
+        once = float(backend.gather_floats(np.array([time.perf_counter() - t0])).max())
+        batch = max(1, min(20, int(0.05 / max(once, 1e-9))))  # a 64 MiB call is not run 20 times
+        calls, start = 1, time.perf_counter()
+        while float(backend.gather_floats(np.array([time.perf_counter() - start])).min()) < seconds:
+            for _ in range(batch):
+                fn()
+            calls += batch
+        return {"op": op, "size": nominal, "calls": calls, "seconds": seconds}
+    return None
 
 
 def worker_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -203,7 +210,7 @@ def worker_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sizes", default="4,4096", help="comma-separated nominal sizes in bytes")
     for name, kind, default in (("iters", int, 20), ("warmup", int, 3), ("min-iters", int, 5),
                                 ("max-iters", int, 2000), ("budget", float, 0.0),  # budget 0: fixed --iters
-                                ("settle", float, 0.0)):  # settle: untimed seconds before the first point
+                                ("settle", float, 0.0)):  # seconds untimed at the start (harness: 0.5)
         p.add_argument(f"--{name}", type=kind, default=default)
     p.add_argument("--partial", default=os.environ.get("BENCH_PARTIAL_FILE"),
                    help="rank 0 rewrites this file with the results so far after every point")
@@ -214,8 +221,12 @@ def run_worker(backend: Backend, args: argparse.Namespace) -> dict[str, Any]:
     """Measure every requested point; rank 0 prints the JSON document and returns it."""
     ops, sizes = [o for o in args.ops.split(",") if o], [int(s) for s in args.sizes.split(",") if s]
     doc: dict[str, Any] = {"system": backend.system, "world": backend.world, "meta": backend.meta, "points": []}
-    if ops and sizes and args.settle > 0:
-        settle(backend, ops[0], sizes[0], args.settle)
+    if args.settle > 0:
+        try:
+            doc["settle"] = settle(backend, [(o, s) for o in ops for s in sizes], args.settle)
+        except Exception as e:  # an untimed start must not cost the points
+            doc["settle"] = {"error": f"{type(e).__name__}: {e}"}
+            traceback.print_exc(file=sys.stderr)
     for op in ops:
         for size in sizes:
             try:
