@@ -73,7 +73,7 @@ def build_config(args: argparse.Namespace) -> harness.Config:
         systems=[systems.parse_system(s) for s in _csv(args.systems)], ops=ops,
         worlds=[int(w) for w in _csv(quick("2", args.world, "2,4"))], sizes=sizes,
         rounds=quick(1, args.rounds, 3), iters=quick(5, args.iters, 0), warmup=quick(1, args.warmup, 3),
-        settle_s=quick(0.0, args.settle, 0.5),
+        settle_s=quick(0.0, args.settle, harness.Config.settle_s),
         budget_s=args.budget, min_iters=args.min_iters, max_iters=args.max_iters,
         timeout_s=quick(60.0, args.timeout, 600.0))
 

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--links", default="unshaped,1gbit", help="unshaped, or a tbf rate (1gbit, 100mbit, ...)")
     b.add_argument("--rounds", type=int, default=2)
     b.add_argument("--budget", type=float, default=0.25, help="seconds per point and round")
-    b.add_argument("--settle", type=float, default=0.5, help="untimed seconds at each job's start")
+    b.add_argument("--settle", type=float, default=harness.Config.settle_s, help="untimed seconds at each job's start")
     b.add_argument("--job-timeout", type=float, default=240)
     b.add_argument("--out", default=str(REPO / "bench" / "out" / "multihost"))
     args = p.parse_args(argv)

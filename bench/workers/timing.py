@@ -134,10 +134,15 @@ def choose_iters(args: argparse.Namespace, estimate_s: float) -> int:
     return int(min(args.max_iters, max(args.min_iters, math.ceil(args.budget / max(estimate_s, 1e-7)))))
 
 
+def _prepared(backend: Backend, op: str, lay: Layout) -> Collective:
+    """The system's collective for `op` over this rank's check input (NotSupported if it has none)."""
+    return backend.prepare(op, check_input(op, lay, backend.rank), lay.out_elems)
+
+
 def _checked(backend: Backend, op: str, lay: Layout) -> tuple[Collective | None, dict[str, Any]]:
     """The prepared collective, run once and checked on every rank, or None and why not."""
     try:
-        fn = backend.prepare(op, check_input(op, lay, backend.rank), lay.out_elems)
+        fn = _prepared(backend, op, lay)
         problem = verify(op, lay, backend.rank, backend.world, fn())
     except NotSupported as e:
         return None, {"status": "n/a", "reason": str(e)}
@@ -185,9 +190,8 @@ def settle(backend: Backend, points: list[tuple[str, int]], seconds: float) -> d
     systems measured on the bed (bench/NOTES.md 86), and the first point measured would carry
     them. The ranks agree about every 50 ms whether to stop. What ran, or None if nothing could."""
     for op, nominal in points:
-        lay = layout(op, nominal, backend.world)
         try:
-            fn = backend.prepare(op, check_input(op, lay, backend.rank), lay.out_elems)
+            fn = _prepared(backend, op, layout(op, nominal, backend.world))
         except NotSupported:
             continue  # the same on every rank: they all try the next point
         t0 = time.perf_counter()

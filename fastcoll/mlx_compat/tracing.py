@@ -29,14 +29,13 @@ class _Depth(threading.local):
 
 
 _depth = _Depth()
-_saved: dict[str, Any] | None = None  # MLX's own transformations while wrapped
-_wrappers: dict[str, Any] = {}  # ours, while installed
+_swapped: dict[str, tuple[Any, Any]] = {}  # name -> (MLX's own, ours), while installed
 
 
 def untraced() -> bool:
     """True while installed and no grad, value_and_grad, vmap, vjp or jvp made since runs on
     this thread (neither the function it traces nor its backward pass)."""
-    return _depth.n == 0 and _saved is not None
+    return _depth.n == 0 and bool(_swapped)
 
 
 def _counted(fn: Callable) -> Callable:
@@ -61,24 +60,19 @@ def _returning(transform: Callable) -> Callable:
 
 def install() -> None:
     """Wrap MLX's transformations (the caller holds patch.py's lock)."""
-    global _saved
-    if _saved is not None:
+    if _swapped:
         return
-    _saved = {name: getattr(mx, name) for name in RETURNING + IMMEDIATE}
     for name in RETURNING + IMMEDIATE:
-        wrap = _returning if name in RETURNING else _counted
-        _wrappers[name] = wrap(_saved[name])
-        setattr(mx, name, _wrappers[name])
+        theirs = getattr(mx, name)
+        ours = (_returning if name in RETURNING else _counted)(theirs)
+        _swapped[name] = (theirs, ours)
+        setattr(mx, name, ours)
 
 
 def uninstall() -> None:
     """Put MLX's own transformations back where ours still stand (functions transformed meanwhile
     keep counting)."""
-    global _saved
-    if _saved is None:
-        return
-    for name, fn in _saved.items():
-        if getattr(mx, name) is _wrappers.get(name):  # not over whoever wrapped ours since
-            setattr(mx, name, fn)
-    _saved = None
-    _wrappers.clear()
+    for name, (theirs, ours) in _swapped.items():
+        if getattr(mx, name) is ours:  # not over whoever wrapped ours since
+            setattr(mx, name, theirs)
+    _swapped.clear()
