@@ -200,6 +200,12 @@ MLX_WAITS = {"spin_us": 0, "yield_us": 0}
 # a wake-up does and still lets the threads that share the core run (bench/NOTES.md 63). But a
 # kind of call that last waited 1 ms or more (a pipeline's stage) sleeps at once (NOTES 80).
 MLX_GRAPH_WAITS = {"spin_us": 0, "yield_us": 2000, "long_wait_us": 1000}
+# Those sleeps are for ranks that share CPUs. On a host with MLX_GRAPH_CPUS_PER_RANK CPUs or more
+# for each of its ranks (the two threads an MLX rank keeps busy, and one for a wait), a wait
+# yields through a pipeline's stage instead: the peer's reply then finds it awake. Pipelined
+# decode on 16 unshared cores took 0.90x the time it took with the sleeps (bench/NOTES.md 92).
+MLX_GRAPH_SPARE_WAITS = {"yield_us": 20000, "long_wait_us": 0}
+MLX_GRAPH_CPUS_PER_RANK = 3
 
 
 def for_mlx(config: Config) -> Config:
@@ -211,6 +217,15 @@ def for_mlx(config: Config) -> Config:
         return config
     waits = MLX_GRAPH_WAITS if config.mlx_graph else MLX_WAITS
     return dataclasses.replace(config, **{k: v for k, v in waits.items() if k not in config.tuned})
+
+
+def for_host(config: Config, local_ranks: int, cpus: int) -> Config:
+    """`config` for a host that runs `local_ranks` of the job's ranks on `cpus` CPUs: in graph
+    mode, where each rank has MLX_GRAPH_CPUS_PER_RANK of them, waits yield through a peer's work
+    (MLX_GRAPH_SPARE_WAITS), but for a knob FASTCOLL_TUNING set."""
+    if not config.mlx_graph or config.fast_sync or cpus < MLX_GRAPH_CPUS_PER_RANK * max(local_ranks, 1):
+        return config
+    return dataclasses.replace(config, **{k: v for k, v in MLX_GRAPH_SPARE_WAITS.items() if k not in config.tuned})
 
 
 def _tuning(text: str) -> dict:

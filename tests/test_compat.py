@@ -21,6 +21,8 @@ import pytest
 from conftest import PROGS, ROOT, assert_ok, jobless_env, run_session
 from engines import engines
 
+from fastcoll import config
+
 mx = pytest.importorskip("mlx.core")
 
 
@@ -90,6 +92,22 @@ def test_mlx_programs_wait_asleep_unless_tuned(tuning, fast_sync, want):
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert f"waits {want[0]} {want[1]} {want[2]}" in p.stdout, p.stdout
+
+
+@pytest.mark.parametrize("graph, tuning, local_ranks, cpus, want", [
+    ("1", "", 1, 3, (20000, 0)),  # a host of its own with CPUs to spare: waits yield through a stage
+    ("1", "", 2, 16, (20000, 0)),
+    ("1", "", 1, 2, (2000, 1000)),  # the bed's hosts, two CPUs that every host shares: the sleeps stay
+    ("1", "", 2, 5, (2000, 1000)),
+    ("1", "yield_us=300", 1, 16, (300, 0)),  # a knob the user set stays
+    ("1", "long_wait_us=50", 1, 16, (20000, 50)),
+    ("0", "", 1, 16, (0, 0)),  # outside graph mode waits sleep at once anywhere
+])
+def test_graph_mode_yields_through_where_cpus_are_spare(graph, tuning, local_ranks, cpus, want):
+    """config.for_host, which the native engine applies with this host's ranks and CPUs."""
+    env = {"FASTCOLL_MLX_GRAPH": graph, "FASTCOLL_TUNING": tuning}
+    c = config.for_host(config.for_mlx(config.Config.from_env(env)), local_ranks, cpus)
+    assert (c.yield_us, c.long_wait_us) == want
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])

@@ -27,7 +27,7 @@ import numpy as np
 
 from fastcoll import diagnosis, dtypes, wire
 from fastcoll.algorithms import select
-from fastcoll.config import AUTO_SPIN_US
+from fastcoll.config import AUTO_SPIN_US, for_host
 from fastcoll.engine import _native
 from fastcoll.engine.base import Engine, Task
 from fastcoll.engine.ops import KINDS, Op
@@ -231,6 +231,7 @@ class NativeEngine(Engine):
         """Take over `links` (fastcoll.transport.tcp.establish's): their sockets and rings now
         belong to the native engine. `local_ranks`: how many of the job's ranks share this host."""
         channels = len(next(iter(links.values())))
+        config = for_host(config, local_ranks, os.cpu_count() or 1)
         native = _native.Engine(config.rank, config.world_size, channels, spin_us(config, local_ranks),
                                 config.yield_us, threading.main_thread().ident, config.long_wait_us)
         kinds = [link.kind for ls in links.values() for link in ls]
