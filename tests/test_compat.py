@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -108,6 +109,40 @@ def test_graph_mode_yields_through_where_cpus_are_spare(graph, tuning, local_ran
     env = {"FASTCOLL_MLX_GRAPH": graph, "FASTCOLL_TUNING": tuning}
     c = config.for_host(config.for_mlx(config.Config.from_env(env)), local_ranks, cpus)
     assert (c.yield_us, c.long_wait_us) == want
+
+
+@pytest.mark.parametrize("cpus, want", [(16, (20000, 0)), (2, (2000, 1000))])
+def test_native_engine_takes_this_hosts_waits(monkeypatch, cpus, want):
+    """NativeEngine.over hands the engine config.for_host's waits for this host's CPUs."""
+    native = pytest.importorskip("fastcoll.engine.native")
+    made = []
+
+    class Engine:  # records the waits the engine was made with, and fails the first link
+        def __init__(self, rank, size, channels, spin_us, yield_us, main_thread, long_wait_us):
+            made.append((yield_us, long_wait_us))
+
+        def add_link(self, *args):
+            raise OSError("no link in this test")
+
+        def close(self, *args):
+            pass
+
+    class Link:
+        kind, segment = "tcp", None
+
+        def __init__(self, sock):
+            self.sock = sock
+
+        def close(self):
+            self.sock.close()
+
+    monkeypatch.setattr(native._native, "Engine", Engine)
+    monkeypatch.setattr(native.os, "cpu_count", lambda: cpus)
+    c = config.for_mlx(config.Config.from_env({"FASTCOLL_MLX_GRAPH": "1"}))
+    a, b = socket.socketpair()
+    with a, b, pytest.raises(OSError, match="no link in this test"):
+        native.NativeEngine.over(c, {1: [Link(a)]}, local_ranks=2)
+    assert made == [want]
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
