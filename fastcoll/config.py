@@ -65,7 +65,7 @@ AUTO_SPIN_US = 200
 DEFAULT_YIELD_US = 5000
 # A call of the native engine whose wait once idled long_wait_us leaves the yields out of the next
 # call of its kind (that wait is a peer's work, not a reply on its way); 0 never does. Graph mode
-# sets it (MLX_GRAPH_WAITS).
+# sets it where ranks share CPUs (MLX_GRAPH_WAITS, for_host).
 DEFAULT_LONG_WAIT_US = 0
 # The native engine keeps the memory of large numpy results that the program has let go, up to
 # this many MiB, for the next results: fresh pages for every call cost a quarter of a 64 MiB
@@ -127,7 +127,7 @@ class Config:
     yield_us: int = DEFAULT_YIELD_US
     long_wait_us: int = DEFAULT_LONG_WAIT_US
     result_cache_mb: int = DEFAULT_RESULT_CACHE_MB
-    tuned: frozenset = frozenset()  # the knobs FASTCOLL_TUNING set (for_mlx keeps those)
+    tuned: frozenset = frozenset()  # the knobs FASTCOLL_TUNING set (for_mlx and for_host keep those)
 
     def __post_init__(self) -> None:
         if self.transport not in transport.TRANSPORTS:
@@ -200,10 +200,11 @@ MLX_WAITS = {"spin_us": 0, "yield_us": 0}
 # a wake-up does and still lets the threads that share the core run (bench/NOTES.md 63). But a
 # kind of call that last waited 1 ms or more (a pipeline's stage) sleeps at once (NOTES 80).
 MLX_GRAPH_WAITS = {"spin_us": 0, "yield_us": 2000, "long_wait_us": 1000}
-# Those sleeps are for ranks that share CPUs. On a host with MLX_GRAPH_CPUS_PER_RANK CPUs or more
-# for each of its ranks (the two threads an MLX rank keeps busy, and one for a wait), a wait
-# yields through a pipeline's stage instead: the peer's reply then finds it awake. Pipelined
-# decode on 16 unshared cores took 0.90x the time it took with the sleeps (bench/NOTES.md 92).
+# Those sleeps are for ranks that share CPUs. Where a rank can count on MLX_GRAPH_CPUS_PER_RANK
+# CPUs (reasoned, not measured: the two threads an MLX rank keeps busy, and one for a wait), a
+# wait yields through a pipeline's stage instead, so that the peer's reply finds it awake:
+# pipelined decode, two ranks on a 16-core machine, took 0.90x the time it took with the sleeps
+# (bench/NOTES.md 92).
 MLX_GRAPH_SPARE_WAITS = {"yield_us": 20000, "long_wait_us": 0}
 MLX_GRAPH_CPUS_PER_RANK = 3
 
@@ -219,11 +220,14 @@ def for_mlx(config: Config) -> Config:
     return dataclasses.replace(config, **{k: v for k, v in waits.items() if k not in config.tuned})
 
 
-def for_host(config: Config, local_ranks: int, cpus: int) -> Config:
-    """`config` for a host that runs `local_ranks` of the job's ranks on `cpus` CPUs: in graph
-    mode, where each rank has MLX_GRAPH_CPUS_PER_RANK of them, waits yield through a peer's work
-    (MLX_GRAPH_SPARE_WAITS), but for a knob FASTCOLL_TUNING set."""
-    if not config.mlx_graph or config.fast_sync or cpus < MLX_GRAPH_CPUS_PER_RANK * max(local_ranks, 1):
+def for_host(config: Config, cpus_per_rank: float) -> Config:
+    """`config` for a rank that can count on `cpus_per_rank` CPUs: graph mode's waits
+    (MLX_GRAPH_WAITS, from for_mlx) yield through a peer's work where that is
+    MLX_GRAPH_CPUS_PER_RANK or more (MLX_GRAPH_SPARE_WAITS), but for a knob FASTCOLL_TUNING set.
+    The native engine applies it; the group's config keeps the waits as configured."""
+    graph_waits = config.mlx_graph and not config.fast_sync and all(
+        getattr(config, k) == v or k in config.tuned for k, v in MLX_GRAPH_WAITS.items())
+    if not graph_waits or cpus_per_rank < MLX_GRAPH_CPUS_PER_RANK:
         return config
     return dataclasses.replace(config, **{k: v for k, v in MLX_GRAPH_SPARE_WAITS.items() if k not in config.tuned})
 

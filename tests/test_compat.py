@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -21,8 +20,6 @@ import pytest
 
 from conftest import PROGS, ROOT, assert_ok, jobless_env, run_session
 from engines import engines
-
-from fastcoll import config
 
 mx = pytest.importorskip("mlx.core")
 
@@ -93,56 +90,6 @@ def test_mlx_programs_wait_asleep_unless_tuned(tuning, fast_sync, want):
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert f"waits {want[0]} {want[1]} {want[2]}" in p.stdout, p.stdout
-
-
-@pytest.mark.parametrize("graph, tuning, local_ranks, cpus, want", [
-    ("1", "", 1, 3, (20000, 0)),  # a host of its own with CPUs to spare: waits yield through a stage
-    ("1", "", 2, 16, (20000, 0)),
-    ("1", "", 1, 2, (2000, 1000)),  # the bed's hosts, two CPUs that every host shares: the sleeps stay
-    ("1", "", 2, 5, (2000, 1000)),
-    ("1", "yield_us=300", 1, 16, (300, 0)),  # a knob the user set stays
-    ("1", "long_wait_us=50", 1, 16, (20000, 50)),
-    ("0", "", 1, 16, (0, 0)),  # outside graph mode waits sleep at once anywhere
-])
-def test_graph_mode_yields_through_where_cpus_are_spare(graph, tuning, local_ranks, cpus, want):
-    """config.for_host, which the native engine applies with this host's ranks and CPUs."""
-    env = {"FASTCOLL_MLX_GRAPH": graph, "FASTCOLL_TUNING": tuning}
-    c = config.for_host(config.for_mlx(config.Config.from_env(env)), local_ranks, cpus)
-    assert (c.yield_us, c.long_wait_us) == want
-
-
-@pytest.mark.parametrize("cpus, want", [(16, (20000, 0)), (2, (2000, 1000))])
-def test_native_engine_takes_this_hosts_waits(monkeypatch, cpus, want):
-    """NativeEngine.over hands the engine config.for_host's waits for this host's CPUs."""
-    native = pytest.importorskip("fastcoll.engine.native")
-    made = []
-
-    class Engine:  # records the waits the engine was made with, and fails the first link
-        def __init__(self, rank, size, channels, spin_us, yield_us, main_thread, long_wait_us):
-            made.append((yield_us, long_wait_us))
-
-        def add_link(self, *args):
-            raise OSError("no link in this test")
-
-        def close(self, *args):
-            pass
-
-    class Link:
-        kind, segment = "tcp", None
-
-        def __init__(self, sock):
-            self.sock = sock
-
-        def close(self):
-            self.sock.close()
-
-    monkeypatch.setattr(native._native, "Engine", Engine)
-    monkeypatch.setattr(native.os, "cpu_count", lambda: cpus)
-    c = config.for_mlx(config.Config.from_env({"FASTCOLL_MLX_GRAPH": "1"}))
-    a, b = socket.socketpair()
-    with a, b, pytest.raises(OSError, match="no link in this test"):
-        native.NativeEngine.over(c, {1: [Link(a)]}, local_ranks=2)
-    assert made == [want]
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])

@@ -231,7 +231,7 @@ class NativeEngine(Engine):
         """Take over `links` (fastcoll.transport.tcp.establish's): their sockets and rings now
         belong to the native engine. `local_ranks`: how many of the job's ranks share this host."""
         channels = len(next(iter(links.values())))
-        config = for_host(config, local_ranks, os.cpu_count() or 1)
+        config = for_host(config, cpus_per_rank(local_ranks))
         native = _native.Engine(config.rank, config.world_size, channels, spin_us(config, local_ranks),
                                 config.yield_us, threading.main_thread().ident, config.long_wait_us)
         kinds = [link.kind for ls in links.values() for link in ls]
@@ -409,6 +409,18 @@ def spin_us(config: Any, local_ranks: int) -> int:
     if config.spin_us >= 0:
         return config.spin_us
     return 0 if local_ranks > (os.cpu_count() or 1) else AUTO_SPIN_US
+
+
+def cpus_per_rank(local_ranks: int) -> float:
+    """The CPUs one of this host's ranks can count on: its share of the machine's, and no more
+    than this process may run on, since a wait that yields competes with the rank's own threads
+    (unlike spin_us's rule, which weighs the peers' cores)."""
+    machine = os.cpu_count() or 1
+    try:
+        mine = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS has no affinity mask
+        mine = machine
+    return min(mine, machine / max(local_ranks, 1))
 
 
 def _runs_natively(task: Task) -> bool:
