@@ -216,8 +216,7 @@ def for_mlx(config: Config) -> Config:
     peer's evaluation)."""
     if config.fast_sync:
         return config
-    waits = MLX_GRAPH_WAITS if config.mlx_graph else MLX_WAITS
-    return dataclasses.replace(config, **{k: v for k, v in waits.items() if k not in config.tuned})
+    return _with_waits(config, MLX_GRAPH_WAITS if config.mlx_graph else MLX_WAITS)
 
 
 def for_host(config: Config, cpus_per_rank: float) -> Config:
@@ -229,7 +228,12 @@ def for_host(config: Config, cpus_per_rank: float) -> Config:
         getattr(config, k) == v or k in config.tuned for k, v in MLX_GRAPH_WAITS.items())
     if not graph_waits or cpus_per_rank < MLX_GRAPH_CPUS_PER_RANK:
         return config
-    return dataclasses.replace(config, **{k: v for k, v in MLX_GRAPH_SPARE_WAITS.items() if k not in config.tuned})
+    return _with_waits(config, MLX_GRAPH_SPARE_WAITS)
+
+
+def _with_waits(config: Config, waits: dict) -> Config:
+    """`config` with `waits`, but for the knobs FASTCOLL_TUNING set."""
+    return dataclasses.replace(config, **{k: v for k, v in waits.items() if k not in config.tuned})
 
 
 def _tuning(text: str) -> dict:
