@@ -7,7 +7,8 @@
     python examples/sharded_generate.py --model DIR       # one process, the whole model
 
 DIR is a model folder (or a Hugging Face repo name) that mlx-lm loads; every host reads its own
-copy at the same path. Needs mlx-lm (`pip install 'fastcoll[lm]'`).
+copy at the same path. Needs mlx-lm (`pip install "mlx-lm>=0.28"`, or `pip install ".[lm]"` in
+fastcoll's clone).
 """
 
 from __future__ import annotations

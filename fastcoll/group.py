@@ -69,8 +69,9 @@ class Group:
     `fastcoll.init()` makes the job's group; use `split` for sub-groups.
     """
 
-    def __init__(self, config: Config, engine: Engine | None = None, gate: Any = None, hosts: list[str] | None = None):
-        self._job = Job(config, engine, gate, hosts)
+    def __init__(self, config: Config, engine: Engine | None = None, gate: Any = None, hosts: list[str] | None = None,
+                 processes: list | None = None):
+        self._job = Job(config, engine, gate, hosts, processes)
         self._view(config, tuple(range(config.world_size)), "")
 
     def _view(self, config: Config, ranks: tuple[int, ...], prefix: str) -> None:

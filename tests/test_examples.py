@@ -47,7 +47,7 @@ def result(out: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("world", [2, 1])
 def test_tp_inference(world):
-    pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install 'fastcoll[lm]')")
+    pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install '.[lm]' in the clone)")
     if world == 1:
         out = run([sys.executable, os.path.join(EXAMPLES, "tp_inference.py"), *TP_SMALL])
     else:
