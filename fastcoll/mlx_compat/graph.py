@@ -1,37 +1,24 @@
-"""MLX's graph runs fastcoll's collectives (FASTCOLL_MLX_GRAPH=1).
+"""MLX's graph runs fastcoll's collectives (FASTCOLL_MLX_GRAPH=1; docs/mlx.md, Graph mode).
 
 By default mlx_compat's collectives run when they are called: each evaluates its input, hands it
-to fastcoll and hands back an array, two trips between Python and MLX's evaluation thread a call.
-In graph mode they are MLX's own lazy collectives of its MPI backend instead, and the MPI library
-underneath is fastcoll's (fastcoll/mlx_compat/csrc/mpi_abi.c): MLX evaluates a collective where
-it stands in the graph, on its evaluation thread, and fastcoll's engine moves the bytes there,
-without Python.
+to fastcoll and hands back an array. In graph mode they are MLX's own lazy collectives of its MPI
+backend, over fastcoll's MPI library (fastcoll/mlx_compat/csrc/): MLX runs each where it stands
+in the graph, on its evaluation thread, and fastcoll's engine moves the bytes without Python.
+`init()` here splits the job's group into one for the graph alone (the engine numbers its calls
+without Python), opens the engine's table of it, attaches the library, points MLX_MPI_LIBNAME at
+it and returns MLX's `mx.distributed.init(backend="mpi")`.
 
-`init()` here: split the job's group into one for the graph alone (the engine numbers its calls
-without Python), open the engine's table of it, attach the library to the table, point
-MLX_MPI_LIBNAME at the library, and return MLX's `mx.distributed.init(backend="mpi")`.
-
-Order. MLX runs a collective on the stream it was made for, each stream on a thread of its own,
-so collectives of two streams reach the engine in an order of chance, which two ranks need not
-share (ranks that differ end with a MismatchError, or trade the data of two calls of one shape).
-So every collective made through mlx_compat goes on one stream of its Python thread (`stream()`,
-whatever stream the program asked for): MLX runs a stream's work in the order it was given, which
-is the program's order, the same on every rank. An eager call of fastcoll's own (fastcoll.barrier,
-sum_scatter, Group.split) first waits for this thread's graph collectives (`before_eager`, which
-the job calls), so it too comes in program order. What is left, two threads' collectives at once,
-the library catches (fastcoll/mlx_compat/csrc/mpi_call.c).
+Order. MLX runs each stream's work on a thread of its own, so collectives of two streams would
+reach the engine in an order of chance, which ranks need not share. So every collective made
+through mlx_compat goes on its Python thread's one stream (`stream()`, whatever the program
+asked for), which runs them in the program's order; an eager call of fastcoll's own first waits
+for them (`before_eager`, which the job calls). Two threads' calls at once the library catches.
 
 Splits. MLX's Group.split asks MPI_Comm_split, which the library answers with fastcoll's own
-Group.split (`_split`, called from C on the program's thread): the sub-group's members and order
-are the engine's, and its collectives stay in MLX's graph (the library runs them over the table's
-messages, fastcoll/mlx_compat/csrc/mpi_sub.c). `fastcoll_group(group)` is the fastcoll group an
-MLX group of the graph stands for; install() also gives MLX's Group class a `fastcoll_group`
-property, as mlx_compat.Group has.
-
-What differs from the default (docs/mlx.md, Graph mode):
-- a failure on the wire ends the process with status 1 after one line on stderr naming the lost
-  peer, as MPI's default error handler ends the job: MLX's graph cannot raise it to Python;
-- sum_scatter, which MLX's MPI backend lacks, runs eagerly through fastcoll as by default.
+Group.split (`_split`, called from C on the program's thread); the sub-groups' collectives stay
+in MLX's graph (the library runs them over the table's messages). `fastcoll_group(group)` is the
+fastcoll group an MLX group of the graph stands for. A failure on the wire ends the process after
+one line on stderr, as MPI's default error handler ends the job: MLX's graph cannot raise it.
 """
 
 from __future__ import annotations
