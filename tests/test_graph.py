@@ -171,3 +171,33 @@ def test_graph_mode_message_on_a_split_that_the_receiver_does_not_expect_is_not_
     assert ("): s1c0/recv(0,1,float32,(5,)) in MLX's graph: MismatchError: rank 0 (host " in out
             and ") called s1c0/send(0,1,float32,(4,))" in out), out
     assert "rank 1: its p2p call returned" not in out, out
+
+
+@GRAPH_ONLY
+def test_graph_mode_failed_split_raises_fastcolls_error():
+    """MLX turns a failed MPI_Comm_split into `RuntimeError: MPI could not split this group`; the
+    split that install() gives MLX's class raises the error fastcoll's split raised instead."""
+    code, out, err = run_session(_launch("failed", prog="graph_split_worker.py"), _env(), 60, merge_stderr=True)
+    assert code == 0, out
+    assert "rank 0: raised MismatchError: rank 0 called split(int64,2) as collective #2 but rank 1 called barrier()" in out, out
+    assert "could not split" not in out, out
+
+
+def test_install_gives_mlxs_group_class_fastcoll_group_and_split_and_uninstall_takes_them_off():
+    """Graph mode hands out MLX's own groups: install() gives their class `fastcoll_group` (as
+    mlx_compat.Group has; tp_inference reads it) and a split that notes each split's fastcoll
+    group; a group fastcoll did not make says so; uninstall() leaves MLX's class as it was."""
+    code = (
+        "import mlx.core as mx\nfrom fastcoll import mlx_compat\n"
+        "G = mx.distributed.Group; split = G.split; own = mx.distributed.init()\n"
+        "mlx_compat.install()\n"
+        "print('split wrapped', G.split is not split, 'property', isinstance(G.__dict__['fastcoll_group'], property))\n"
+        "try:\n    own.fastcoll_group\nexcept AttributeError as e:\n    print('refused:', e)\n"
+        "print('ours', mx.distributed.init().fastcoll_group.size())\n"
+        "mlx_compat.uninstall()\n"
+        "print('restored', G.split is split, hasattr(G, 'fastcoll_group'))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=_env())
+    assert p.returncode == 0, p.stderr
+    assert "split wrapped True property True" in p.stdout, p.stdout
+    assert "is not a group fastcoll made (make it with mx.distributed.init() after fastcoll.mlx_compat.install()" in p.stdout
+    assert "ours 1" in p.stdout and "restored True False" in p.stdout, p.stdout

@@ -8,6 +8,8 @@ which fastcoll's MPI library answers with fastcoll's own Group.split.
                                               graph, sum_scatter; "rank R: split checks passed"
     python graph_split_worker.py mismatch     on a split, rank 0 sums what rank 1 gathers
     python graph_split_worker.py p2p          on a split, rank 0 sends 4 floats, rank 1 takes 5
+    python graph_split_worker.py failed       rank 0 splits while rank 1 calls a barrier: rank 0's
+                                              split raises fastcoll's error, not MLX's
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import sys
 
 import mlx.core as mx
+
+import fastcoll
 
 from checks import check, run
 from fastcoll import mlx_compat
@@ -101,6 +105,12 @@ def main() -> None:
         elif sub.rank() == 1:
             mx.eval(d.recv((5,), mx.float32, 0, group=sub))
         print(f"rank {sub.rank()}: its p2p call returned", flush=True)
+    elif what == "failed":
+        try:
+            g.split(0) if g.rank() == 0 else fastcoll.barrier()
+        except Exception as e:  # noqa: BLE001 (what was raised is the point)
+            print(f"rank {g.rank()}: raised {type(e).__name__}: {e}", flush=True)
+        return
     mx.eval(d.all_sum(mx.array(1.0), group=g))  # leave together
 
 
