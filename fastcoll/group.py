@@ -213,9 +213,13 @@ class Group:
             self._job.gate.check()
 
     def finalize(self) -> None:
-        """Finish queued work, tell the peers, and release sockets and threads."""
-        self._closed = True
-        self._job.close()
+        """Finish queued work (graph mode's too), tell the peers, and release sockets and threads."""
+        try:
+            if self._job.before_call is not None and not self._closed:
+                self._job.before_call()
+        finally:
+            self._closed = True
+            self._job.close()
 
     # ----- what the collectives use (fastcoll/collectives.py, exchange.py, objects.py) -----
 

@@ -124,12 +124,15 @@ def test_library_alone_answers_mlx_probe_and_refuses_what_it_cannot_serve():
     assert "MPI_Allreduce: called after fastcoll.finalize() or before init()" in p.stderr, p.stderr
 
 
-@pytest.mark.parametrize("action,said", [("streams", "streams kept apart"), ("eager", "eager after graph in order")])
+@pytest.mark.parametrize("action,said", [("streams", "streams kept apart"), ("eager", "eager after graph in order"),
+                                         ("finalize", "finalized after the graph's call")])
 def test_graph_mode_keeps_the_programs_order(launch, action, said):
     """streams: two all_sums of one shape on two MLX streams, one's input slow on rank 0 and the
     other's on rank 1, traded their data before each thread's collectives went on one stream.
     eager: an eager call made while rank 0's graph collective waited for its input ran before it
-    there and after it on rank 1 (a MismatchError) before eager calls waited for the graph's."""
+    there and after it on rank 1 (a MismatchError) before eager calls waited for the graph's.
+    finalize: fastcoll.finalize() closed the engine under that waiting call, which then ended the
+    process, before finalize() waited for the graph's calls too."""
     results = launch(2, "graph_worker.py", action, FASTCOLL_MLX_GRAPH="1", FASTCOLL_TIMEOUT="30").wait(timeout=120)
     assert_ok(results)
     for r in results:

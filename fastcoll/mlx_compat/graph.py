@@ -117,7 +117,8 @@ def open_graph(group: FastcollGroup) -> Any | None:
             f"MLX's MPI backend is rank {mlx_group.rank()} of {mlx_group.size()}, not fastcoll's "
             f"{sub.rank()} of {sub.size()}: MLX loaded another MPI library before {LIBNAME} was set, "
             "or this MLX is older than 0.29.4, which does not read it")
-    _STREAM = mx.new_thread_local_stream(mx.cpu)
+    # One stream a thread (MLX 0.31.2 made streams thread-local); before it, one for every thread.
+    _STREAM = mx.new_thread_local_stream(mx.cpu) if hasattr(mx, "new_thread_local_stream") else mx.new_stream(mx.cpu)
     _by_handle[ctypes.addressof(ctypes.c_int.in_dll(lib, "ompi_mpi_comm_world"))] = group
     _by_object[id(mlx_group)] = (mlx_group, group)
     _open = (mlx_group, group, table, lib, callback)

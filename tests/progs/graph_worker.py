@@ -15,6 +15,8 @@
                                        fastcoll.all_reduce: both right ("eager after graph")
     python graph_worker.py threads     rank 0 evaluates two all_sums at once from two threads;
                                        rank 1 comes late: the library ends rank 0 naming both
+    python graph_worker.py finalize    fastcoll.finalize() while rank 0's graph all_sum still
+                                       waits for its input: it waits for the call, then ends
 """
 
 from __future__ import annotations
@@ -110,6 +112,15 @@ def eager_after_graph(g) -> None:
     print(f"rank {r}: eager after graph in order", flush=True)
 
 
+def finalize_after_graph(g) -> None:
+    r, n = g.rank(), g.size()
+    y = mx.distributed.all_sum(1.0 + r + slow(700 if r == 0 else 64), group=g)
+    mx.async_eval(y)
+    fastcoll.finalize()
+    assert y.tolist() == [sum(1.0 + q for q in range(n))] * 64, y.tolist()[:2]
+    print(f"rank {r}: finalized after the graph's call", flush=True)
+
+
 def threads(g) -> None:
     if g.rank() != 0:
         time.sleep(4)  # rank 0's first call waits for this rank meanwhile
@@ -130,6 +141,9 @@ def main() -> None:
         check(g)
     elif what == "die":
         die(g, int(sys.argv[2]))
+    elif what == "finalize":
+        finalize_after_graph(g)
+        return
     elif what in ("streams", "eager", "threads"):
         {"streams": streams, "eager": eager_after_graph, "threads": threads}[what](g)
     elif what == "mismatch":
