@@ -123,10 +123,11 @@ static int member(const struct mpi_comm *c, int table_rank)
     return 0;
 }
 
-/* Whether the two communicators have a rank in common besides this one. */
+/* Whether the two communicators have a rank in common besides this one (one communicator's calls
+ * share its state, whatever its ranks). */
 static int share(const struct mpi_comm *a, const struct mpi_comm *b)
 {
-    if (a->world && b->world)
+    if (a == b)
         return 1;
     const struct mpi_comm *small = a->world ? b : a, *other = small == a ? b : a;
     for (int i = 0; i < small->size; i++)
