@@ -285,6 +285,10 @@ EXPORT int MPI_Allreduce(const void *src, void *dst, int count, void *type, void
         dtype = FC_UINT8;
         redop = redop == FC_MIN ? FC_MIN : FC_MAX;
     }
+    /* A user op reduces by itself, and the engine reads only the element size from dtype: the
+     * user's dtype (float16, not uint16), where known, is what the call's signature then names. */
+    if (o->fn && t->name < FC_DTYPE_COUNT && fc_itemsize(t->name) == t->size)
+        dtype = t->name;
     int slot = mpi_enter(&c);
     struct mpi_comm *m = comm;
     if (m->world)
