@@ -36,12 +36,15 @@ native = Extension(
     optional=OPTIONAL,
 )
 
+MPI_CSRC = os.path.join("fastcoll", "mlx_compat", "csrc")
 mpi_abi = Extension(
     "fastcoll.mlx_compat._mpi_abi",
-    sources=[os.path.join("fastcoll", "mlx_compat", "csrc", "mpi_abi.c")],
-    depends=[os.path.join("fastcoll", "mlx_compat", "csrc", "mpi_abi.h"), os.path.join(CSRC, "fc_graph.h"),
-             os.path.join(CSRC, "fc_reduce.h")],
-    include_dirs=[CSRC, os.path.join("fastcoll", "mlx_compat", "csrc")],
+    # fc_reduce.c: the engine's reductions, for the collectives of split groups (mpi_sub.c).
+    sources=sorted(glob.glob(os.path.join(MPI_CSRC, "*.c"))) + [os.path.join(CSRC, "fc_reduce.c")],
+    depends=sorted(glob.glob(os.path.join(MPI_CSRC, "*.h"))) + [os.path.join(CSRC, "fc_graph.h"),
+                                                                 os.path.join(CSRC, "fc_reduce.h")],
+    include_dirs=[CSRC, MPI_CSRC],
+    libraries=["m"] if sys.platform.startswith("linux") else [],  # fmaf (fc_reduce.c)
     define_macros=MACROS,
     extra_compile_args=FLAGS,
     optional=OPTIONAL,

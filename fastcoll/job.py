@@ -38,6 +38,7 @@ class Job:
         self.processes = processes or []
         self.lock = threading.Lock()  # orders the calls of every group of this rank
         self.error: FastcollError | None = None
+        self.before_call = None  # Group.set_before_call's: called before every call, or None
         self.closed = False
         self.tracer = None
         self._pid = os.getpid()

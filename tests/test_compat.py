@@ -135,10 +135,9 @@ def test_same_results_as_mlx_ring_backend(launch, tmp_path, graph):
     if not theirs:
         pytest.skip(f"MLX's ring backend wrote nothing here (no localhost ring?); its output:\n{log}")
     assert set(mine) == set(theirs)
-    in_graph = graph == "1" and "collectives run eagerly instead" not in ours[0].err
     # MLX's ring backend refuses these two; fastcoll implements them (NCCL's and MPI's meaning),
-    # but for split in graph mode, where MLX's MPI backend asks MPI_Comm_split, which it refuses.
-    extra = {"sum_scatter"} if in_graph else {"split", "sum_scatter"}
+    # in graph mode too (MLX's MPI backend asks MPI_Comm_split, which is fastcoll's split).
+    extra = {"split", "sum_scatter"}
     for key in sorted(theirs):
         if key[1] in extra:
             assert "error" in theirs[key] and "error" not in mine[key], (key, theirs[key], mine[key])
