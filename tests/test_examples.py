@@ -114,7 +114,7 @@ def test_dp_training(world, mode, extra):
 @pytest.fixture(scope="module")
 def lm_model(tmp_path_factory):
     """The small qwen2 docs/mlx.md tells users to make (tests/progs/lm_model.py: no download)."""
-    pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install 'fastcoll[lm]')")
+    pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install '.[lm]' in the clone)")
     pytest.importorskip("tokenizers", reason="the tokenizers package is not installed (mlx-lm's transformers has it)")
     path = str(tmp_path_factory.mktemp("lm") / "model")
     run([sys.executable, os.path.join(PROGS, "lm_model.py"), path])
