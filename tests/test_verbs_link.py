@@ -166,6 +166,9 @@ def test_every_collective_is_exact(fabric, fabdir, size, reliable):
         assert f"rank {r.rank}: " in r.out and "checks passed" in r.out, r.out
         links = json.loads(r.out.split("LINKS ", 1)[1].splitlines()[0])
         assert links == [["verbs", f"fcfab{r.rank}, {kind}, MTU 1024"]] * (size - 1), links
+        # A bell that wakes a peer asleep in poll() must not wait behind the last one's
+        # acknowledgement (Nagle's rule): a missing TCP_NODELAY cost a nap (1 ms) a sleeping wait.
+        assert json.loads(r.out.split("NODELAY ", 1)[1].splitlines()[0]) == [1] * (size - 1), r.out
     assert leaks(report) == [], "registrations left open"
 
 
