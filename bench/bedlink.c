@@ -135,11 +135,13 @@ static void route(int p, int s, long long now)
     out->count++;
 }
 
-/* Read what port p has, while its uplink is free and a slot is left; returns frames read. */
-static int take(int p, long long now)
+/* Read what port p has, while its uplink is free and a slot is left; returns frames read. Each
+ * frame's clock is read after its read returns: a loop's clock may be old by a preemption, and
+ * a frame stamped with it would be held less than the delay. */
+static int take(int p)
 {
     int got = 0;
-    while (nfree > 0 && ports[p].up_free <= now) {
+    while (nfree > 0 && ports[p].up_free <= now_ns()) {
         int s = free_slots[nfree - 1];
         ssize_t n = read(ports[p].fd, slots[s].data, SLOT_BYTES);
         if (n <= 0)
@@ -152,7 +154,7 @@ static int take(int p, long long now)
         slots[s].len = (int)n;
         ports[p].frames_in++;
         ports[p].bytes_in += (unsigned long long)n;
-        route(p, s, now);
+        route(p, s, now_ns());
         got++;
     }
     return got;
@@ -282,7 +284,7 @@ int main(int argc, char **argv)
         for (int q = 0; q < nports; q++)
             give(q, now);
         for (int p = 0; p < nports; p++)
-            take(p, now);
+            take(p);
         if ((++spins & 1023) == 0 && (!poll_input() || now > end))
             break;
     }
