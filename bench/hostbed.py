@@ -162,29 +162,37 @@ def _part(a: argparse.Namespace, doc: dict, t0: float, name: str, fn):
     return fn()
 
 
-def run_all(a: argparse.Namespace) -> dict:
-    t0 = time.monotonic()
-    doc = {"machine": harness.machine_info(), "command": " ".join(sys.argv), "tbf": netbed.kernel_has_tbf(),
-           "links": [], "allreduce": [], "decode": [], "skipped": []}
-    for n in sorted(set(a.hosts) | set(a.decode_hosts)):
-        bed = netbed.Bed(n).build()
-        doc.setdefault("beds", []).append(bed.describe())
-        try:
-            for link in dict.fromkeys(a.links + (a.decode_links if n in a.decode_hosts else [])):
-                bed.set_link(*parse_link(link))
+def _on_bed(a: argparse.Namespace, doc: dict, t0: float, n: int, links: list[str], what: str, fn) -> None:
+    """Build a bed of n hosts; for each link, probe it (once a run) and run fn(bed, n, link, a)."""
+    bed = netbed.Bed(n).build()
+    doc["beds"].append(bed.describe())
+    try:
+        for link in links:
+            bed.set_link(*parse_link(link))
+            if not any(x["hosts"] == n and x["link"] == link for x in doc["links"]):
                 probe = _part(a, doc, t0, f"probe {n} hosts {link}", lambda: probe_link(bed))
                 if probe is not None:
                     doc["links"].append({"hosts": n, "link": link, **probe})
                     print(f"[{n} hosts, {link}] link: {json.dumps(probe)}", flush=True)
-                if n in a.hosts and link in a.links:
-                    got = _part(a, doc, t0, f"all_reduce {n} hosts {link}", lambda: allreduce(bed, n, link, a))
-                    if got is not None:
-                        doc["allreduce"].append({"hosts": n, "link": link, "doc": got})
-                if n in a.decode_hosts and link in a.decode_links:
-                    doc["decode"] += _part(a, doc, t0, f"decode {n} hosts {link}", lambda: decode(bed, n, link, a)) or []
-                _save(a, doc)
-        finally:
-            bed.teardown()
+            got = _part(a, doc, t0, f"{what} {n} hosts {link}", lambda: fn(bed, n, link, a))
+            if what == "all_reduce" and got is not None:
+                doc["allreduce"].append({"hosts": n, "link": link, "doc": got})
+            elif got is not None:
+                doc["decode"] += got
+            _save(a, doc)
+    finally:
+        bed.teardown()
+
+
+def run_all(a: argparse.Namespace) -> dict:
+    """The all_reduce set on every host count first, then decode: a deadline cuts decode first."""
+    t0 = time.monotonic()
+    doc = {"machine": harness.machine_info(), "command": " ".join(sys.argv), "tbf": netbed.kernel_has_tbf(),
+           "beds": [], "links": [], "allreduce": [], "decode": [], "skipped": []}
+    for n in a.hosts:
+        _on_bed(a, doc, t0, n, a.links, "all_reduce", allreduce)
+    for n in a.decode_hosts:
+        _on_bed(a, doc, t0, n, a.decode_links, "decode", decode)
     _save(a, doc)
     return doc
 
