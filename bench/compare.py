@@ -35,7 +35,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sizes", default=None, help="explicit sizes instead of the powers of 4, e.g. 4KiB,64MiB")
     p.add_argument("--systems", default=",".join(systems.DEFAULT_SYSTEMS),
                    help="systems and variants (bench/systems.py): /cN connections, /aN loopback addresses, "
-                        "/mx mx.array inputs, /noshm, /py the Python engine, /KEY=VALUE a FASTCOLL_TUNING knob")
+                        "/mx mx.array inputs, /noshm, /rdma verbs on the test fabric, /py the Python engine, /KEY=VALUE a FASTCOLL_TUNING knob")
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3; --quick: 1)")
     p.add_argument("--iters", type=int, default=None,
                    help="fixed timed iterations per point and round (default: --budget)")

@@ -3,7 +3,8 @@
 A name is `fastcoll-tcp`, `fastcoll-zmq`, `mlx-ring` or `mpi`, then `/`-separated
 variants: /cN N connections per neighbour (FASTCOLL_CONNECTIONS; mlx.launch
 --connections-per-ip), and for fastcoll /aN (listen on 127.0.0.1..N), /mx (mx.array inputs),
-/noshm (FASTCOLL_SHM=0), /py (FASTCOLL_NATIVE=0) and /KEY=VALUE (FASTCOLL_TUNING), e.g.
+/noshm (FASTCOLL_SHM=0), /rdma (verbs links on the test fabric, tests/fabric/: FASTCOLL_TRANSPORT=rdma
+with FASTCOLL_VERBS_LIB), /py (FASTCOLL_NATIVE=0) and /KEY=VALUE (FASTCOLL_TUNING), e.g.
 `fastcoll-tcp/doubling=0`. fastcoll starts as N processes with their launchers'
 variables set here, mlx-ring through `mlx.launch`, mpi through the mpich wheel's `mpiexec`.
 """
@@ -14,6 +15,7 @@ import importlib.util
 import os
 import secrets
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +38,7 @@ class System:
     mx_arrays: bool = False
     addresses: int = 1
     shm: bool = True
+    rdma: bool = False
     python_engine: bool = False
     tuning: tuple[str, ...] = ()
 
@@ -65,11 +68,13 @@ def parse_system(name: str) -> System:
             fields["mx_arrays" if v == "mx" else "python_engine"] = True
         elif v == "noshm" and base == "fastcoll-tcp":
             fields["shm"] = False
+        elif v == "rdma" and base == "fastcoll-tcp":
+            fields["rdma"] = True
         elif "=" in v and fastcoll:
             fields["tuning"] += (v,)
         else:
             raise ValueError(f"{name}: unknown variant {v!r} (known: /cN for fastcoll and mlx-ring; "
-                             "/aN, /mx, /noshm, /py and /KEY=VALUE for fastcoll)")
+                             "/aN, /mx, /noshm, /rdma, /py and /KEY=VALUE for fastcoll)")
     return System(name.strip(), base, **fields)
 
 
@@ -133,12 +138,21 @@ def commands(system: System, world: int, worker_args: list[str]) -> list[Command
         env["FASTCOLL_CONNECTIONS"] = str(system.connections)
     if not system.shm:
         env["FASTCOLL_SHM"] = "0"
+    if system.rdma:
+        env |= {"FASTCOLL_TRANSPORT": "rdma", "FASTCOLL_VERBS_LIB": fabric_library()}
     if system.addresses > 1:
         env["FASTCOLL_INTERFACE"] = ",".join(f"127.0.0.{i}" for i in range(1, system.addresses + 1))
     if system.tuning:
         env["FASTCOLL_TUNING"] = ",".join(system.tuning)
     extra = ["--array", "mlx"] if system.mx_arrays else []
     return fastcoll_ranks(world, [py, script, *worker_args, *extra], env)
+
+
+def fabric_library() -> str:
+    """The test fabric's verbs library (tests/fabric/build.py builds it once and prints its path)."""
+    built = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "fabric" / "build.py")],
+                           capture_output=True, text=True, check=True)
+    return built.stdout.strip().splitlines()[-1]
 
 
 def launch(system: System, world: int, worker_args: list[str], timeout: float) -> JobResult:

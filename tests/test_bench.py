@@ -138,6 +138,9 @@ def test_names_rotation_and_parsing() -> None:
     assert parse_system("mlx-ring").kind == "mlx"
     with pytest.raises(ValueError):
         parse_system("nccl")
+    assert parse_system("fastcoll-tcp/rdma").rdma and not parse_system("fastcoll-tcp").rdma
+    with pytest.raises(ValueError, match="/rdma"):
+        parse_system("fastcoll-zmq/rdma")
     tuned = parse_system("fastcoll-tcp/py/doubling=0/yield_reads=0")
     assert tuned.python_engine and tuned.tuning == ("doubling=0", "yield_reads=0")
     with pytest.raises(ValueError, match="KEY=VALUE for fastcoll"):
