@@ -43,7 +43,13 @@ enum fc_code {
     FC_E_GATE_CLOSED,     /* the gate was closed before gate n[0] arrived */
     FC_E_GATE_PROTOCOL,   /* waiting for gate n[0], the GPU published n[1] */
     FC_E_GATE_SPIN,       /* a release spin hit its bound (the page says which) */
+    FC_E_SHUT,            /* this rank's engine was closed (finalize()) while the call ran */
 };
+
+/* fc_engine.interrupted: 0, FC_INTERRUPT_USER (Engine.interrupt(): FC_E_INTERRUPTED), or
+ * FC_INTERRUPT_SHUT (close() ends a call under way: FC_E_SHUT). */
+#define FC_INTERRUPT_USER 1
+#define FC_INTERRUPT_SHUT 2
 
 #define FC_TEXT_MAX (FC_MAX_HEADER + 1)
 
@@ -178,5 +184,10 @@ void fc_engine_say_goodbye(fc_engine *e, fc_ns flush_until, fc_ns until);
 void fc_engine_linger(fc_engine *e, fc_ns until);
 /* Close every link. */
 void fc_engine_close_links(fc_engine *e);
+/* After close() ended a call under way (the caller holds the run lock): the frames it queued are
+ * dropped, and a link with one half-written is cut (nothing more goes out on it, not even the
+ * goodbye: the frame's payload may be memory the call has let go of; its peer sees the end of
+ * the stream in the middle of a message). */
+void fc_engine_forget_call(fc_engine *e);
 
 #endif

@@ -1,7 +1,8 @@
 /* The Python side of the native engine: what the binding files share.
  *
  *   py_module.c   the module: its types, NativeError, the codes, reduce() and finish_mean()
- *   py_engine.c   the Engine type: links, the message calls, inline runs, the end
+ *   py_engine.c   the Engine type: links, the message calls, inline runs
+ *   py_close.c    the Engine's end: the last words after an abort, close() (finalize())
  *   py_items.c    what the service thread runs: queued calls, Python functions, gates, the
  *                 last words; completions; the references released later with the GIL
  *   py_args.c     a collective's arguments from Python, checked, as an fc_op
@@ -30,7 +31,9 @@ typedef struct {
     fc_engine engine;
     fc_service service;
     int ready;     /* the engine was set up */
-    int closed;
+    _Atomic int closed; /* close() began: no call is taken any more */
+    int ended;     /* close() closed the links and let go of the rings */
+    _Atomic int inline_call; /* a Python thread holds the run lock (claim_if_idle to release) */
     _Atomic int failed; /* a call failed: queued calls fail at once with the job's error */
     Py_buffer *segments; /* the shared-memory mappings the links use, held until the end */
     size_t nsegments;
@@ -117,6 +120,12 @@ PyObject *py_submit_planned_gate(EngineObject *self, PyObject *const *args, Py_s
 PyObject *py_graph_open(EngineObject *self, PyObject *args);
 void py_graph_close(EngineObject *self);
 void py_graph_free(EngineObject *self);
+
+/* py_close.c: the Engine's abort(frame, seconds) and close(flush_seconds, linger_seconds);
+ * py_engine_end frees everything as the object goes. */
+PyObject *py_engine_abort(EngineObject *self, PyObject *args);
+PyObject *py_engine_close(EngineObject *self, PyObject *args);
+void py_engine_end(EngineObject *self);
 
 /* Release the Python references of finished items (holds the GIL). */
 void py_reap(EngineObject *self);
