@@ -109,6 +109,19 @@ int fc_chan_parse(fc_engine *e, fc_chan *c, fc_err *err)
     return -1;
 }
 
+/* A shared-memory link whose peer broke a ring's counters: FC_E_MALFORMED, saying how. */
+static int ring_spoiled(fc_err *err, fc_link *l, int peer)
+{
+    fc_ring *r = l->rx.bad ? &l->rx : &l->tx;
+    if (!l->shm || !r->bad)
+        return 0;
+    char why[160];
+    fc_ring_explain(r, why, sizeof why);
+    fc_err_set(err, FC_E_MALFORMED, peer);
+    fc_err_text(err, why, strlen(why));
+    return 1;
+}
+
 /* ----- sending ----- */
 
 int fc_engine_send(fc_engine *e, int peer, int kind, int64_t seq, const uint8_t *sig, size_t sig_len,
@@ -156,11 +169,13 @@ int fc_engine_flush(fc_engine *e, fc_ns deadline, fc_err *err)
         return -1;
     }
     for (int i = 0; i < n; i++) {
-        if (e->chans[i].link.send_errno) {
+        fc_link *l = &e->chans[i].link;
+        if (l->send_errno && !ring_spoiled(err, l, fc_chan_peer(e, &e->chans[i]))) {
             fc_err_set(err, FC_E_BROKEN, fc_chan_peer(e, &e->chans[i]));
-            err->sys_errno = e->chans[i].link.send_errno;
-            return -1;
+            err->sys_errno = l->send_errno;
         }
+        if (l->send_errno)
+            return -1;
     }
     return 0;
 }
@@ -189,8 +204,12 @@ static int take(fc_engine *e, fc_chan *c, fc_header *h, fc_err *err)
     return 0;
 }
 
-static void lost(fc_err *err, fc_link *l, int peer, int mid)
+void fc_chan_lost(fc_engine *e, fc_chan *c, int mid, fc_err *err)
 {
+    fc_link *l = &c->link;
+    int peer = fc_chan_peer(e, c);
+    if (ring_spoiled(err, l, peer))
+        return;
     if (l->recv_errno) {
         fc_err_set(err, FC_E_CONN, peer);
         err->sys_errno = l->recv_errno;
@@ -205,7 +224,7 @@ static int header_step(fc_engine *e, void *ctx, int *moved, fc_err *err)
     int got = fc_chan_parse(e, c, err);
     if (got)
         return got;
-    int pulled = c->link.shm ? (c->link.eof ? -1 : 0) : fc_link_pull(&c->link);
+    int pulled = c->link.shm ? (c->link.eof || c->link.recv_errno ? -1 : 0) : fc_link_pull(&c->link);
     if (pulled > 0) {
         *moved = 1;
         return fc_chan_parse(e, c, err);
@@ -213,7 +232,7 @@ static int header_step(fc_engine *e, void *ctx, int *moved, fc_err *err)
     if (pulled < 0) { /* what the peer sent before it closed (an ABORT, a CLOSE) is read first */
         got = fc_chan_parse(e, c, err);
         if (!got)
-            lost(err, &c->link, fc_chan_peer(e, c), 0);
+            fc_chan_lost(e, c, 0, err);
         return got ? got : -1;
     }
     return 0;
@@ -222,9 +241,8 @@ static int header_step(fc_engine *e, void *ctx, int *moved, fc_err *err)
 int fc_engine_next_header(fc_engine *e, int peer, int64_t chunk, fc_ns deadline, fc_header *h, fc_err *err)
 {
     fc_chan *c = fc_chan_of(e, peer, chunk);
-    if (c->lost) {
-        fc_err_set(err, c->lost, peer);
-        err->sys_errno = c->lost_errno;
+    if (c->lost) { /* (the link's state says how) */
+        fc_chan_lost(e, c, 0, err);
         return -1;
     }
     if (c->held) {
@@ -267,7 +285,7 @@ static int payload_step(fc_engine *e, void *ctx, int *moved, fc_err *err)
         }
         ssize_t got; /* nothing buffered: read more */
         if (l->shm) {
-            got = l->eof ? -1 : 0; /* (the end of the stream is seen by the sleep's poll) */
+            got = l->eof || l->recv_errno ? -1 : 0; /* (the end of the stream: the sleep's poll) */
         } else if (p->n - p->done >= DIRECT_BYTES) {
             got = fc_link_recv_direct(l, p->dst + p->done, p->n - p->done);
         } else {
@@ -279,7 +297,7 @@ static int payload_step(fc_engine *e, void *ctx, int *moved, fc_err *err)
         if (got == 0)
             return 0;
         if (got < 0) {
-            lost(err, l, fc_chan_peer(e, p->c), 1);
+            fc_chan_lost(e, p->c, 1, err);
             return -1;
         }
         p->done += (size_t)got;

@@ -144,6 +144,10 @@ static inline int fc_chan_peer(fc_engine *e, fc_chan *c)
     return (int)((c - e->chans) / e->channels);
 }
 
+/* The error of c's link once its stream ended or failed (`mid`: in the middle of a message):
+ * a peer that closed, a receive that failed, or a shared-memory peer that broke its ring. */
+void fc_chan_lost(fc_engine *e, fc_chan *c, int mid, fc_err *err);
+
 /* Read the next header from c's link into c->header (its signature in c->store): 1 read,
  * 0 not all of it has arrived, -1 malformed (err: FC_E_MALFORMED). */
 int fc_chan_parse(fc_engine *e, fc_chan *c, fc_err *err);

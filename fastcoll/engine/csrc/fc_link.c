@@ -208,6 +208,8 @@ int fc_link_push(fc_link *l)
         return 0;
     if (l->shm && l->eof && !l->send_errno)
         l->send_errno = EPIPE; /* the peer's end of the stream came: it reads no more */
+    if (l->shm && (l->tx.bad || l->rx.bad) && !l->send_errno)
+        l->send_errno = EPROTO; /* the peer broke a ring's counters (fc_shmring.h) */
     if (l->send_errno) {
         drop_all(l);
         return -1;
@@ -282,7 +284,12 @@ int fc_link_pull(fc_link *l)
 
 size_t fc_link_have(fc_link *l)
 {
-    return l->shm ? fc_ring_avail(&l->rx) : l->rend - l->rstart;
+    if (!l->shm)
+        return l->rend - l->rstart;
+    size_t n = fc_ring_avail(&l->rx);
+    if ((l->rx.bad || l->tx.bad) && !l->recv_errno)
+        l->recv_errno = EPROTO; /* the peer broke a ring's counters: a failed receive */
+    return n;
 }
 
 void fc_link_peek(fc_link *l, void *dst, size_t n, size_t off)
@@ -300,6 +307,8 @@ size_t fc_link_take(fc_link *l, void *dst, size_t n)
         size_t got = fc_ring_get(&l->rx, dst, n, &wake);
         if (wake)
             ring_bell(l);
+        if (l->rx.bad && !l->recv_errno)
+            l->recv_errno = EPROTO; /* the peer broke the ring's counters: a failed receive */
         return got;
     }
     size_t have = l->rend - l->rstart;
