@@ -20,12 +20,19 @@ The default run makes 3,000 calls; the `slow` one (CI) makes 20,000, the soak th
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from conftest import assert_ok
 from engines import native_missing
 
 GROWTH = 1.5  # the most RSS (less the cache) may grow after the first 1,000 calls
+# Under AddressSanitizer (.ci/sanitizers) freed memory waits in its quarantine and every call is
+# slower: the results are still checked, the resident size is not, and the long run is left out.
+SANITIZED = os.environ.get("FASTCOLL_SANITIZED") == "1"
+LONG = pytest.param(20000, marks=[pytest.mark.timeout(900), pytest.mark.skipif(
+    SANITIZED, reason="the 20,000-call run is left out under the sanitizers (the 3,000-call one runs)")])
 
 
 def parse(out: str) -> dict[str, list[int]]:
@@ -40,7 +47,7 @@ def parse(out: str) -> dict[str, list[int]]:
 
 
 @pytest.mark.skipif(native_missing() is not None, reason=f"no native engine: {native_missing()}")
-@pytest.mark.parametrize("calls", [3000, 20000])
+@pytest.mark.parametrize("calls", [3000, LONG])
 def test_resident_size_levels_off_and_finalize_gives_memory_back(launch, calls):
     job = launch(2, "memory_worker.py", str(calls), "45", FASTCOLL_NATIVE="1", timeout="60")
     results = job.wait(timeout=120 + calls * 0.05)
@@ -52,7 +59,10 @@ def test_resident_size_levels_off_and_finalize_gives_memory_back(launch, calls):
         before, kept_before, after, kept_after = got["END"]
         print(f"\nrank {r.rank}: RSS KiB {rss}\n  cache KiB {[b // 1024 for b in kept]}\n  "
               f"finalize: {before} -> {after} KiB, cache {kept_before // 1024} -> {kept_after // 1024} KiB")
-        assert max(live) <= GROWTH * live[0], f"rank {r.rank}: RSS less the cache grew past {GROWTH}x: {live}"
         assert kept_before >= 16 << 20 and kept_after == 0, f"rank {r.rank}: the cache held {got['END']}"
+        if SANITIZED:
+            print("RSS not checked: AddressSanitizer's quarantine holds freed memory")
+            continue
+        assert max(live) <= GROWTH * live[0], f"rank {r.rank}: RSS less the cache grew past {GROWTH}x: {live}"
         # what the cache held went back to the system (not to a heap that keeps it)
         assert before - after >= 0.8 * kept_before / 1024, f"rank {r.rank}: finalize gave back too little: {got['END']}"

@@ -81,29 +81,29 @@ static void release_memory(EngineObject *self)
 }
 
 /* End the call another thread runs inline, if one does (without the GIL): interrupt it, and
- * wait by `until` for it to let go of the run lock. 0 if it kept it; *cut: a call was ended. A
- * call queued on the service thread is left to finish, as finalize() promises. */
-static int end_call_under_way(EngineObject *self, fc_ns until, int *cut)
+ * wait by `until` for it to let go of the run lock. 0 if it kept it. A call queued on the
+ * service thread is left to finish, as finalize() promises. */
+static int end_call_under_way(EngineObject *self, fc_ns until)
 {
-    *cut = atomic_load(&self->inline_call);
-    if (!*cut)
+    if (!atomic_load(&self->inline_call))
         return 1;
     atomic_store(&self->engine.interrupted, FC_INTERRUPT_SHUT);
     if (!fc_service_lock_by(&self->service, until))
         return 0;
+    /* Before anything else runs: what the ended call left queued must never go out (its
+     * payloads may be memory it has let go of). */
+    fc_engine_forget_call(&self->engine);
     int shut = FC_INTERRUPT_SHUT; /* the queued calls still run (or fail with the job's error) */
     atomic_compare_exchange_strong(&self->engine.interrupted, &shut, 0);
     fc_service_release(&self->service);
     return 1;
 }
 
-/* The end of the links, once nobody else uses them (the caller holds the run lock): if a call
- * was ended under way, its frames are dropped or its links cut (fc_engine_forget_call); then,
- * unless the job aborted, the queued frames are finished and CLOSE said on every link. */
-static void end_links(EngineObject *self, int cut, double flush_s, double linger_s)
+/* The end of the links, once nobody else uses them (the caller holds the run lock): unless the
+ * job aborted, the queued frames are finished and CLOSE said on every link (but those a call
+ * that close() ended left cut). */
+static void end_links(EngineObject *self, double flush_s, double linger_s)
 {
-    if (cut)
-        fc_engine_forget_call(&self->engine);
     if (atomic_load(&self->engine.aborted))
         fc_engine_linger(&self->engine, fc_deadline_in(linger_s));
     else
@@ -132,9 +132,9 @@ PyObject *py_engine_close(EngineObject *self, PyObject *args)
         return NULL;
     if (!self->ready || atomic_exchange(&self->closed, 1))
         Py_RETURN_NONE;
-    int held, cut;
+    int held;
     Py_BEGIN_ALLOW_THREADS
-    held = end_call_under_way(self, fc_deadline_in(LET_GO_SECONDS), &cut);
+    held = end_call_under_way(self, fc_deadline_in(LET_GO_SECONDS));
     if (held) {
         py_graph_close(self);
         stop_threads(self);
@@ -143,7 +143,7 @@ PyObject *py_engine_close(EngineObject *self, PyObject *args)
         held = fc_service_lock_by(&self->service, fc_deadline_in(LET_GO_SECONDS));
     }
     if (held) {
-        end_links(self, cut, flush_s, linger_s);
+        end_links(self, flush_s, linger_s);
         fc_service_release(&self->service);
         self->ended = 1;
     } else {
