@@ -7,6 +7,7 @@ import glob
 import json
 import os
 import random
+import re
 import socket
 import threading
 import time
@@ -190,7 +191,9 @@ def test_fastcoll_shm_is_a_flag():
 
 
 def _segments() -> set[str]:
-    return set(glob.glob("/dev/shm/fc*"))
+    """fastcoll's named segments in /dev/shm ("fc" and 24 hex digits; other programs' names
+    that start with "fc" are not ours)."""
+    return {p for p in glob.glob("/dev/shm/fc*") if re.fullmatch(r"fc[0-9a-f]{24}", os.path.basename(p))}
 
 
 @pytest.mark.parametrize(

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import select
 import signal
-import socket
 import sys
 import time
 
@@ -38,7 +38,9 @@ COUNTERS = ["head-negative", "head-past", "tail-negative", "tail-past"]
 
 
 def segments() -> set[str]:
-    return set(glob.glob("/dev/shm/fc*"))
+    """fastcoll's named segments in /dev/shm ("fc" and 24 hex digits; other programs' names
+    that start with "fc" are not ours)."""
+    return {p for p in glob.glob("/dev/shm/fc*") if re.fullmatch(r"fc[0-9a-f]{24}", os.path.basename(p))}
 
 
 # --- in one process -------------------------------------------------------------------------

@@ -284,7 +284,10 @@ class NativeEngine(Engine):
                     all_reduce: tuple[int, str, str], all_gather: tuple[int, str, str],
                     labels: tuple[str, ...]) -> Any:
         rules = [(most, _ALGORITHM[small], _ALGORITHM[large]) for most, small, large in (all_reduce, all_gather)]
-        return self._n.graph_open(prefix, tuple(ranks), rank, limit, piece_bytes, *rules, tuple(labels))
+        try:
+            return self._n.graph_open(prefix, tuple(ranks), rank, limit, piece_bytes, *rules, tuple(labels))
+        except _native.NativeError as e:  # closed: finalize() ran
+            raise error_from(e.args, self.transport.rank) from None
 
     def run_planned(self, plan: Any, seq: int, src: Any, dst: Any) -> None:
         try:
@@ -294,8 +297,11 @@ class NativeEngine(Engine):
 
     def submit_gate(self, plan: Any, seq: int, serve: Any, task: Task) -> Work:
         work = NativeWork(None)
-        work.completion = self._n.gate_submit_planned(plan, seq, serve.ticket.seq, serve.ticket.nbytes,
-                                                      (task, seq), work)
+        try:
+            work.completion = self._n.gate_submit_planned(plan, seq, serve.ticket.seq, serve.ticket.nbytes,
+                                                          (task, seq), work)
+        except _native.NativeError as e:  # closed: finalize() began after the group's check
+            raise error_from(e.args, self.transport.rank) from None
         return work
 
     def enqueue(self, task: Task, async_op: bool) -> Work | None:

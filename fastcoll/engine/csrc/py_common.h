@@ -3,6 +3,7 @@
  *   py_module.c   the module: its types, NativeError, the codes, reduce() and finish_mean()
  *   py_engine.c   the Engine type: links, the message calls, inline runs
  *   py_close.c    the Engine's end: the last words after an abort, close() (finalize())
+ *   py_gate.c     the Engine's gate calls: the control page, releases, the profile
  *   py_items.c    what the service thread runs: queued calls, Python functions, gates, the
  *                 last words; completions; the references released later with the GIL
  *   py_args.c     a collective's arguments from Python, checked, as an fc_op
@@ -120,6 +121,19 @@ PyObject *py_submit_planned_gate(EngineObject *self, PyObject *const *args, Py_s
 PyObject *py_graph_open(EngineObject *self, PyObject *args);
 void py_graph_close(EngineObject *self);
 void py_graph_free(EngineObject *self);
+
+/* py_engine.c: whether the engine takes calls (else a Python error: NativeError(FC_E_SHUT)
+ * once closed). */
+int py_engine_usable(EngineObject *self);
+
+/* py_gate.c: the Engine's gate methods; py_gate_ready: a gate is attached and the engine takes
+ * calls (else a Python error). */
+PyObject *py_attach_gate(EngineObject *self, PyObject *args);
+PyObject *py_gate_release(EngineObject *self, PyObject *args);
+PyObject *py_gate_outstanding(EngineObject *self, PyObject *unused);
+PyObject *py_gate_stop(EngineObject *self, PyObject *unused);
+PyObject *py_gate_timings(EngineObject *self, PyObject *unused);
+int py_gate_ready(EngineObject *self);
 
 /* py_close.c: the Engine's abort(frame, seconds) and close(flush_seconds, linger_seconds);
  * py_engine_end frees everything as the object goes. */

@@ -1,5 +1,6 @@
 /* The Engine type: this rank's links handed over from Python, the message calls the pure-Python
- * schedules use, inline runs of a whole collective, the gate, and the end. */
+ * schedules use, inline runs of a whole collective, queued calls and gates (the gate's other
+ * calls: py_gate.c; the end: py_close.c). */
 #include "py_common.h"
 
 #include <string.h>
@@ -20,7 +21,7 @@
 
 /* Whether the engine takes calls: once closed, NativeError(FC_E_SHUT), which Python reports as
  * "this group was finalized" (a thread that passed its group's check as finalize() began). */
-static int usable(EngineObject *self)
+int py_engine_usable(EngineObject *self)
 {
     if (!self->ready) {
         PyErr_SetString(PyExc_RuntimeError, "the native engine is not set up");
@@ -71,7 +72,7 @@ static PyObject *add_link(EngineObject *self, PyObject *args)
     int peer, ch, fd;
     PyObject *segment;
     Py_ssize_t tx_off, rx_off, cap;
-    if (!PyArg_ParseTuple(args, "iiiOnnn", &peer, &ch, &fd, &segment, &tx_off, &rx_off, &cap) || !usable(self))
+    if (!PyArg_ParseTuple(args, "iiiOnnn", &peer, &ch, &fd, &segment, &tx_off, &rx_off, &cap) || !py_engine_usable(self))
         return NULL;
     uint8_t *tx = NULL, *rx = NULL;
     if (segment != Py_None) {
@@ -113,7 +114,7 @@ static PyObject *claim_if_idle(EngineObject *self, PyObject *unused)
     (void)unused;
     if (self->ready && atomic_load(&self->closed))
         Py_RETURN_FALSE;
-    if (!usable(self))
+    if (!py_engine_usable(self))
         return NULL;
     py_reap(self);
     int r = fc_service_try_claim(&self->service);
@@ -142,7 +143,7 @@ static PyObject *run(EngineObject *self, PyObject *const *args, Py_ssize_t nargs
 {
     if (nargs != PY_OP_ARGS)
         return PyErr_Format(PyExc_TypeError, "run takes %d arguments", PY_OP_ARGS);
-    if (!usable(self))
+    if (!py_engine_usable(self))
         return NULL;
     py_op o;
     if (py_op_parse(&o, args, self->engine.size, self->engine.rank)) {
@@ -165,17 +166,17 @@ static PyObject *run(EngineObject *self, PyObject *const *args, Py_ssize_t nargs
 
 static PyObject *run_planned(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    return usable(self) ? py_run_planned(self, args, nargs) : NULL;
+    return py_engine_usable(self) ? py_run_planned(self, args, nargs) : NULL;
 }
 
 static PyObject *submit(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    return usable(self) ? py_submit_op(self, args, nargs) : NULL;
+    return py_engine_usable(self) ? py_submit_op(self, args, nargs) : NULL;
 }
 
 static PyObject *submit_call(EngineObject *self, PyObject *fn)
 {
-    return usable(self) ? py_submit_call(self, fn) : NULL;
+    return py_engine_usable(self) ? py_submit_call(self, fn) : NULL;
 }
 
 /* ----- the message calls (fastcoll/engine/native.py's NativeTransport) ----- */
@@ -197,7 +198,7 @@ static PyObject *send(EngineObject *self, PyObject *args)
     long long seq, chunk;
     Py_buffer sig, payload = {0};
     PyObject *obj;
-    if (!usable(self) || !PyArg_ParseTuple(args, "iiLy*LO", &peer, &kind, &seq, &sig, &chunk, &obj))
+    if (!py_engine_usable(self) || !PyArg_ParseTuple(args, "iiLy*LO", &peer, &kind, &seq, &sig, &chunk, &obj))
         return NULL;
     int ok = peer >= 0 && peer < self->engine.size && peer != self->engine.rank && kind >= FC_DATA &&
              kind <= FC_CLOSE && chunk >= 0;
@@ -224,7 +225,7 @@ static PyObject *send_raw(EngineObject *self, PyObject *args)
 {
     int peer;
     Py_buffer data;
-    if (!usable(self) || !PyArg_ParseTuple(args, "iy*", &peer, &data))
+    if (!py_engine_usable(self) || !PyArg_ParseTuple(args, "iy*", &peer, &data))
         return NULL;
     if (!peer_ok(self, peer, 0)) {
         PyBuffer_Release(&data);
@@ -242,7 +243,7 @@ static PyObject *send_raw(EngineObject *self, PyObject *args)
 static PyObject *flush(EngineObject *self, PyObject *arg)
 {
     double seconds = PyFloat_AsDouble(arg);
-    if ((seconds == -1.0 && PyErr_Occurred()) || !usable(self))
+    if ((seconds == -1.0 && PyErr_Occurred()) || !py_engine_usable(self))
         return NULL;
     fc_err err;
     fc_ns deadline = fc_deadline_in(seconds);
@@ -258,7 +259,7 @@ static PyObject *next_header(EngineObject *self, PyObject *args)
     int peer;
     long long chunk;
     double seconds;
-    if (!usable(self) || !PyArg_ParseTuple(args, "iLd", &peer, &chunk, &seconds) || !peer_ok(self, peer, chunk))
+    if (!py_engine_usable(self) || !PyArg_ParseTuple(args, "iLd", &peer, &chunk, &seconds) || !peer_ok(self, peer, chunk))
         return NULL;
     fc_err err;
     fc_header h;
@@ -279,7 +280,7 @@ static PyObject *read_payload(EngineObject *self, PyObject *args)
     long long chunk;
     double seconds;
     Py_buffer out;
-    if (!usable(self) || !PyArg_ParseTuple(args, "iLw*d", &peer, &chunk, &out, &seconds))
+    if (!py_engine_usable(self) || !PyArg_ParseTuple(args, "iLw*d", &peer, &chunk, &out, &seconds))
         return NULL;
     if (!peer_ok(self, peer, chunk)) {
         PyBuffer_Release(&out);
@@ -298,7 +299,7 @@ static PyObject *keep_unread(EngineObject *self, PyObject *args)
 {
     int peer;
     long long chunk;
-    if (!usable(self) || !PyArg_ParseTuple(args, "iL", &peer, &chunk) || !peer_ok(self, peer, chunk))
+    if (!py_engine_usable(self) || !PyArg_ParseTuple(args, "iL", &peer, &chunk) || !peer_ok(self, peer, chunk))
         return NULL;
     fc_engine_keep_unread(&self->engine, peer, chunk);
     Py_RETURN_NONE;
@@ -320,117 +321,21 @@ static void engine_dealloc(EngineObject *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* ----- the gate ----- */
-
-/* attach_gate(page, arrival, release, status, ack, spin_iters, spin_failed, send_offset,
- * recv_offset, mailbox_bytes, ranks, ok, error, closed, start_seq, profile) */
-static PyObject *attach_gate(EngineObject *self, PyObject *args)
-{
-    fc_gate_layout l;
-    Py_ssize_t w[6], off[3];
-    unsigned int ok, error, closed, start;
-    int ranks, profile;
-    PyObject *page;
-    if (!usable(self) ||
-        !PyArg_ParseTuple(args, "Onnnnnnnnniiiiip", &page, &w[0], &w[1], &w[2], &w[3], &w[4], &w[5], &off[0],
-                          &off[1], &off[2], &ranks, &ok, &error, &closed, &start, &profile))
-        return NULL;
-    if (self->gated)
-        return PyErr_Format(PyExc_RuntimeError, "a gate is attached already");
-    if (PyObject_GetBuffer(page, &self->page, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS))
-        return NULL;
-    Py_ssize_t most = 0;
-    for (int i = 0; i < 6; i++)
-        most = w[i] > most ? w[i] : most;
-    int bad = ranks < 1 || off[2] < 0 || (uintptr_t)self->page.buf % 4 || 4 * most + 4 > self->page.len ||
-              off[0] < 0 || off[0] + off[2] > self->page.len || off[1] < 0 ||
-              off[1] + (Py_ssize_t)ranks * off[2] > self->page.len;
-    for (int i = 0; i < 6; i++)
-        bad |= w[i] < 0;
-    if (bad) {
-        PyBuffer_Release(&self->page);
-        return PyErr_Format(PyExc_ValueError, "the gate's words or mailboxes lie outside its page");
-    }
-    l = (fc_gate_layout){(size_t)w[0], (size_t)w[1], (size_t)w[2], (size_t)w[3], (size_t)w[4], (size_t)w[5],
-                         (size_t)off[0], (size_t)off[1], (size_t)off[2], ranks, ok, error, closed};
-    if (fc_gate_init(&self->gate, self->page.buf, &l, start, profile)) {
-        PyBuffer_Release(&self->page);
-        return PyErr_NoMemory();
-    }
-    self->gated = 1;
-    Py_RETURN_NONE;
-}
-
-static int gated(EngineObject *self)
-{
-    if (!self->gated) {
-        PyErr_SetString(PyExc_RuntimeError, "no gate is attached");
-        return 0;
-    }
-    return usable(self);
-}
-
-/* gate_release(seq, status): store STATUS then RELEASE (sticky, never backwards). */
-static PyObject *gate_release(EngineObject *self, PyObject *args)
-{
-    unsigned int seq, status;
-    if (!PyArg_ParseTuple(args, "II", &seq, &status) || !gated(self))
-        return NULL;
-    fc_gate_release(&self->gate, seq, status);
-    Py_RETURN_NONE;
-}
-
-static PyObject *gate_outstanding(EngineObject *self, PyObject *unused)
-{
-    (void)unused;
-    return PyLong_FromLong(self->gated ? atomic_load(&self->gate.outstanding) : 0);
-}
-
-static PyObject *gate_stop(EngineObject *self, PyObject *unused)
-{
-    (void)unused;
-    if (self->gated)
-        atomic_store(&self->gate.stop, 1);
-    Py_RETURN_NONE;
-}
-
-/* gate_timings() -> [(seq, arrival_us, exchange_us, host_us, release_us, spin_iters), ...] */
-static PyObject *gate_timings(EngineObject *self, PyObject *unused)
-{
-    (void)unused;
-    if (!gated(self))
-        return NULL;
-    PyObject *list = PyList_New(0);
-    fc_gate_timing t[64];
-    size_t n;
-    while (list && (n = fc_gate_take_timings(&self->gate, t, 64)) > 0) {
-        for (size_t i = 0; i < n; i++) {
-            PyObject *row = Py_BuildValue("(IddddI)", t[i].seq, t[i].arrival_us, t[i].exchange_us, t[i].host_us,
-                                          t[i].release_us, t[i].spin_iters);
-            if (!row || PyList_Append(list, row)) {
-                Py_XDECREF(row);
-                Py_CLEAR(list);
-                break;
-            }
-            Py_DECREF(row);
-        }
-    }
-    return list;
-}
+/* ----- the gate (py_gate.c) ----- */
 
 static PyObject *gate_submit(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    return gated(self) ? py_submit_gate(self, args, nargs) : NULL;
+    return py_gate_ready(self) ? py_submit_gate(self, args, nargs) : NULL;
 }
 
 static PyObject *graph_open(EngineObject *self, PyObject *args)
 {
-    return usable(self) ? py_graph_open(self, args) : NULL;
+    return py_engine_usable(self) ? py_graph_open(self, args) : NULL;
 }
 
 static PyObject *gate_submit_planned(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    return gated(self) ? py_submit_planned_gate(self, args, nargs) : NULL;
+    return py_gate_ready(self) ? py_submit_planned_gate(self, args, nargs) : NULL;
 }
 
 #define FASTCALL(f) (PyCFunction)(void (*)(void))(f)
@@ -453,11 +358,11 @@ static PyMethodDef engine_methods[] = {
     {"abort", (PyCFunction)py_engine_abort, METH_VARARGS, "abort(frame, seconds)"},
     {"interrupt", (PyCFunction)interrupt, METH_NOARGS, "end the call under way at its next wait"},
     {"close", (PyCFunction)py_engine_close, METH_VARARGS, "close(flush_seconds, linger_seconds)"},
-    {"attach_gate", (PyCFunction)attach_gate, METH_VARARGS, "the gate's control page and layout"},
-    {"gate_release", (PyCFunction)gate_release, METH_VARARGS, "gate_release(seq, status)"},
-    {"gate_stop", (PyCFunction)gate_stop, METH_NOARGS, "stop waiting for arrivals"},
-    {"gate_outstanding", (PyCFunction)gate_outstanding, METH_NOARGS, "gates queued and not yet served"},
-    {"gate_timings", (PyCFunction)gate_timings, METH_NOARGS, "the profile's new records"},
+    {"attach_gate", (PyCFunction)py_attach_gate, METH_VARARGS, "the gate's control page and layout"},
+    {"gate_release", (PyCFunction)py_gate_release, METH_VARARGS, "gate_release(seq, status)"},
+    {"gate_stop", (PyCFunction)py_gate_stop, METH_NOARGS, "stop waiting for arrivals"},
+    {"gate_outstanding", (PyCFunction)py_gate_outstanding, METH_NOARGS, "gates queued and not yet served"},
+    {"gate_timings", (PyCFunction)py_gate_timings, METH_NOARGS, "the profile's new records"},
     {"gate_submit", FASTCALL(gate_submit), METH_FASTCALL, "queue a gate (seq, nbytes, 17 arguments, task, work)"},
     {"gate_submit_planned", FASTCALL(gate_submit_planned), METH_FASTCALL,
      "queue a gate (plan, call_seq, gate_seq, nbytes, task, work): the exchange planned"},
