@@ -46,8 +46,7 @@ class Task:
 def finalized_mid_call(rank: int) -> str:
     """What a call that finalize() ended under way raises (on another thread than the call's)."""
     return (f"rank {rank}: this group was finalized (fastcoll.finalize() or Group.finalize(), on another "
-            "thread) while this call was under way: it ended without a result; no collective runs on the "
-            "group any more")
+            "thread) during this call, which ends without a result; no collective runs on the group any more")
 
 
 # How long finalize() waits for a call it interrupted to let go of the connections (the call sees

@@ -678,7 +678,7 @@ def _say_shared(rank: int, out: dict[int, list[SocketLink | ShmLink]], enabled: 
     peers = sorted(p for p, ls in out.items() if any(link.kind == "shm" for link in ls))
     if shared:
         # Said at info because it bypasses the network: namespaces or containers that keep the
-        # machine's hostname and /dev/shm look like one host (docs/multihost.md).
+        # machine's hostname and see each other's processes look like one host (docs/multihost.md).
         log.info("rank %d: %d of %d connections through shared memory, to rank(s) %s (same hostname "
                  "and boot id, and their shared-memory segment opened here); FASTCOLL_SHM=0 keeps "
                  "them on TCP", rank, shared, sum(map(len, out.values())), peers)

@@ -72,8 +72,7 @@ typedef struct fc_chan {
     int open;     /* a link was added here */
     int watched;  /* looked at while the engine waits on another link */
     int held;     /* `header` was read and not taken yet */
-    int lost;     /* an fc_code: lost while the engine waited on another link */
-    int lost_errno;
+    int lost;     /* an fc_code: lost while the engine waited on another link (fc_chan_lost says how) */
     int cut;      /* a frame was given up half-written: no last words on it */
     int words;    /* the last words: 0 none due, 1 due, 2 queued, 3 said (fc_close.c) */
     fc_header header;

@@ -176,7 +176,6 @@ static int look(fc_engine *e, fc_chan *c, fc_chan *awaited, fc_err *err)
     if (!got) {
         if (pulled < 0) { /* lost while this rank waits on another: said when next needed */
             c->lost = c->link.recv_errno ? FC_E_CONN : FC_E_CLOSED;
-            c->lost_errno = c->link.recv_errno;
             c->watched = 0;
             e->gave_up[peer] = 1;
         }
