@@ -18,7 +18,7 @@ What it checks and prints (rank 0):
   time is the prompt's prefill).
 The last line is `RESULT logits_ok=0|1 tokens_equal=0|1 ...`; the exit status is 0 only when
 both hold on every rank.
-Needs mlx-lm (`pip install 'fastcoll[lm]'`).
+Needs mlx-lm (`pip install "mlx-lm>=0.28"`, or `pip install ".[lm]"` in fastcoll's clone).
 """
 
 from __future__ import annotations
@@ -91,7 +91,8 @@ def main(argv=None) -> int:
     try:
         import mlx_lm  # noqa: F401
     except ImportError:
-        print("tp_inference needs mlx-lm: pip install 'fastcoll[lm]'", file=sys.stderr)
+        print("tp_inference needs mlx-lm: pip install 'mlx-lm>=0.28' (or, in fastcoll's clone, "
+              "pip install '.[lm]')", file=sys.stderr)
         return 2
     mlx_compat.install()
     group = mx.distributed.init()  # fastcoll's group, seen as an mx.distributed.Group

@@ -8,13 +8,15 @@ other launchers set are understood too, so that jobs started by mpirun, srun or 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 import math
+import numbers
 import os
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from fastcoll import transport
 from fastcoll.transport.rendezvous import parse_address
@@ -74,6 +76,41 @@ DEFAULT_RESULT_CACHE_MB = 512
 
 LOG_LEVELS = ("warning", "info", "debug")
 
+# Every FASTCOLL_* name fastcoll reads or sets, and who reads it: init() and fastcoll-launch
+# refuse any other, naming the nearest of these, since a misspelled setting would otherwise run
+# with its default in silence. The README's environment table says what each means.
+SETTINGS = {
+    **dict.fromkeys(("FASTCOLL_RANK", "FASTCOLL_WORLD_SIZE", "FASTCOLL_LOCAL_RANK", "FASTCOLL_COORDINATOR",
+                     "FASTCOLL_PORT", "FASTCOLL_TOKEN", "FASTCOLL_TRANSPORT", "FASTCOLL_TIMEOUT",
+                     "FASTCOLL_INTERFACE", "FASTCOLL_CONNECTIONS", "FASTCOLL_SHM", "FASTCOLL_NATIVE",
+                     "FASTCOLL_FAST_SYNC", "FASTCOLL_MLX_GRAPH", "FASTCOLL_FENCE_MAX_ITERS",
+                     "FASTCOLL_GATE_MAX_BYTES", "FASTCOLL_GATE_PROFILE", "FASTCOLL_TRACE", "FASTCOLL_LOG",
+                     "FASTCOLL_TUNING"), "init()"),
+    # The rdma transport's (the README's table and docs/design.md say what they mean).
+    **dict.fromkeys(("FASTCOLL_VERBS_LIB", "FASTCOLL_RDMA_DEVICES", "FASTCOLL_RDMA_RELIABLE"), "init()"),
+    # Set by fastcoll-launch for its ranks (the ones above it sets too: RANK, WORLD_SIZE, ...).
+    "FASTCOLL_RESTART_COUNT": "fastcoll-launch, for the program",
+    "FASTCOLL_HOST": "fastcoll-launch, for init()",
+    # Read by setup.py when the native engine is built.
+    **dict.fromkeys(("FASTCOLL_BUILD_STRICT", "FASTCOLL_PORTABLE"), "setup.py"),
+}
+PREFIX = "FASTCOLL_"
+# The test suite's own settings (tests/): names under this prefix are never refused.
+TEST_PREFIX = "FASTCOLL_TEST_"
+
+
+def check_setting_names(names: Iterable[str], where: str = "") -> None:
+    """ValueError naming the first FASTCOLL_* name among `names` that is not a setting (SETTINGS)
+    and the setting nearest to it; `where` says where it was given ("--env", ...)."""
+    for name in names:
+        if not name.startswith(PREFIX) or name in SETTINGS or name.startswith(TEST_PREFIX):
+            continue
+        # Nearest by what follows the prefix, which every name shares.
+        cut = len(PREFIX)
+        near = difflib.get_close_matches(name[cut:], [known[cut:] for known in SETTINGS], n=1, cutoff=0.6)
+        hint = f"did you mean {PREFIX}{near[0]}?" if near else "the README's environment table lists them"
+        raise ValueError(f"{where + ': ' if where else ''}{name} is not a fastcoll setting: {hint}")
+
 # (rank variable, size variable, local rank variable, launcher name), in order of preference.
 _LAUNCHER_RANKS = (
     ("FASTCOLL_RANK", "FASTCOLL_WORLD_SIZE", "FASTCOLL_LOCAL_RANK", "fastcoll"),
@@ -110,6 +147,7 @@ class Config:
     # the launcher names none): the rendezvous refuses ranks of another job (job_identity).
     job: str = ""
     log: str | None = None  # FASTCOLL_LOG: the `fastcoll` logger's level, if set
+    host: str = ""  # FASTCOLL_HOST: this rank's host as fastcoll-launch names it ("": the host's own name)
     # Tuning (FASTCOLL_TUNING="name=value,..."): the algorithm choice and the transports' waits.
     direct_max_bytes: int = DEFAULT_DIRECT_MAX_BYTES
     direct_max_bytes_two_ranks: int = DEFAULT_DIRECT_MAX_BYTES_TWO_RANKS
@@ -134,7 +172,7 @@ class Config:
             raise ValueError(
                 f"FASTCOLL_TRANSPORT must be one of {', '.join(map(repr, transport.TRANSPORTS))}, "
                 f"not {self.transport!r}")
-        check_timeout(self.timeout, "FASTCOLL_TIMEOUT")
+        check_timeout(self.timeout, "FASTCOLL_TIMEOUT", text=True)
 
     @property
     def interfaces(self) -> tuple[str, ...]:
@@ -145,6 +183,7 @@ class Config:
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Config":
         """Read the configuration from `env` (default: os.environ); bad values raise ValueError."""
         env = os.environ if env is None else env
+        check_setting_names(env)
         rank, size, local_rank, launcher = _ranks(env)
         coordinator = None
         if size > 1:
@@ -181,6 +220,7 @@ class Config:
             launcher=launcher,
             job=job_identity(env, launcher),
             log=log,
+            host=_host_name(env),
             **tuning,
             tuned=frozenset(tuning),
         )
@@ -254,10 +294,15 @@ def _tuning(text: str) -> dict:
     return out
 
 
-def check_timeout(value: object, what: str) -> float:
+def check_timeout(value: object, what: str, text: bool = False) -> float:
     """`value` as seconds to wait: a finite, positive number of at most MAX_TIMEOUT; a
     ValueError that names `what` and the value otherwise (inf would overflow the sockets'
-    timeouts, NaN would expire at once, 1e300 overflows the platform's time_t)."""
+    timeouts, NaN would expire at once, 1e300 overflows the platform's time_t). Only with `text`
+    (an environment variable's) may it be a string; else a value that is no number (a string,
+    a bool) is a TypeError, as `timeout="5"` is a mistake, not a number of seconds."""
+    if not text and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+        raise TypeError(f"{what} must be a number of seconds (an int or a float), not "
+                        f"{type(value).__name__} {value!r}")
     try:
         seconds = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError, OverflowError):
@@ -273,7 +318,15 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     text = env.get(name)
     if text is None or text.strip() == "":
         return default
-    return check_timeout(text.strip(), name)
+    return check_timeout(text.strip(), name, text=True)
+
+
+def _host_name(env: Mapping[str, str]) -> str:
+    """FASTCOLL_HOST, the launcher's name for this rank's host, which error messages use."""
+    name = env.get("FASTCOLL_HOST", "").strip()
+    if len(name) > 255 or not name.isprintable():
+        raise ValueError(f"FASTCOLL_HOST must be a host name of at most 255 printable characters, not {name[:300]!r}")
+    return name
 
 
 def split_interfaces(text: str | None) -> tuple[str, ...]:

@@ -15,6 +15,9 @@ chain comes back to it: then it was the rank the others waited for, and came too
 
 from __future__ import annotations
 
+import os
+from typing import Callable
+
 from fastcoll.errors import CollectiveTimeoutError, PeerLostError
 
 # How long a rank collects the others' notices: long enough for every rank that is waiting in a
@@ -57,18 +60,59 @@ def rank_name(rank: int, hosts: list[str]) -> str:
     return f"rank {rank} (host {host})" if host else f"rank {rank}"
 
 
+def this_process() -> dict:
+    """This process as a peer on the same host can find it again (`process_state`): its pid and,
+    on Linux, its start time and pid namespace, which tell it apart from a later process that
+    got the same pid, or one of another container."""
+    me: dict = {"pid": os.getpid()}
+    try:
+        with open("/proc/self/stat") as f:
+            me["start"] = int(f.read().rpartition(")")[2].split()[19])  # field 22: start time
+        me["ns"] = os.stat("/proc/self/ns/pid").st_ino
+    except (OSError, ValueError, IndexError):
+        pass
+    return me
+
+
+def process_state(process: object) -> str | None:
+    """What a peer's process on this host (`this_process()` there, as the rendezvous brought it)
+    is doing, in words for a timeout's message, or None where this host cannot tell (not Linux,
+    another pid namespace, a process that is not the one that joined)."""
+    if not isinstance(process, dict) or "start" not in process:
+        return None
+    pid, start = process.get("pid"), process.get("start")
+    if not isinstance(pid, int) or not 0 < pid < 1 << 31 or process.get("ns") != this_process().get("ns"):
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        state, started = fields[0], int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None  # gone since: its connection's end says so, not this
+    if started != start or state in ("Z", "X"):
+        return None
+    if state in ("T", "t"):
+        return (f"it is stopped (process {pid} on this host, stopped by a signal or held by a "
+                "debugger) and has not made this call")
+    return (f"it is alive (process {pid} on this host) but has not made this call: it is busy "
+            "elsewhere, or waits for something else")
+
+
 def explain(me: int, size: int, reports: dict[int, int | None], lost: set[int], hosts: list[str],
-            late: bool = False) -> tuple[int | None, str]:
+            late: bool = False, state: Callable[[int], str | None] | None = None) -> tuple[int | None, str]:
     """(the rank that stopped answering, or None for a cycle; what to say), from this rank's
     view. `reports[r]`: whom rank r waited for (None: it gave up for another reason), this rank's
     own among them; `lost`: peers whose connection ended; `late`: this rank was told of a peer's
     timeout soon after it entered the call, so a chain of waits that ends at it means it was the
-    one that came too late."""
+    one that came too late; `state(r)`: what rank r's process is doing, where this rank can see
+    it (`process_state`), else None."""
+    said = state or (lambda r: None)
     heard = set(reports) - {me}
     if not heard and not lost and size == 2:  # one peer: it, or the one link to it, failed
         other = 1 - me
-        return other, (f"{rank_name(other, hosts)} stopped answering: it stopped, or the network "
-                       f"between it and {rank_name(me, hosts)} failed")
+        doing = said(other)
+        return other, (f"{rank_name(other, hosts)} stopped answering: " + (doing or (
+            f"it stopped, or the network between it and {rank_name(me, hosts)} failed")))
     if not heard and not lost and size > 2:
         return me, (f"no rank answered {rank_name(me, hosts)}: its own network (or every peer at once) "
                     "failed")
@@ -88,7 +132,9 @@ def explain(me: int, size: int, reports: dict[int, int | None], lost: set[int], 
         if cur in lost:
             return cur, f"{_waits(chain, hosts)}: {rank_name(cur, hosts)} is gone (its connection ended)"
         if cur not in reports:
-            return cur, f"{_waits(chain, hosts)}: {rank_name(cur, hosts)} stopped answering (it told no rank whom it waits for)"
+            doing = said(cur)
+            return cur, (f"{_waits(chain, hosts)}: {rank_name(cur, hosts)} stopped answering (it told no rank "
+                         "whom it waits for)" + (f": {doing}" if doing else ""))
         cur = reports[cur]
     if cur is None:
         last = chain[-1]

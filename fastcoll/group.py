@@ -69,8 +69,9 @@ class Group:
     `fastcoll.init()` makes the job's group; use `split` for sub-groups.
     """
 
-    def __init__(self, config: Config, engine: Engine | None = None, gate: Any = None, hosts: list[str] | None = None):
-        self._job = Job(config, engine, gate, hosts)
+    def __init__(self, config: Config, engine: Engine | None = None, gate: Any = None, hosts: list[str] | None = None,
+                 processes: list | None = None):
+        self._job = Job(config, engine, gate, hosts, processes)
         self._view(config, tuple(range(config.world_size)), "")
 
     def _view(self, config: Config, ranks: tuple[int, ...], prefix: str) -> None:
@@ -97,6 +98,21 @@ class Group:
     def members(self) -> list[int]:
         """The job's (global) rank of each rank of this group, in group rank order."""
         return list(self._ranks)
+
+    def prefix(self) -> str:
+        """What this group's signatures start with: '' for the job's group, 's0c1/' for the first
+        split's color 1 (nested splits add to their parent's)."""
+        return self._prefix
+
+    def rank_names(self) -> tuple[str, ...]:
+        """How messages name each of this group's ranks: 'rank 1 (host host2)' (the job's rank)."""
+        return tuple(diagnosis.rank_name(r, self._job.hosts) for r in self._ranks)
+
+    def set_before_call(self, wait: Callable[[], None] | None) -> None:
+        """Have every call of every group of this job call `wait()` first, on the caller's thread
+        (None: nothing). Graph mode waits there for the collectives MLX's graph runs without the
+        job's order (fastcoll.mlx_compat.graph), so that an eager call comes after them."""
+        self._job.before_call = wait
 
     def __repr__(self) -> str:
         return f"<fastcoll.Group rank={self.rank()} size={self.size()} transport={self.config.transport}>"
@@ -198,9 +214,13 @@ class Group:
             self._job.gate.check()
 
     def finalize(self) -> None:
-        """Finish queued work, tell the peers, and release sockets and threads."""
-        self._closed = True
-        self._job.close()
+        """Finish queued work (graph mode's too), tell the peers, and release sockets and threads."""
+        try:
+            if self._job.before_call is not None and not self._closed:
+                self._job.before_call()
+        finally:
+            self._closed = True
+            self._job.close()
 
     # ----- what the collectives use (fastcoll/collectives.py, exchange.py, objects.py) -----
 
@@ -216,7 +236,7 @@ class Group:
         job = self._job
         if job.engine is None:
             return None
-        labels = tuple(diagnosis.rank_name(r, job.hosts) for r in self._ranks)
+        labels = self.rank_names()
         rules = [select.by_size(c, self.size(), self.config) for c in ("all_reduce", "all_gather")]
         return job.engine.graph_table(self._prefix, self._ranks, self.rank(), self.config.timeout,
                                       self.config.piece_bytes, *rules, labels)
@@ -245,6 +265,8 @@ class Group:
         self.check()
         limit = self.config.timeout if timeout is None else check_timeout(timeout, "timeout")
         job = self._job
+        if job.before_call is not None:
+            job.before_call()
         if self._prefix:
             sig = self._prefix + sig
         with job.lock:
@@ -308,6 +330,8 @@ class Group:
         job = self._job
         if job.error is not None or self._closed or job.closed or job.gate is not None or _get_ident() != _MAIN_IDENT:
             return NOT_PLANNED
+        if job.before_call is not None:
+            job.before_call()
         engine = job.engine
         lock = job.lock
         lock.acquire()

@@ -26,15 +26,19 @@ class Job:
     """What every group made from one `init()` shares.
 
     `engine` is the job's Engine (fastcoll/engine/base.py), None for a world of one; `gate` its
-    fence gate, or None; `hosts` each rank's host name, for error messages."""
+    fence gate, or None; `hosts` each rank's host name, for error messages; `processes` each
+    rank's process where it shares this rank's host (diagnosis.this_process), else None."""
 
-    def __init__(self, config: Config, engine: Any, gate: Any, hosts: list[str] | None = None):
+    def __init__(self, config: Config, engine: Any, gate: Any, hosts: list[str] | None = None,
+                 processes: list | None = None):
         self.config = config
         self.engine = engine
         self.gate = gate
         self.hosts = hosts or []
+        self.processes = processes or []
         self.lock = threading.Lock()  # orders the calls of every group of this rank
         self.error: FastcollError | None = None
+        self.before_call = None  # Group.set_before_call's: called before every call, or None
         self.closed = False
         self.tracer = None
         self._pid = os.getpid()
@@ -77,10 +81,14 @@ class Job:
             reports[sender] = getattr(error, "sender_waits", None)
         lost: set[int] = set()
         self.engine.notices(time.monotonic() + diagnosis.window(limit), reports, lost)
-        _, why = diagnosis.explain(me, self.config.world_size, reports, lost, self.hosts, late)
+        _, why = diagnosis.explain(me, self.config.world_size, reports, lost, self.hosts, late, self._process_state)
         explained = CollectiveTimeoutError(f"{error}; whom the ranks that can still talk wait for: {why}")
         explained.from_peer = getattr(error, "from_peer", False)
         return explained
+
+    def _process_state(self, rank: int) -> str | None:
+        """What rank `rank`'s process is doing, where this host can see it (diagnosis.process_state)."""
+        return diagnosis.process_state(self.processes[rank]) if 0 <= rank < len(self.processes) else None
 
     def failed(self, rank: int, sig: str, limit: float, from_env: bool, e: BaseException, started: float) -> None:
         """Call `sig` of group rank `rank` failed with `e`: break the job (the peers are told) and

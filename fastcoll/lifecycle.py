@@ -10,17 +10,20 @@ rendezvous by accident).
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from typing import Any
 
-from fastcoll import engine
+from fastcoll import diagnosis, engine
 from fastcoll.config import Config
 from fastcoll.errors import CollectiveTimeoutError, FastcollError
 from fastcoll.group import Group
 from fastcoll.transport.shm import host_id
 
 log = logging.getLogger("fastcoll")
+
+MAX_HOST_NAME = 255  # a peer's host name, as this rank's messages quote it
 
 _default: Group | None = None
 _finalized = False  # finalize() ran and no init() since
@@ -58,7 +61,10 @@ def init(config: Config | None = None) -> Group:
 def _connect(config: Config, gate: Any) -> Group:
     """Rendezvous with every rank and connect the transport the job asked for."""
     deadline = time.monotonic() + config.timeout
-    caps = {"transport": config.transport, "gate": gate is not None, "host": host_id()}
+    # "name": the host as error messages name it, the launcher's name where it gave one;
+    # "process": for a peer on this host to tell what this rank's process does (diagnosis.py).
+    caps = {"transport": config.transport, "gate": gate is not None, "host": host_id(),
+            "name": config.host or socket.gethostname(), "process": diagnosis.this_process()}
     try:
         eng, table = engine.connect(config, caps, deadline)
     except CollectiveTimeoutError as e:
@@ -75,8 +81,10 @@ def _connect(config: Config, gate: Any) -> Group:
         log.info("the fence gate is off: not every rank can run it")
         gate.close()
         gate = None
-    hosts = [str(c.get("host", "")).partition("/")[0] for c in table.caps]  # host ids: name/boot id
-    group = Group(config, eng, gate, hosts)
+    hosts = [str(c.get("name") or str(c.get("host", "")).partition("/")[0])[:MAX_HOST_NAME] for c in table.caps]
+    mine = table.caps[config.rank].get("host")
+    processes = [c.get("process") if c.get("host") == mine else None for c in table.caps]
+    group = Group(config, eng, gate, hosts, processes)
     if gate is not None:
         try:
             gate.connect(lambda what, values: group.gather_ints(what, values, None), config.rank,

@@ -166,6 +166,10 @@ SLOW: dict[str, tuple[str, Callable[[dict], bool] | None]] = {
     "test_soak.py": ("the soak (600 random collectives per transport)", None),
     "test_memory.py": ("the 20,000-call memory soak", lambda params: params.get("calls") == 20000),
     "test_real_clients.py": ("real mlx-lm clients (its HTTP server, mlx.nn)", None),
+    "test_examples.py": ("the documented commands of the examples, verbatim, eagerly and in graph mode",
+                         lambda params: "command" in params),
+    "test_mlx_upstream.py": ("MLX's own test of its MPI backend, eagerly (graph mode's runs by default)",
+                             lambda params: params.get("mode") == "eager"),
     # Every fault still runs in the default run, on shm (the default transport).
     "test_faults.py": ("the fault matrix on tcp and zmq", lambda params: params.get("transport") in ("tcp", "zmq")),
 }

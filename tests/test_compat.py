@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 
@@ -133,10 +135,9 @@ def test_same_results_as_mlx_ring_backend(launch, tmp_path, graph):
     if not theirs:
         pytest.skip(f"MLX's ring backend wrote nothing here (no localhost ring?); its output:\n{log}")
     assert set(mine) == set(theirs)
-    in_graph = graph == "1" and "collectives run eagerly instead" not in ours[0].err
     # MLX's ring backend refuses these two; fastcoll implements them (NCCL's and MPI's meaning),
-    # but for split in graph mode, where MLX's MPI backend asks MPI_Comm_split, which it refuses.
-    extra = {"sum_scatter"} if in_graph else {"split", "sum_scatter"}
+    # in graph mode too (MLX's MPI backend asks MPI_Comm_split, which is fastcoll's split).
+    extra = {"split", "sum_scatter"}
     for key in sorted(theirs):
         if key[1] in extra:
             assert "error" in theirs[key] and "error" not in mine[key], (key, theirs[key], mine[key])
@@ -187,7 +188,51 @@ def test_launcher_hints_an_mx_distributed_program_without_the_compat_layer(tmp_p
     for r in range(2):
         assert (f"[{r}] mx.distributed.init() gave rank {r} a world of one, though fastcoll-launch started 2 "
                 f"ranks: MLX's own backends do not read fastcoll's settings. Run the program under fastcoll's "
-                f"compat layer: fastcoll-launch ... python -m fastcoll.mlx_compat {shown} ARGS\n") in err, err
+                f"compat layer: fastcoll-launch ... python -m fastcoll.mlx_compat {shown}\n") in err, err
+
+
+def test_the_hint_for_python_c_is_a_command_that_runs(tmp_path):
+    """`fastcoll-launch -n 2 python -c CODE ARG` for a program that uses mx.distributed alone: the
+    hint names the code and its argument, quoted for a shell, and that very command (the
+    launcher's options in place of its `...`) runs the program as a world of two."""
+    code = "import sys\nimport mlx.core as mx\ng = mx.distributed.init()\nprint('size', g.size(), 'argv', sys.argv)\n"
+    env = jobless_env()
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    launcher = [sys.executable, "-m", "fastcoll.launch", "-n", "2", "--timeout", "60"]
+    code_, out, err = run_session([*launcher, "python", "-c", code, "it's"], env, 90, cwd=str(tmp_path))
+    assert code_ == 0, err
+    assert sorted(out.splitlines()) == [f"[{r}] size 1 argv ['-c', \"it's\"]" for r in range(2)], out
+    hint = re.search(r"^\[0\] mx\.distributed\.init\(\) gave rank 0 a world of one.*compat layer: "
+                     r"(fastcoll-launch \.\.\. python -m fastcoll\.mlx_compat -c .*)$", err, re.M)
+    assert hint, err
+    command = hint.group(1)  # one line: the launcher tags each line of output
+    words = subprocess.run(["bash", "-c", "printf '%s\\0' " + command], capture_output=True, text=True, timeout=30)
+    assert words.stdout.split("\0")[-4:] == ["-c", code, "it's", ""], command
+    # The hint's command, as a user pastes it into a shell: `...` is the launcher's options.
+    shell = command.replace("fastcoll-launch ...", shlex.join(launcher), 1)
+    code_, out, err = run_session(["bash", "-c", shell], env, 90, cwd=str(tmp_path))
+    assert code_ == 0, err
+    assert sorted(out.splitlines()) == [f"[{r}] size 2 argv ['-c', \"it's\"]" for r in range(2)], out
+    assert "world of one" not in err, err
+
+
+def test_runner_runs_code_as_python_c_does(tmp_path):
+    """`python -m fastcoll.mlx_compat -c CODE ARGS`: the code runs as __main__ with sys.argv
+    ['-c', ARGS], the working directory importable and mx.distributed fastcoll's; its exit
+    code and errors are the program's; without CODE it is a usage error."""
+    (tmp_path / "helper.py").write_text("VALUE = 7\n")
+    code = ("import sys, helper\nimport mlx.core as mx\n"
+            "print(__name__, sys.argv, helper.VALUE, mx.distributed.init.__module__)\nsys.exit(4)\n")
+    r = subprocess.run([sys.executable, "-m", "fastcoll.mlx_compat", "-c", code, "a", "-b"], cwd=tmp_path,
+                       env=jobless_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 4, r.stderr
+    assert r.stdout == "__main__ ['-c', 'a', '-b'] 7 fastcoll.mlx_compat.api\n"
+    r = subprocess.run([sys.executable, "-m", "fastcoll.mlx_compat", "-c", "1/0"], cwd=tmp_path,
+                       env=jobless_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.endswith("ZeroDivisionError: division by zero\n"), r.stderr
+    r = subprocess.run([sys.executable, "-m", "fastcoll.mlx_compat", "-c"], cwd=tmp_path,
+                       env=jobless_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "(-m MODULE | -c CODE | SCRIPT)" in r.stderr, r.stderr
 
 
 def test_runner_imports_beside_the_script_as_python_does(tmp_path):

@@ -92,3 +92,21 @@ def test_every_readme_figure_says_where_it_came_from():
             assert source.search(context), f"{source.pattern} missing where the README says:\n{block}"
         checked += 1
     assert checked >= 2  # the quick start's output and the test command's duration
+
+
+def test_no_document_installs_fastcoll_from_the_package_index():
+    """fastcoll is not on the package index: `pip install "fastcoll[lm]"` fails. Every install
+    command for it names a clone (`.`, `./fastcoll[lm]`) or git (`fastcoll[lm] @ git+URL`), in
+    the documents, the examples' messages and the package's own words."""
+    from_index = re.compile(r"pip install\s+(?:-\S+\s+)*['\"]?fastcoll(\[[\w,]*\])?(?!\S*\s*@)['\"]?(?=[\s`'\")]|$)")
+    texts = {path: read(path) for path in documents()}
+    for top in ("fastcoll", "tests", "examples"):
+        for path in glob.glob(f"{top}/**/*.py", root_dir=ROOT, recursive=True):
+            if path != os.path.join("tests", "test_docs.py"):  # this test quotes what it looks for
+                texts[path] = read(path)
+    offending = {path: m.group(0) for path, text in texts.items() if (m := from_index.search(text))}
+    assert offending == {}, offending
+    assert from_index.search('pip install "fastcoll[lm]"') and from_index.search("pip install fastcoll")
+    assert not from_index.search('pip install "fastcoll[lm] @ git+URL"')
+    assert not from_index.search('pip install "./fastcoll[lm]"') and not from_index.search("pip install fastcoll-x")
+    assert 'pip install "fastcoll[lm] @ git+URL"' in read("docs/mlx.md") and "@ git+URL" in read("README.md")

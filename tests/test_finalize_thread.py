@@ -21,7 +21,7 @@ import pytest
 from conftest import assert_ok
 from engines import engines
 
-REPEATS = int(os.environ.get("FASTCOLL_FINALIZE_REPEATS", "0"))  # 0: each scenario's default
+REPEATS = int(os.environ.get("FASTCOLL_TEST_FINALIZE_REPEATS", "0"))  # 0: each scenario's default
 CALLER_ENDED = "this group was finalized"
 # rank 0 finalized, or its connection ended: cut where the ended call had a frame half-written
 # (over TCP, a reset where rank 0 closed with this rank's bytes unread)

@@ -6,6 +6,14 @@ MPI library (fastcoll/mlx_compat/csrc/mpi_abi.c over fastcoll/engine/csrc/py_gra
 - the same mx.distributed calls give MLX's ring backend's results (tests/test_compat.py);
 - a rank killed mid-loop ends every other rank with an error naming it, and the launcher exits
   non-zero at once; ranks that call different collectives end with a MismatchError;
+- order: collectives made on two MLX streams, their inputs slow on different ranks, each get their
+  own sum (every collective of a thread goes on its one stream); an eager call made while a graph
+  collective is still waiting for its input comes after it on every rank; two threads inside
+  calls at once end the rank with a message that names both calls;
+- splits: MLX's Group.split is fastcoll's, and its groups' collectives stay in MLX's graph (every
+  collective, dtype, nested splits, inside mx.compile) on 3 and 4 ranks; ranks that call
+  different collectives on a split, or send what the other does not take, end with a
+  MismatchError naming both calls in the user's terms;
 - the library alone: what it says to MLX's probe, and what it refuses;
 - on the pure-Python engine (which has no table) graph mode says so and the eager path serves.
 """
@@ -47,9 +55,13 @@ def test_graph_mode_collectives(launch, world):
             assert "FASTCOLL_MLX_GRAPH=1:" in r.err and "collectives run eagerly instead" in r.err, r.err
 
 
-def _launch(*args: str, timeout: int = 10) -> list[str]:
+GRAPH_ONLY = pytest.mark.skipif(_mode() != "graph", reason="graph mode cannot run here (FASTCOLL_NATIVE=0, or "
+                                "fastcoll's MPI library for MLX was not built): the eager path serves instead")
+
+
+def _launch(*args: str, timeout: int = 10, prog: str = "graph_worker.py") -> list[str]:
     return [sys.executable, "-m", "fastcoll.launch", "-n", "2", "--timeout", "60", "--env", "FASTCOLL_MLX_GRAPH=1",
-            "--env", f"FASTCOLL_TIMEOUT={timeout}", sys.executable, os.path.join(PROGS, "graph_worker.py"), *args]
+            "--env", f"FASTCOLL_TIMEOUT={timeout}", sys.executable, os.path.join(PROGS, prog), *args]
 
 
 def _env() -> dict:
@@ -90,7 +102,7 @@ def test_library_alone_answers_mlx_probe_and_refuses_what_it_cannot_serve():
         "assert lib.MPI_Get_library_version(buf, ctypes.byref(n)) == 0\n"
         "print('version', buf.value[:n.value].decode())\n"
         "print('init', lib.MPI_Init(None, None))\n"  # nothing attached: MLX then has no MPI group
-        "print('attach', lib.fastcoll_mpi_attach(ctypes.byref(ctypes.c_int(99))))\n"  # another version
+        "print('attach', lib.fastcoll_mpi_attach(ctypes.byref(ctypes.c_int(99)), b'rank 0\\n', None))\n"  # another version
         "P = ctypes.c_void_p\n"
         "lib.MPI_Comm_split.argtypes = [P, ctypes.c_int, ctypes.c_int, P]\n"
         "lib.MPI_Allreduce.argtypes = [P, P, ctypes.c_int, P, P, P]\n"
@@ -106,24 +118,89 @@ def test_library_alone_answers_mlx_probe_and_refuses_what_it_cannot_serve():
     assert "init 0" not in p.stdout and "init " in p.stdout, p.stdout
     assert "did not attach a job" in p.stderr, p.stderr
     assert "attach -1" in p.stdout, p.stdout
-    assert "split 0" not in p.stdout and "has one group" in p.stderr, (p.stdout, p.stderr)
+    assert "split 0" not in p.stdout and "MPI_Comm_split: fastcoll.mlx_compat did not attach" in p.stderr, p.stderr
     # A collective with nothing attached ends the process: MLX ignores the result's code.
     assert p.returncode == 1 and "returned" not in p.stdout, (p.returncode, p.stdout)
     assert "MPI_Allreduce: called after fastcoll.finalize() or before init()" in p.stderr, p.stderr
 
 
-def test_graph_mode_split_is_refused_as_mlx_mpi_refuses_it(launch, tmp_path):
-    """MLX's MPI backend splits through MPI_Comm_split, which the library refuses: a RuntimeError,
-    as MLX's ring backend raises for split (the eager path splits)."""
-    code = (
-        "import mlx.core as mx\nfrom fastcoll import mlx_compat\nmlx_compat.install()\n"
-        "g = mx.distributed.init()\n"
-        "try:\n    g.split(0)\n    print('split worked')\nexcept RuntimeError as e:\n    print('refused:', e)\n"
-        "mx.eval(mx.distributed.all_sum(mx.array(1.0), group=g))\n")
-    script = tmp_path / "split_probe.py"
-    script.write_text(code)
-    results = launch(2, str(script), FASTCOLL_MLX_GRAPH="1").wait(timeout=60)
+@pytest.mark.parametrize("action,said", [("streams", "streams kept apart"), ("eager", "eager after graph in order"),
+                                         ("finalize", "finalized after the graph's call")])
+def test_graph_mode_keeps_the_programs_order(launch, action, said):
+    """streams: two all_sums of one shape on two MLX streams, one's input slow on rank 0 and the
+    other's on rank 1, traded their data before each thread's collectives went on one stream.
+    eager: an eager call made while rank 0's graph collective waited for its input ran before it
+    there and after it on rank 1 (a MismatchError) before eager calls waited for the graph's.
+    finalize: fastcoll.finalize() closed the engine under that waiting call, which then ended the
+    process, before finalize() waited for the graph's calls too."""
+    results = launch(2, "graph_worker.py", action, FASTCOLL_MLX_GRAPH="1", FASTCOLL_TIMEOUT="30").wait(timeout=120)
     assert_ok(results)
-    want = "refused: MPI could not split this group" if _mode() == "graph" else "split worked"
     for r in results:
-        assert want in r.out, (r.out, r.err)
+        assert f"rank {r.rank}: {said}" in r.out, (r.out, r.err)
+
+
+@GRAPH_ONLY
+def test_graph_mode_two_threads_inside_calls_at_once_end_the_rank_naming_both():
+    code, out, err = run_session(_launch("threads"), _env(), 60, merge_stderr=True)
+    assert code != 0, out
+    assert ("fastcoll: rank 0 (host " in out and "): all_gather(float32,(3,)) in MLX's graph: FastcollError: another "
+            "MLX stream was inside all_reduce(sum,float32,(8,)) at the same time" in out), out
+    assert "one stream of its own" in out and "from one thread at a time" in out, out
+    assert "were not caught" not in out, out
+
+
+@GRAPH_ONLY
+@pytest.mark.parametrize("world", [3, 4])
+def test_graph_mode_splits_are_fastcolls_and_stay_in_the_graph(launch, world):
+    results = launch(world, "graph_split_worker.py", "split", FASTCOLL_MLX_GRAPH="1").wait(timeout=180)
+    assert_ok(results)
+    for r in results:
+        assert f"rank {r.rank}: split checks passed" in r.out, r.out
+
+
+@GRAPH_ONLY
+def test_graph_mode_mismatch_on_a_split_names_both_calls_as_the_user_made_them():
+    code, out, err = run_session(_launch("mismatch", prog="graph_split_worker.py"), _env(), 60, merge_stderr=True)
+    assert code != 0, out
+    assert ("): s1c0/all_reduce(sum,float32,(4,)) in MLX's graph: MismatchError: rank 1 (host " in out
+            and ") called s1c0/all_gather(float32,(4,)) (its call 0 of the group, this rank's 0)" in out), out
+    assert "a mismatched call returned" not in out, out
+
+
+@GRAPH_ONLY
+def test_graph_mode_message_on_a_split_that_the_receiver_does_not_expect_is_not_taken():
+    code, out, err = run_session(_launch("p2p", prog="graph_split_worker.py"), _env(), 60, merge_stderr=True)
+    assert code != 0, out
+    assert ("): s1c0/recv(0,1,float32,(5,)) in MLX's graph: MismatchError: rank 0 (host " in out
+            and ") called s1c0/send(0,1,float32,(4,))" in out), out
+    assert "rank 1: its p2p call returned" not in out, out
+
+
+@GRAPH_ONLY
+def test_graph_mode_failed_split_raises_fastcolls_error():
+    """MLX turns a failed MPI_Comm_split into `RuntimeError: MPI could not split this group`; the
+    split that install() gives MLX's class raises the error fastcoll's split raised instead."""
+    code, out, err = run_session(_launch("failed", prog="graph_split_worker.py"), _env(), 60, merge_stderr=True)
+    assert code == 0, out
+    assert "rank 0: raised MismatchError: rank 0 called split(int64,2) as collective #2 but rank 1 called barrier()" in out, out
+    assert "could not split" not in out, out
+
+
+def test_install_gives_mlxs_group_class_fastcoll_group_and_split_and_uninstall_takes_them_off():
+    """Graph mode hands out MLX's own groups: install() gives their class `fastcoll_group` (as
+    mlx_compat.Group has; tp_inference reads it) and a split that notes each split's fastcoll
+    group; a group fastcoll did not make says so; uninstall() leaves MLX's class as it was."""
+    code = (
+        "import mlx.core as mx\nfrom fastcoll import mlx_compat\n"
+        "G = mx.distributed.Group; split = G.split; own = mx.distributed.init()\n"
+        "mlx_compat.install()\n"
+        "print('split wrapped', G.split is not split, 'property', isinstance(G.__dict__['fastcoll_group'], property))\n"
+        "try:\n    own.fastcoll_group\nexcept AttributeError as e:\n    print('refused:', e)\n"
+        "print('ours', mx.distributed.init().fastcoll_group.size())\n"
+        "mlx_compat.uninstall()\n"
+        "print('restored', G.split is split, hasattr(G, 'fastcoll_group'))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=_env())
+    assert p.returncode == 0, p.stderr
+    assert "split wrapped True property True" in p.stdout, p.stdout
+    assert "is not a group fastcoll made (make it with mx.distributed.init() after fastcoll.mlx_compat.install()" in p.stdout
+    assert "ours 1" in p.stdout and "restored True False" in p.stdout, p.stdout

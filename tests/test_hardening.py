@@ -132,8 +132,8 @@ def test_large_fastcoll_timeouts_are_accepted_up_to_the_bound():
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_huge_timeout_works_and_bad_per_call_timeouts_are_refused(launch, transport):
     # FASTCOLL_TIMEOUT=3e6 s is past ZeroMQ's heartbeat option (int32 milliseconds), which
-    # used to fail inside init() and then hang in its cleanup. Per call: nan, inf, 0, -1, "abc",
-    # 1e300 and True are ValueErrors naming the value, and leave the group working.
+    # used to fail inside init() and then hang in its cleanup. Per call: nan, inf, 0, -1 and 1e300
+    # are ValueErrors naming the value, "abc", "5" and True TypeErrors, and leave the group working.
     job = launch(2, WORKER, "timeouts", transport=transport, timeout="3e6")
     results = outcome(job, 30)
     assert all(code == 0 and "OK" in lines for code, lines, _, _ in results), show(results)
@@ -153,9 +153,11 @@ def test_per_call_timeout_is_checked_in_a_world_of_one():
             "         lambda t: fastcoll.broadcast_object(1, timeout=t), lambda t: fastcoll.all_gather_object(1, timeout=t)]\n"
             "for i, call in enumerate(calls):\n"
             "    call(None)\n"
-            "    for v in (math.nan, math.inf, 0, 'abc'):\n"
+            "    for v in (math.nan, math.inf, 0, 'abc', '5', True):\n"
             "        try: call(v)\n"
-            "        except ValueError as e: assert repr(v) in str(e), e\n"
+            "        except (TypeError, ValueError) as e:\n"
+            "            assert repr(v) in str(e) and 'timeout' in str(e), e\n"
+            "            assert isinstance(e, TypeError) == isinstance(v, (str, bool)), (v, e)\n"
             "        else: raise SystemExit(f'call {i}: timeout={v!r} accepted')\n"
             "print('OK')\n")
     env["PYTHONPATH"] = ROOT

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -72,6 +73,62 @@ def test_mlx_launch_hostfile_gives_size_and_first_host(tmp_path):
 def test_bad_environment_names_the_variable(env, needle):
     with pytest.raises(ValueError, match=needle):
         Config.from_env(env)
+
+
+# The names that are no setting on purpose: the refusal's tests and examples use them (and only
+# those; test_every_name_the_package_reads_is_a_setting_and_the_readme_says_what_it_is).
+MISSPELT = {"FASTCOLL_TIMOUT", "FASTCOLL_TRANSPOT", "FASTCOLL_MLXGRAPH", "FASTCOLL_NATVE", "FASTCOLL_QWERTY"}
+
+
+@pytest.mark.parametrize("name, near", [("FASTCOLL_TIMOUT", "FASTCOLL_TIMEOUT"), ("FASTCOLL_TRANSPOT", "FASTCOLL_TRANSPORT"),
+                                        ("FASTCOLL_MLXGRAPH", "FASTCOLL_MLX_GRAPH"), ("FASTCOLL_NATVE", "FASTCOLL_NATIVE"),
+                                        ("FASTCOLL_QWERTY", None)])
+def test_an_unknown_setting_is_refused_naming_the_nearest(name, near):
+    """FASTCOLL_TIMOUT=5 ran with the default 60 s: a FASTCOLL_* name that is no setting is
+    refused at init(), with the nearest setting named where one is near."""
+    with pytest.raises(ValueError) as e:
+        Config.from_env({name: "5"})
+    hint = f"did you mean {near}?" if near else "the README's environment table lists them"
+    assert str(e.value) == f"{name} is not a fastcoll setting: {hint}"
+
+
+def test_the_test_suites_own_names_and_other_prefixes_pass():
+    c = Config.from_env({"FASTCOLL_TEST_SOAK_OPS": "5", "FASTCOLLX": "1", "MY_FASTCOLL_TIMOUT": "1"})
+    assert c.timeout == 60.0
+
+
+def _names(paths: list[str], pattern: str = r"\bFASTCOLL_[A-Z0-9_]*[A-Z0-9]\b") -> dict[str, str]:
+    """Every FASTCOLL_* name in the files under `paths` (relative to the repository): name -> a file."""
+    found: dict[str, str] = {}
+    for top in paths:
+        full = os.path.join(ROOT, top)
+        files = [full] if os.path.isfile(full) else [os.path.join(d, f) for d, _, fs in os.walk(full) for f in fs]
+        for path in files:
+            if path.endswith((".py", ".c", ".h", ".md", ".toml")) or os.path.basename(os.path.dirname(path)) == ".ci":
+                with open(path, errors="replace") as f:
+                    text = f.read()
+                if path == os.path.join(ROOT, "fastcoll", "config.py"):  # the table itself reads nothing
+                    text = re.sub(r"\nSETTINGS = \{.*?\n\}\n", "\n", text, flags=re.S)
+                for name in re.findall(pattern, text):
+                    found.setdefault(name, os.path.relpath(path, ROOT))
+    return found
+
+
+def test_every_name_the_package_reads_is_a_setting_and_the_readme_says_what_it_is():
+    """The rule: the names fastcoll's code reads or sets are its settings (config.SETTINGS), and
+    the README's environment table or docs/ say each; any other FASTCOLL_* name a test sets is
+    under FASTCOLL_TEST_, so that init() never refuses the test suite's own."""
+    from fastcoll.config import SETTINGS, TEST_PREFIX
+
+    read = _names(["fastcoll", "setup.py"])
+    assert set(read) - set(SETTINGS) == set(), {n: read[n] for n in set(read) - set(SETTINGS)}
+    docs = " ".join(open(os.path.join(ROOT, p)).read() for p in ["README.md", *[os.path.join("docs", f) for f in
+                    os.listdir(os.path.join(ROOT, "docs"))]])
+    undocumented = [n for n in read if f"`{n}`" not in docs and f"{n}=" not in docs]
+    assert undocumented == [], undocumented
+    used = _names(["tests", "bench", "examples", ".ci", "launch", "docs", "README.md"])
+    strays = {n: f for n, f in used.items() if n not in {*SETTINGS, *MISSPELT} and not n.startswith(TEST_PREFIX)}
+    assert strays == {}, strays
 
 
 def test_parse_address_bounds_the_port():

@@ -233,6 +233,33 @@ def test_bad_settings_are_refused_in_one_line_before_any_rank_starts(launches, m
     assert survivors(launches.marker, wait=0) == []
 
 
+@pytest.mark.parametrize("given", ["environment", "--env", "hostfile", "--env KEY"])
+def test_a_misspelled_setting_is_refused_before_any_rank_starts(launches, monkeypatch, tmp_path, given):
+    """FASTCOLL_TIMOUT=5 (a misspelled FASTCOLL_TIMEOUT) ran with the default timeout: wherever it
+    is given, one line names it, where it came from and the setting it is nearest, exit code 2,
+    and no rank started."""
+    args = ["-n", "2"]
+    where = {"environment": "the launcher's environment", "--env": "--env", "--env KEY": "--env",
+             "hostfile": "the hostfile's envs"}[given]
+    if given in ("environment", "--env KEY"):
+        monkeypatch.setenv("FASTCOLL_TIMOUT", "5")
+    if given == "--env":
+        args += ["--env", "FASTCOLL_TIMOUT=5"]
+    if given == "--env KEY":
+        args += ["--env", "FASTCOLL_TIMOUT"]
+        where = "the launcher's environment"  # checked first: the value comes from there
+    if given == "hostfile":
+        hostfile = tmp_path / "hosts.json"
+        hostfile.write_text(json.dumps({"envs": ["FASTCOLL_TIMOUT=5"], "hosts": [{"ssh": "localhost", "slots": 2}]}))
+        args = ["--hostfile", str(hostfile)]
+    monkeypatch.setenv("FASTCOLL_TEST_ANYTHING", "1")  # the test suite's own names pass
+    code, out, err, _ = launches.run([*args, *launches.rank_args("env")])
+    assert code == 2 and out == b"", err.decode()
+    assert err.decode() == (f"fastcoll-launch: {where}: FASTCOLL_TIMOUT is not a fastcoll setting: "
+                            "did you mean FASTCOLL_TIMEOUT?\n"), err.decode()
+    assert survivors(launches.marker, wait=0) == []
+
+
 def test_the_agent_checks_the_trace_path_before_it_starts_the_rank(tmp_path):
     """What a remote host's agent does with a bad FASTCOLL_TRACE (run here, without ssh): one
     line, exit status 2, and the rank never runs."""

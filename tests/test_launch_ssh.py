@@ -363,3 +363,23 @@ def test_an_ssh_failure_comes_with_advice(said, advice):
     from fastcoll.launch.remote import explain_ssh_failure
 
     assert explain_ssh_failure("mac2", 255, [said.encode() + b"\r\n"], "python3") == advice
+
+
+def test_the_ssh_config_advice_for_user_at_host_is_valid_ssh_config(tmp_path):
+    """For `root@localhost` the advice names the lines `Host localhost` and `User root` (a Host
+    line takes a name, not user@host), and `ssh -G` reads those lines as meaning that host."""
+    from fastcoll.launch.remote import explain_ssh_failure
+
+    said = b"ssh: connect to host 127.0.0.1 port 22: Connection refused\r\n"
+    why = explain_ssh_failure("root@localhost", 255, [said], "python3")
+    assert "(Host localhost / User root / Port N)" in why and "Host root@" not in why, why
+    ssh = shutil.which("ssh")
+    if ssh is None:
+        pytest.skip("no ssh client here to read the lines back")
+    lines = why.split("~/.ssh/config (", 1)[1].split(")", 1)[0].replace("Port N", "Port 2222").split(" / ")
+    (tmp_path / "config").write_text("".join(line + "\n" for line in lines))
+    r = subprocess.run([ssh, "-G", "-F", str(tmp_path / "config"), "localhost"], capture_output=True, text=True,
+                       timeout=30, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    seen = dict(line.split(" ", 1) for line in r.stdout.splitlines() if " " in line)
+    assert (seen["user"], seen["port"]) == ("root", "2222"), r.stdout

@@ -30,7 +30,7 @@ from engines import native_missing
 GROWTH = 1.5  # the most RSS (less the cache) may grow after the first 1,000 calls
 # Under AddressSanitizer (.ci/sanitizers) freed memory waits in its quarantine and every call is
 # slower: the results are still checked, the resident size is not, and the long run is left out.
-SANITIZED = os.environ.get("FASTCOLL_SANITIZED") == "1"
+SANITIZED = os.environ.get("FASTCOLL_TEST_SANITIZED") == "1"
 LONG = pytest.param(20000, marks=[pytest.mark.timeout(900), pytest.mark.skipif(
     SANITIZED, reason="the 20,000-call run is left out under the sanitizers (the 3,000-call one runs)")])
 

@@ -2,9 +2,10 @@
 
 - mlx-lm's own HTTP server (`python -m fastcoll.mlx_compat -m mlx_lm server`, started by
   fastcoll-launch on two ranks with docs/mlx.md's command), tensor-parallel and with --pipeline,
-  answering several
-  concurrent requests, on a qwen2 made here (tests/progs/lm_model.py: random weights, a tokenizer
-  trained with the tokenizers package, no download);
+  eagerly and in graph mode, answering several concurrent requests as one process does, on a
+  qwen2 made here (tests/progs/lm_model.py: random weights, a tokenizer trained with the
+  tokenizers package, no download); the same command under tests/progs/lm_probe.py, which says
+  what each rank loaded: every rank holds fewer of the model's parameters than one process;
 - mlx.nn.fully_shard training and a quantized model sharded with shard_linear
   (tests/progs/nn_clients.py).
 
@@ -134,10 +135,17 @@ def documented_server(model: str, port: int) -> list[str]:
     return [w for word in m.group(1).split() for w in words.get(word, [word])]
 
 
+def graph_env(argv: list[str], graph: str) -> list[str]:
+    """argv (a fastcoll-launch command) with FASTCOLL_MLX_GRAPH=1 for its ranks in graph mode."""
+    at = argv.index("fastcoll.launch") + 1
+    return argv[:at] + (["--env", "FASTCOLL_MLX_GRAPH=1"] if graph == "graph" else []) + argv[at:]
+
+
+@pytest.mark.parametrize("graph", ["eager", "graph"])
 @pytest.mark.parametrize("mode", ["tensor", "pipeline"])
-def test_mlx_lm_server_on_two_ranks(models, single_process_answers, mode, tmp_path):
+def test_mlx_lm_server_on_two_ranks(models, single_process_answers, mode, graph, tmp_path):
     port = free_port()
-    argv = documented_server(models["plain"], port)
+    argv = graph_env(documented_server(models["plain"], port), graph)
     if mode == "pipeline":
         argv.append("--pipeline")
     with server(argv, port, tmp_path / "server.log"):
@@ -147,26 +155,34 @@ def test_mlx_lm_server_on_two_ranks(models, single_process_answers, mode, tmp_pa
     assert again == single_process_answers
     log = (tmp_path / "server.log").read_text()
     assert "deprecated" not in log.lower(), log[-4000:]  # the documented command is the current one
+    assert "collectives run eagerly instead" not in log, log[-4000:]
+
+
+@pytest.mark.parametrize("graph", ["eager", "graph"])
+@pytest.mark.parametrize("mode", ["tensor", "pipeline"])
+def test_mlx_lm_server_really_shards_the_model(models, single_process_answers, mode, graph, tmp_path):
+    """The documented command with `-m mlx_lm` replaced by tests/progs/lm_probe.py, which runs
+    mlx-lm's command as it is and says what each rank loaded."""
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import load
+
+    whole = sum(v.size for _, v in tree_flatten(load(models["plain"])[0].parameters()))
+    port = free_port()
+    argv = graph_env(documented_server(models["plain"], port), graph)
+    at = argv.index("mlx_lm")
+    argv[at - 1:at + 1] = [os.path.join(PROGS, "lm_probe.py")]
+    if mode == "pipeline":
+        argv.append("--pipeline")
+    with server(argv, port, tmp_path / "server.log"):
+        answers = ask_concurrently(port)
+    assert answers == single_process_answers, (answers, single_process_answers)
+    log = (tmp_path / "server.log").read_text()
+    held = dict(re.findall(r"^\[\d\] probe: rank (\d): sharded_load gave a model of (\d+) parameters$", log, re.M))
+    assert sorted(held) == ["0", "1"], log[-4000:]
+    assert all(int(n) < whole for n in held.values()), (held, whole)
 
 
 def test_fully_shard_training_and_a_quantized_sharded_model(launch, models):
     results = launch(2, "nn_clients.py", models["quantized"]).wait(timeout=120)
     assert_ok(results)
     assert all("checks passed" in r.out for r in results)
-
-
-@pytest.mark.parametrize("mode", ["tensor", "pipeline"])
-def test_sharded_generate_example_gives_the_single_process_text(models, mode):
-    # examples/sharded_generate.py: mlx-lm's sharded_load and stream_generate over fastcoll, the
-    # walkthrough's "generate" in docs/mlx.md.
-    script = [os.path.join(ROOT, "examples", "sharded_generate.py"), "--model", models["plain"],
-              "--max-tokens", "12"] + (["--pipeline"] if mode == "pipeline" else [])
-    code, single, err = run_session([sys.executable, *script], _env(), timeout=120)
-    assert code == 0, err
-    code, sharded, err = run_session([sys.executable, "-m", "fastcoll.launch", "-n", "2", "--timeout", "100",
-                                      sys.executable, "-m", "fastcoll.mlx_compat", *script], _env(), timeout=120)
-    assert code == 0, err
-    said = lambda out: re.search(r"-> ('.*')$", out, re.M)
-    assert said(single) and said(sharded), (single, sharded)
-    assert said(sharded).group(1) == said(single).group(1), (single, sharded)
-    assert f"2 rank(s), {'pipeline' if mode == 'pipeline' else 'tensor parallel'}" in sharded, sharded

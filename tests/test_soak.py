@@ -3,7 +3,7 @@ result checked exactly, and the resident size and the live Python objects watche
 
 CI runs a short version (600 operations per transport); the full one is
 
-    FASTCOLL_SOAK_OPS=10000 python -m pytest tests/test_soak.py -m soak -s
+    FASTCOLL_TEST_SOAK_OPS=10000 python -m pytest tests/test_soak.py -m soak -s
 
 Memory is sampled at every tenth of the run after a garbage collection, emptying MLX's buffer
 cache and trimming glibc's free lists, so the samples show live memory, not allocator caches.
@@ -19,8 +19,8 @@ import pytest
 
 from conftest import assert_ok
 
-OPS = int(os.environ.get("FASTCOLL_SOAK_OPS", "600"))
-SEED = int(os.environ.get("FASTCOLL_SOAK_SEED", "20240611"))
+OPS = int(os.environ.get("FASTCOLL_TEST_SOAK_OPS", "600"))
+SEED = int(os.environ.get("FASTCOLL_TEST_SOAK_SEED", "20240611"))
 # Measured: +2-5 MiB over 10,000 ops, flat after ~10,000 (25,000 run, TCP). glibc's heap has
 # transient peaks that are not leaks: this seed, 600 ops, rank 0, one sample of the ten peaks at
 # +5.5 MiB over TCP and +10-12 MiB with shared memory, then falls back; over 6,000 ops the peaks
@@ -30,7 +30,7 @@ RSS_GROWTH_KIB = 16 * 1024
 OBJECT_GROWTH = 50
 # Under AddressSanitizer (.ci/sanitizers sets this) freed memory waits in its quarantine, so the
 # resident size grows by design: the results and the object count are still checked.
-SANITIZED = os.environ.get("FASTCOLL_SANITIZED") == "1"
+SANITIZED = os.environ.get("FASTCOLL_TEST_SANITIZED") == "1"
 
 
 @pytest.mark.soak

@@ -73,7 +73,7 @@ def advise_towards_host(page: np.ndarray, device: int = 0) -> Callable[[], None]
     rt = _runtime()
     if rt is None:
         log.info("cuda-python is not installed: the gate's control page is left unadvised "
-                 "(it works, but pages migrate; install fastcoll[cuda] for the fast path)")
+                 "(it works, but pages migrate; install it, or fastcoll's extra cuda, for the fast path)")
         return None
     ptr, nbytes = page.ctypes.data, page.nbytes
     A = rt.cudaMemoryAdvise

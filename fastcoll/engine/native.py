@@ -94,8 +94,8 @@ def _lost(name: str, peer: int, me: int, errno_: int, said: str) -> FastcollErro
         return PeerLostError(f"rank {peer} closed its connection (it exited or was killed)", peer)
     if name == "closed_mid":
         return PeerLostError(f"rank {peer} closed its connection mid-message", peer)
-    if name in ("conn", "broken"):
-        return PeerLostError(f"connection to rank {peer} failed: {OSError(errno_, os.strerror(errno_))}", peer)
+    if name in ("conn", "broken"):  # `said`: the link's own words, where it says more than an errno
+        return PeerLostError(f"connection to rank {peer} failed: {said or OSError(errno_, os.strerror(errno_))}", peer)
     if name == "finalized":
         return PeerLostError(f"rank {peer} called finalize() while rank {me} still needed it", peer)
     if name == "malformed":
@@ -244,10 +244,17 @@ class NativeEngine(Engine):
         connections = [(p, ch, link.kind) + tcp.ends(link.sock) for p, ls in sorted(links.items())
                        for ch, link in enumerate(ls)]
         try:
-            for p, ls in links.items():
+            # In ascending (peer, channel) order on every rank: a kind whose open waits for the
+            # peer's matching add_link (verbs exchanges its queue pairs) then never waits in a
+            # circle, since the lowest pair still pending is open on both of its ranks.
+            for p, ls in sorted(links.items()):
                 for ch, link in enumerate(ls):
-                    segment, tx, rx, capacity = link.segment if link.kind == "shm" else (None, 0, 0, 0)
-                    native.add_link(p, ch, link.sock.fileno(), segment, tx, rx, capacity)
+                    if link.kind == "shm":
+                        segment, tx, rx, capacity = link.segment
+                        native.add_link(p, ch, link.sock.fileno(), kind="shm", segment=segment, tx_offset=tx,
+                                        rx_offset=rx, capacity=capacity)
+                    else:
+                        native.add_link(p, ch, link.sock.fileno(), kind="tcp")
                     link.sock.detach()  # the fd is the engine's now
         except BaseException:
             native.close(0.0, 0.0)

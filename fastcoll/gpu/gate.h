@@ -160,11 +160,29 @@ FC_DEVICE fc_uint fc_host_status(fc_words_t words) {
 // ranks is one pass of 256 threads (one bus round trip rather than two).
 #define FC_REDUCE_BATCH (FC_RANKS >= 32 ? 1 : 32 / FC_RANKS)
 
+// The ops fc_apply implements, one specialization each: an op without one (a new entry of
+// fastcoll/gate/layout.py's OPS) is an incomplete type in fc_apply, so it does not compile rather
+// than fall through to a sum. (No static_assert: its message would be the sources' one string
+// literal, which kernels.minified does not allow.)
+template <int OP>
+struct fastcoll_gpu_implements_op;
+template <>
+struct fastcoll_gpu_implements_op<FC_OP_SUM> {};
+template <>
+struct fastcoll_gpu_implements_op<FC_OP_PROD> {};
+template <>
+struct fastcoll_gpu_implements_op<FC_OP_MIN> {};
+template <>
+struct fastcoll_gpu_implements_op<FC_OP_MAX> {};
+template <>
+struct fastcoll_gpu_implements_op<FC_OP_MEAN> {};
+
 // One step of a reduction, as the host path computes it (fastcoll/dtypes.py): in float, the
 // result rounded to the dtype by the caller after every rank; min and max propagate NaN as
 // numpy's minimum and maximum do.
 template <int OP>
 FC_DEVICE float fc_apply(float a, float b) {
+  (void)sizeof(fastcoll_gpu_implements_op<OP>);
   if (OP == FC_OP_PROD) {
     return a * b;
   }

@@ -344,7 +344,7 @@ def check_mode(request: dict) -> int:
             "fastcoll": fc_version,
             "mlx": mlx_version,
             "port": listener.getsockname()[1],
-            "bind_errors": _bind_errors(request.get("addresses", [])),
+            "bind_errors": bind_errors(request.get("addresses", [])),
         }
     })
     while True:
@@ -390,8 +390,9 @@ def _versions(env: dict, cwd: str | None) -> tuple[str, str]:
     return fc_version, mlx_version
 
 
-def _bind_errors(addresses: list) -> dict:
-    """Each listed address this host cannot bind (so not one of its own), with the reason."""
+def bind_errors(addresses: list) -> dict:
+    """Each listed address this host cannot bind (so not one of its own), with the reason: what
+    `--check` reports for every host, and the launcher refuses for a host of this machine."""
     errors = {}
     for addr in addresses:
         try:

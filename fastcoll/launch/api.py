@@ -22,7 +22,7 @@ from fastcoll.launch.job import JobPlan, PlanError, RankPlan, plan_job
 from fastcoll.launch.output import OutputMux
 from fastcoll.launch.procs import LOST_AFTER, LocalRank, RankProcess, RemoteRank
 from fastcoll.launch.remote import RemoteError, remote_free_port
-from fastcoll.launch.settings import check_settings
+from fastcoll.launch.settings import check_names, check_settings
 from fastcoll.launch.supervise import Supervisor
 
 log = logging.getLogger("fastcoll.launch")
@@ -89,6 +89,7 @@ def plan_attempt(config: LaunchConfig, attempt: int) -> JobPlan:
     LaunchError naming the problem otherwise."""
     ssh, python = list(config.ssh), config.python
     try:
+        check_names(config.hosts.envs if config.hosts else (), config.env, os.environ)
         plan = plan_job(
             config.hosts,
             config.program,

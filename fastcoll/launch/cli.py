@@ -24,6 +24,7 @@ from fastcoll.launch.hostfile import HostfileError, HostList, parse_hosts_arg, r
 from fastcoll.launch.job import BIND_CHOICES, PlanError, parse_env_items
 from fastcoll.launch.procs import HEARTBEAT, LOST_AFTER
 from fastcoll.launch.routes import data_warnings, ssh_address
+from fastcoll.launch.settings import check_names
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -175,6 +176,7 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace, config: La
     if config.hosts is None:
         parser.error("--check needs --hostfile or --hosts")
     try:
+        check_names(config.hosts.envs, config.env, os.environ)
         env = parse_env_items(list(config.hosts.envs) + list(config.env), os.environ)
     except PlanError as e:
         parser.exit(USAGE_ERROR, f"fastcoll-launch: {e}\n")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from fastcoll.config import parse_address
-from fastcoll.launch.agent import free_port
+from fastcoll.launch.agent import bind_errors, free_port
 from fastcoll.launch.hostfile import Host, HostList, is_local_host, is_loopback
 
 LOOPBACK = "127.0.0.1"
@@ -119,6 +119,7 @@ def plan_job(
     inherited = {k: v for k, v in environ.items() if k.startswith("FASTCOLL_")}
     placement, per_host = _placement(hosts, n)
     all_local = all(is_local_host(h.name) for h, _ in placement)
+    _refuse_foreign_ips([h for h, _ in placement if is_local_host(h.name)])
     if coordinator is None or not _has_port(coordinator):
         coordinator = _with_port(coordinator, placement[0][0], all_local, remote_port)
     token = secrets.token_hex(32)
@@ -133,9 +134,10 @@ def plan_job(
         own = interface or (",".join(host.ips) if len(host.ips) > 1 else LOOPBACK if all_local else host.address)
         if not all_local and not interface:
             _refuse_loopback_name(host, own)
+        # FASTCOLL_HOST: the ranks' errors name a host as the launcher's own messages do.
         env = dict(shared, FASTCOLL_RANK=str(rank), FASTCOLL_WORLD_SIZE=str(n),
                    FASTCOLL_LOCAL_RANK=str(local_rank), FASTCOLL_COORDINATOR=coordinator,
-                   FASTCOLL_TOKEN=token, FASTCOLL_INTERFACE=own)
+                   FASTCOLL_TOKEN=token, FASTCOLL_INTERFACE=own, FASTCOLL_HOST=host.name)
         share = (local_rank, per_host[host.name.lower()]) if bind == "cores" else None
         ranks.append(RankPlan(rank, host, local_rank, is_local_host(host.name), argv, env, share))
     return JobPlan(tuple(ranks), coordinator, token, cwd, python)
@@ -199,6 +201,16 @@ def _with_port(
             port = remote_port(first)
     host = address.strip("[]")
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _refuse_foreign_ips(local: Sequence[Host]) -> None:
+    """A host of this machine that lists an address this machine does not have is a mistake in
+    the hostfile, as `--check` says (the same test: `agent.bind_errors`); refused, even where a
+    job on this machine alone would not use the address."""
+    for host in dict.fromkeys(local):
+        for addr, err in bind_errors(list(host.ips)).items():
+            raise PlanError(f"host {host.name}: listed address {addr} is not this host's ({err}), "
+                            "as fastcoll-launch --check says too: list an address it has")
 
 
 def _refuse_loopback_name(host: Host, address: str) -> None:

@@ -57,6 +57,13 @@ def agent_payload(request: dict) -> bytes:
     return b"%d\n" % len(source) + source + json.dumps(request).encode() + b"\n"
 
 
+def ssh_config_lines(host: str) -> str:
+    """The ssh_config lines that name `host` (`Host NAME`, and `User USER` for user@host: a Host
+    line takes a name only), joined with " / " for a sentence."""
+    user, at, name = host.rpartition("@")
+    return f"Host {name} / User {user}" if at else f"Host {host}"
+
+
 def explain_ssh_failure(host: str, code: int | None, lines: Sequence[bytes], python: str) -> str:
     """A clear sentence for an ssh that ended before the agent started on `host`."""
     text = b"".join(lines).decode(errors="replace").strip()
@@ -73,7 +80,7 @@ def explain_ssh_failure(host: str, code: int | None, lines: Sequence[bytes], pyt
         why = (f"host {host} refused the ssh connection: no ssh server listens there. Start it "
                "(macOS: System Settings > General > Sharing > Remote Login; Linux: the sshd "
                f"service), or, if it listens on another port, name the port in ~/.ssh/config "
-               f"(Host {host} / Port N) or with --ssh 'ssh -p N'")
+               f"({ssh_config_lines(host)} / Port N) or with --ssh 'ssh -p N'")
     elif any(s in low for s in ("timed out", "no route to host", "network is unreachable")):
         why = (f"host {host} is unreachable over ssh: check its name or address and the "
                f"network between here and there, then that `ssh {host} true` works")

@@ -10,8 +10,8 @@
     with mlx_compat.patched():  # the same, for a block
         ...
 
-    python -m fastcoll.mlx_compat train.py ARGS         # run a script, or a module (-m), with
-    python -m fastcoll.mlx_compat -m mlx_lm.generate ARGS  # the patch installed first
+    python -m fastcoll.mlx_compat train.py ARGS          # run a script, or a module (-m), with
+    python -m fastcoll.mlx_compat -m mlx_lm server ARGS  # the patch installed first
 
 One job a module: `patch` (install, uninstall, patched: how MLX's functions are replaced),
 `api` (the functions and Group, with MLX's signatures and semantics), `autograd` (the

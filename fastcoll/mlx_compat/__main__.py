@@ -1,4 +1,4 @@
-"""python -m fastcoll.mlx_compat (-m MODULE | SCRIPT) [ARGS...]"""
+"""python -m fastcoll.mlx_compat (-m MODULE | -c CODE | SCRIPT) [ARGS...]"""
 
 import sys
 

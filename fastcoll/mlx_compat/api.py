@@ -118,6 +118,20 @@ def is_available(backend: str = "any") -> bool:
     return backend in BACKENDS
 
 
+def fastcoll_group(group: Any) -> _FastcollGroup:
+    """The fastcoll group under an mx.distributed group that fastcoll made (an mlx_compat.Group,
+    or in graph mode MLX's group and its splits), for fastcoll's own calls: what the groups'
+    `fastcoll_group` property returns (install() gives MLX's Group class the property too)."""
+    if type(group) is Group:
+        return group.fastcoll_group
+    mine = graph.fastcoll_group(group)
+    if mine is None:
+        raise AttributeError(
+            f"{group!r} is not a group fastcoll made (make it with mx.distributed.init() after "
+            "fastcoll.mlx_compat.install(), or split one), so it has no fastcoll_group")
+    return mine
+
+
 def _resolve(group: Any) -> _FastcollGroup | None:
     """The fastcoll group to use, or None for one of MLX's own groups of one."""
     if type(group) is Group:  # mlx.nn's sharded layers pass ours: a decode step asks dozens a token
@@ -156,7 +170,8 @@ def all_sum(x: Any, *, group: Any = None, stream: Any = None) -> mx.array:
     Args:
       x (array): Input array (a scalar is made an array as MLX does).
       group (Group): The group of processes; ``None`` for the global group.
-      stream (Stream, optional): Accepted for compatibility; the exchange runs on the host.
+      stream (Stream, optional): Accepted for compatibility; the exchange runs on the host (in
+        graph mode, on the calling thread's stream for collectives: fastcoll.mlx_compat.graph).
 
     Returns:
       array: The sum of all ``x`` arrays. Unlike MLX's, it is computed now (eagerly), not when
@@ -177,7 +192,7 @@ def all_min(x: Any, *, group: Any = None, stream: Any = None) -> mx.array:
 
 def _reduce(op: str, x: Any, group: Any, name: str, stream: Any) -> mx.array:
     if graph.carries(group):
-        return graph.MLX[name](x, group=group, stream=stream)
+        return graph.MLX[name](x, group=group, stream=graph.stream())
     x = _as_array(x, name)
     g = _resolve(group)
     if _single(g):
@@ -198,7 +213,7 @@ def all_gather(x: Any, *, group: Any = None, stream: Any = None) -> mx.array:
     unchanged, as in MLX.
     """
     if graph.carries(group):
-        return graph.MLX["all_gather"](x, group=group, stream=stream)
+        return graph.MLX["all_gather"](x, group=group, stream=graph.stream())
     x = _as_array(x, "all_gather")
     g = _resolve(group)
     if _single(g):
@@ -227,7 +242,7 @@ def send(x: Any, dst: int, *, group: Any = None, stream: Any = None) -> mx.array
     the same on both sides, as MLX's blocking backends need anyway.
     """
     if graph.carries(group):
-        return graph.MLX["send"](x, dst, group=group, stream=stream)
+        return graph.MLX["send"](x, dst, group=group, stream=graph.stream())
     x = _as_array(x, "send")
     g = _resolve(group)
     if _single(g):
@@ -239,7 +254,7 @@ def send(x: Any, dst: int, *, group: Any = None, stream: Any = None) -> mx.array
 def recv(shape: Any, dtype: Any, src: int, *, group: Any = None, stream: Any = None) -> mx.array:
     """Receive an array of ``shape`` and ``dtype`` from rank ``src`` (computed eagerly)."""
     if graph.carries(group):
-        return graph.MLX["recv"](shape, dtype, src, group=group, stream=stream)
+        return graph.MLX["recv"](shape, dtype, src, group=group, stream=graph.stream())
     g = _resolve(group)
     if _single(g):
         raise ValueError("Cannot recv from a singleton group")
@@ -251,7 +266,7 @@ def recv(shape: Any, dtype: Any, src: int, *, group: Any = None, stream: Any = N
 def recv_like(x: Any, src: int, *, group: Any = None, stream: Any = None) -> mx.array:
     """Receive an array shaped and typed like ``x`` from rank ``src`` (computed eagerly)."""
     if graph.carries(group):
-        return graph.MLX["recv_like"](x, src, group=group, stream=stream)
+        return graph.MLX["recv_like"](x, src, group=group, stream=graph.stream())
     x = _as_array(x, "recv_like")
     g = _resolve(group)
     if _single(g):

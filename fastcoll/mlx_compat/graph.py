@@ -1,21 +1,24 @@
-"""MLX's graph runs fastcoll's collectives (FASTCOLL_MLX_GRAPH=1).
+"""MLX's graph runs fastcoll's collectives (FASTCOLL_MLX_GRAPH=1; docs/mlx.md, Graph mode).
 
 By default mlx_compat's collectives run when they are called: each evaluates its input, hands it
-to fastcoll and hands back an array, two trips between Python and MLX's evaluation thread a call.
-In graph mode they are MLX's own lazy collectives of its MPI backend instead, and the MPI library
-underneath is fastcoll's (fastcoll/mlx_compat/csrc/mpi_abi.c): MLX evaluates a collective where
-it stands in the graph, on its evaluation thread, and fastcoll's engine moves the bytes there,
-without Python.
+to fastcoll and hands back an array. In graph mode they are MLX's own lazy collectives of its MPI
+backend, over fastcoll's MPI library (fastcoll/mlx_compat/csrc/): MLX runs each where it stands
+in the graph, on its evaluation thread, and fastcoll's engine moves the bytes without Python.
+`init()` here splits the job's group into one for the graph alone (the engine numbers its calls
+without Python), opens the engine's table of it, attaches the library, points MLX_MPI_LIBNAME at
+it and returns MLX's `mx.distributed.init(backend="mpi")`.
 
-`init()` here: split the job's group into one for the graph alone (the engine numbers its calls
-without Python), open the engine's table of it, attach the library to the table, point
-MLX_MPI_LIBNAME at the library, and return MLX's `mx.distributed.init(backend="mpi")`.
+Order. MLX runs each stream's work on a thread of its own, so collectives of two streams would
+reach the engine in an order of chance, which ranks need not share. So every collective made
+through mlx_compat goes on its Python thread's one stream (`stream()`, whatever the program
+asked for), which runs them in the program's order; an eager call of fastcoll's own first waits
+for them (`before_eager`, which the job calls). Two threads' calls at once the library catches.
 
-What differs from the default (docs/mlx.md, Graph mode):
-- a failure on the wire ends the process with status 1 after one line on stderr naming the lost
-  peer, as MPI's default error handler ends the job: MLX's graph cannot raise it to Python;
-- the group cannot be split (MLX's MPI backend asks MPI_Comm_split, which the library refuses);
-- sum_scatter, which MLX's MPI backend lacks, runs eagerly through fastcoll as by default.
+Splits. MLX's Group.split asks MPI_Comm_split, which the library answers with fastcoll's own
+Group.split (`_split`, called from C on the program's thread); the sub-groups' collectives stay
+in MLX's graph (the library runs them over the table's messages). `fastcoll_group(group)` is the
+fastcoll group an MLX group of the graph stands for. A failure on the wire ends the process after
+one line on stderr, as MPI's default error handler ends the job: MLX's graph cannot raise it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import ctypes
 import glob
 import logging
 import os
+import threading
 import warnings
 from typing import Any
 
@@ -40,9 +44,18 @@ MLX = {name: getattr(mx.distributed, name) for name in ("init", "all_sum", "all_
                                                          "send", "recv", "recv_like")}
 LIBNAME = "MLX_MPI_LIBNAME"
 
-# The open graph: (MLX's group, the fastcoll group it stands for, the table, the library).
-_open: tuple[Any, FastcollGroup, Any, Any] | None = None
+# The open graph: (MLX's group, the fastcoll group it stands for, the table, the library, the split
+# callback, which must live as long as the library may call it).
+_open: tuple[Any, FastcollGroup, Any, Any, Any] | None = None
 _refused = False  # graph mode could not open: later init()s take the eager path at once
+_STREAM: Any = None  # every Python thread's stream for its collectives (one stream a thread)
+_thread = threading.local()  # .used: this thread made graph collectives; .made, .error: _split's
+_by_handle: dict[int, FastcollGroup] = {}  # a communicator of the library -> its fastcoll group
+# id(MLX's group) -> (that group, kept so that its id stays its own; its fastcoll group)
+_by_object: dict[int, tuple[Any, FastcollGroup]] = {}
+_SPLIT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                             ctypes.POINTER(ctypes.c_int32), ctypes.c_int, ctypes.POINTER(ctypes.c_int),
+                             ctypes.c_void_p, ctypes.c_int)
 
 
 def library() -> str | None:
@@ -59,17 +72,9 @@ def _capsule_pointer(capsule: Any) -> int:
     return get(capsule, b"fastcoll.graph_api")
 
 
-def open_graph(group: FastcollGroup) -> Any | None:
-    """MLX's group whose collectives fastcoll runs inside MLX's graph, for the job's `group`; None
-    (after a warning that says why) where graph mode cannot run, and the eager collectives then
-    serve. Every rank must call it."""
-    global _open, _refused
-    if _open is not None or _refused:
-        return _open[0] if _open is not None else None
-    path = library()
+def _why_not(group: FastcollGroup, path: str | None, table: Any) -> str | None:
+    """Why graph mode cannot run on this rank or another (None: it can, on every rank)."""
     why = None if path else "fastcoll's MPI library for MLX was not built (install with a C compiler)"
-    sub = group.split(0)  # a group of the graph's own: the engine numbers its calls without Python
-    table = sub.graph_table()
     if why is None and table is None:
         why = "the pure-Python engine runs (FASTCOLL_NATIVE=0, or no compiler)"
     # Every rank takes the graph, or none does: a host without the library must not leave its
@@ -77,15 +82,33 @@ def open_graph(group: FastcollGroup) -> Any | None:
     every = fastcoll.all_reduce(np.array([why is None], np.int32), op="min", group=group)
     if why is None and not every[0]:
         why = "another rank cannot run it (its log says why)"
+    return why
+
+
+def open_graph(group: FastcollGroup) -> Any | None:
+    """MLX's group whose collectives fastcoll runs inside MLX's graph, for the job's `group`; None
+    (after a warning that says why) where graph mode cannot run, and the eager collectives then
+    serve. Every rank must call it."""
+    global _open, _refused, _STREAM
+    if _open is not None or _refused:
+        return _open[0] if _open is not None else None
+    path = library()
+    sub = group.split(0)  # a group of the graph's own: the engine numbers its calls without Python
+    table = sub.graph_table()
+    why = _why_not(group, path, table)
     if why is not None:  # said even where logging is not configured: the user asked for graph mode
         message = f"FASTCOLL_MLX_GRAPH=1: {why}; collectives run eagerly instead"
         log.warning(message)
         warnings.warn(message, RuntimeWarning, stacklevel=3)
         _refused = True
         return None
+    if sub.members() != list(range(group.size())):  # the library maps splits' ranks onto the table's
+        raise RuntimeError(f"graph mode needs the job's group, not a group of ranks {sub.members()}")
     lib = ctypes.CDLL(path)
-    lib.fastcoll_mpi_attach.argtypes = [ctypes.c_void_p]
-    if lib.fastcoll_mpi_attach(_capsule_pointer(table)) != 0:
+    lib.fastcoll_mpi_attach.argtypes = [ctypes.c_void_p, ctypes.c_char_p, _SPLIT_FN]
+    names = "".join(f"{name}\n" for name in sub.rank_names()).encode()
+    callback = _SPLIT_FN(_split)
+    if lib.fastcoll_mpi_attach(_capsule_pointer(table), names, callback) != 0:
         raise RuntimeError(f"{path} was built from other sources than this fastcoll (reinstall it)")
     os.environ[LIBNAME] = path
     mlx_group = MLX["init"](strict=True, backend="mpi")
@@ -94,9 +117,64 @@ def open_graph(group: FastcollGroup) -> Any | None:
             f"MLX's MPI backend is rank {mlx_group.rank()} of {mlx_group.size()}, not fastcoll's "
             f"{sub.rank()} of {sub.size()}: MLX loaded another MPI library before {LIBNAME} was set, "
             "or this MLX is older than 0.29.4, which does not read it")
-    _open = (mlx_group, group, table, lib)
+    # One stream a thread (MLX 0.31.2 made streams thread-local); before it, one for every thread.
+    _STREAM = mx.new_thread_local_stream(mx.cpu) if hasattr(mx, "new_thread_local_stream") else mx.new_stream(mx.cpu)
+    _by_handle[ctypes.addressof(ctypes.c_int.in_dll(lib, "ompi_mpi_comm_world"))] = group
+    _by_object[id(mlx_group)] = (mlx_group, group)
+    _open = (mlx_group, group, table, lib, callback)
+    group.set_before_call(before_eager)
     log.info("MLX's graph runs fastcoll's collectives (%s)", path)
     return mlx_group
+
+
+def stream() -> Any:
+    """The stream for a collective that the calling thread makes in MLX's graph (its own)."""
+    _thread.used = True
+    return _STREAM
+
+
+def before_eager() -> None:
+    """Wait until this thread's graph collectives have run (the job calls it before an eager
+    call): the eager call then comes after them on every rank, as the program made them."""
+    if getattr(_thread, "used", False):
+        mx.synchronize(_STREAM)
+
+
+def _split(parent: int, color: int, key: int, child: int, ranks: Any, most: int, rank: Any, name: int,
+           name_max: int) -> int:
+    """MPI_Comm_split's answer (mpi_sub.c): fastcoll's Group.split of the parent's group."""
+    try:
+        sub = _by_handle[parent].split(color, key)
+        members, prefix = sub.members(), sub.prefix().encode()
+        if len(members) > most or len(prefix) >= name_max:
+            raise RuntimeError(f"a split of {len(members)} ranks named {prefix!r} does not fit the library's")
+        for i, m in enumerate(members):
+            ranks[i] = m
+        rank[0] = sub.rank()
+        ctypes.memmove(name, prefix + b"\0", len(prefix) + 1)
+        _by_handle[child] = sub
+        _thread.made = sub
+        return len(members)
+    except BaseException as e:  # raised again by split_group, on this thread: C cannot carry it
+        _thread.error = e
+        return -1
+
+
+def split_group(split: Any, group: Any, color: int, key: int = -1) -> Any:
+    """MLX's Group.split (`split`) of `group`, raising fastcoll's own error where its split failed,
+    and noting the fastcoll group of the result."""
+    _thread.made = _thread.error = None
+    try:
+        child = split(group, color, key)
+    except RuntimeError:
+        error, _thread.error = _thread.error, None
+        if error is not None:
+            raise error from None
+        raise
+    made, _thread.made = _thread.made, None
+    if made is not None:
+        _by_object[id(child)] = (child, made)
+    return child
 
 
 def carries(group: Any) -> bool:
@@ -107,6 +185,10 @@ def carries(group: Any) -> bool:
 
 def fastcoll_group(group: Any) -> FastcollGroup | None:
     """The fastcoll group an MLX group of the open graph stands for (None for any other)."""
-    if _open is not None and isinstance(group, mx.distributed.Group) and group.size() == _open[1].size():
-        return _open[1]
-    return None
+    if _open is None or not isinstance(group, mx.distributed.Group):
+        return None
+    known = _by_object.get(id(group))
+    if known is not None and known[0] is group:
+        return known[1]
+    # the job's group as MLX hands it out again (mx.distributed.init() of MLX's own, say)
+    return _open[1] if group.size() == _open[1].size() and group.rank() == _open[1].rank() else None

@@ -5,7 +5,9 @@ mlx.nn's sharded layers (`AllToShardedLinear`, `ShardedToAllLinear`, `shard_line
 `mlx.core.distributed` module each time they call them (`mx.distributed.all_sum(x, group=...)`),
 so replacing those attributes reaches them. Code that copied a function out before `install()`
 (`from mlx.core.distributed import all_sum`) keeps MLX's own. `mx.distributed.Group` (the
-class) is left alone: the groups handed out are `mlx_compat.Group`. MLX's grad, value_and_grad,
+class) stays MLX's: the groups handed out are `mlx_compat.Group`, or in graph mode MLX's own, whose
+class gets a `fastcoll_group` property and a `split` that notes which fastcoll group each split
+stands for (fastcoll/mlx_compat/graph.py); uninstall() takes both off. MLX's grad, value_and_grad,
 vmap, vjp and jvp are wrapped too, so that a collective knows whether it is being differentiated
 (fastcoll/mlx_compat/tracing.py).
 """
@@ -18,7 +20,7 @@ from typing import Any, Iterator
 
 import mlx.core as mx
 
-from fastcoll.mlx_compat import api, tracing
+from fastcoll.mlx_compat import api, graph, tracing
 
 # The names install() replaces in mlx.core.distributed.
 PATCHED = (
@@ -27,6 +29,7 @@ PATCHED = (
 )
 
 _saved: dict[str, Any] | None = None  # MLX's own functions while installed
+_GROUP_SPLIT = mx.distributed.Group.split  # MLX's own, which install() wraps
 _install_lock = threading.Lock()
 
 
@@ -40,6 +43,8 @@ def install() -> None:
         _saved = {name: getattr(module, name) for name in PATCHED}
         for name in PATCHED:
             setattr(module, name, getattr(api, name))
+        module.Group.fastcoll_group = property(api.fastcoll_group, doc=api.fastcoll_group.__doc__)
+        module.Group.split = _split
         tracing.install()
 
 
@@ -51,8 +56,16 @@ def uninstall() -> None:
             return
         for name, fn in _saved.items():
             setattr(mx.distributed, name, fn)
+        mx.distributed.Group.split = _GROUP_SPLIT
+        del mx.distributed.Group.fastcoll_group
         tracing.uninstall()
         _saved = None
+
+
+def _split(self: Any, color: int, key: int = -1) -> Any:
+    """Split the group to subgroups based on the provided color (MLX's Group.split, whose
+    MPI_Comm_split is fastcoll's Group.split in graph mode: its errors are fastcoll's)."""
+    return graph.split_group(_GROUP_SPLIT, self, color, key)
 
 
 def installed() -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import re
 import time
 
 from fastcoll import errors
@@ -133,7 +134,11 @@ class Transport(abc.ABC):
         that rank + 1), which the peers use to find who stopped answering (fastcoll/diagnosis.py)."""
         self.aborted = True
         try:
-            note = f"rank {self.rank}: {type(error).__name__}: {error}"
+            # A peer's error that reached this rank goes on as that peer said it ("rank 1:
+            # PeerLostError: ..."), so that every rank names the first cause once, not a chain of
+            # ranks that passed it on.
+            from_peer = getattr(error, "from_peer", False)
+            note = str(error) if from_peer else f"rank {self.rank}: {type(error).__name__}: {error}"
             waits = getattr(error, "waiting_for", None)
             self._send_abort(Header(ABORT, -1, note[:2000], 0 if waits is None else waits + 1, 0))
         except Exception as e:  # the peers may be gone already; nothing more to do
@@ -222,10 +227,22 @@ class Transport(abc.ABC):
 
 
 
+# A point-to-point message's signature, after any group's prefix: both ends name it send(src,
+# dst, dtype, shape) so that they match (fastcoll/exchange.py).
+_SEND = re.compile(r"^((?:s\d+(?:c\d+|g)/)*)send\(")
+
+
+def as_received(sig: str) -> str:
+    """This rank's call as its messages name it, where this rank receives: a point-to-point
+    message's `send(src,dst,...)` is this rank's `recv(src,dst,...)` (a rank only reads a message
+    of that signature in a recv), the rest as they are."""
+    return _SEND.sub(r"\1recv(", sig, count=1)
+
+
 def other_call(me: int, peer: int, seq: int, sig: str, their_seq: int, their_sig: str) -> MismatchError:
     """The error when `peer` sent a message of another call than this rank's."""
     return MismatchError(
-        f"rank {me} called {describe(seq, sig)} but rank {peer} called {describe(their_seq, their_sig)}"
+        f"rank {me} called {describe(seq, as_received(sig))} but rank {peer} called {describe(their_seq, their_sig)}"
         + _threads_hint(sig, their_sig))
 
 
@@ -233,7 +250,7 @@ def other_chunk(me: int, peer: int, seq: int, sig: str, chunk: int, nbytes: int,
                 their_nbytes: int) -> MismatchError:
     """The error when `peer` sent another message of this rank's call than the one expected."""
     return MismatchError(
-        f"rank {me} expected chunk {chunk} of {nbytes} bytes of {describe(seq, sig)} "
+        f"rank {me} expected chunk {chunk} of {nbytes} bytes of {describe(seq, as_received(sig))} "
         f"from rank {peer}, which sent chunk {their_chunk} of {their_nbytes} bytes")
 
 

@@ -7,6 +7,16 @@
                                        all_sums; the others must end with the error, not hang
     python graph_worker.py mismatch    rank r sums r + 4 elements: the ranks call different
                                        collectives
+    python graph_worker.py streams     two all_sums of one shape on two MLX streams, the input of
+                                       one slow on rank 0 and of the other on rank 1: each must
+                                       get its own sum ("streams kept apart")
+    python graph_worker.py eager       an all_sum in MLX's graph, its input slow on rank 0 only,
+                                       evaluated asynchronously, then at once an eager
+                                       fastcoll.all_reduce: both right ("eager after graph")
+    python graph_worker.py threads     rank 0 evaluates two all_sums at once from two threads;
+                                       rank 1 comes late: the library ends rank 0 naming both
+    python graph_worker.py finalize    fastcoll.finalize() while rank 0's graph all_sum still
+                                       waits for its input: it waits for the call, then ends
 """
 
 from __future__ import annotations
@@ -14,9 +24,13 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
+import time
 
 import mlx.core as mx
+import numpy as np
 
+import fastcoll
 from fastcoll import mlx_compat
 
 
@@ -64,6 +78,60 @@ def die(g, victim: int) -> None:
     print("the loop ended without the victim's death being noticed", flush=True)
 
 
+def slow(n: int) -> mx.array:
+    """64 zeros that take a while to compute when n is large (n x n products), at once when small."""
+    m = mx.random.normal((n, n), key=mx.random.key(1))
+    for _ in range(8):
+        m = mx.tanh(m @ m)
+    return 0 * m[0, :64]
+
+
+def streams(g) -> None:
+    r, n = g.rank(), g.size()
+    d = mx.distributed
+    s1, s2 = mx.new_stream(mx.cpu), mx.new_stream(mx.cpu)
+    with mx.stream(s1):
+        a = d.all_sum(1.0 + r + slow(700 if r == 0 else 64), group=g)
+    with mx.stream(s2):
+        b = d.all_sum(100.0 + r + slow(64 if r == 0 else 700), group=g)
+    mx.eval(a, b)
+    want_a, want_b = sum(1.0 + q for q in range(n)), sum(100.0 + q for q in range(n))
+    assert a.tolist() == [want_a] * 64 and b.tolist() == [want_b] * 64, (a.tolist()[:2], b.tolist()[:2])
+    print(f"rank {r}: streams kept apart", flush=True)
+
+
+def eager_after_graph(g) -> None:
+    r, n = g.rank(), g.size()
+    y = mx.distributed.all_sum(1.0 + r + slow(700 if r == 0 else 64), group=g)
+    mx.async_eval(y)
+    if r != 0:
+        time.sleep(1)  # this rank's graph call goes first here; rank 0's input is still being made
+    z = fastcoll.all_reduce(np.array([10.0 * (r + 1)]))  # the job's group: no part of MLX's graph
+    assert z.tolist() == [10.0 * n * (n + 1) / 2], z
+    assert y.tolist() == [sum(1.0 + q for q in range(n))] * 64, y.tolist()[:2]
+    print(f"rank {r}: eager after graph in order", flush=True)
+
+
+def finalize_after_graph(g) -> None:
+    r, n = g.rank(), g.size()
+    y = mx.distributed.all_sum(1.0 + r + slow(700 if r == 0 else 64), group=g)
+    mx.async_eval(y)
+    fastcoll.finalize()
+    assert y.tolist() == [sum(1.0 + q for q in range(n))] * 64, y.tolist()[:2]
+    print(f"rank {r}: finalized after the graph's call", flush=True)
+
+
+def threads(g) -> None:
+    if g.rank() != 0:
+        time.sleep(4)  # rank 0's first call waits for this rank meanwhile
+    else:
+        t = threading.Thread(target=lambda: mx.eval(mx.distributed.all_sum(mx.ones((8,)), group=g)), daemon=True)
+        t.start()
+        time.sleep(1)
+    mx.eval(mx.distributed.all_gather(mx.ones((3,)), group=g))
+    print("two threads' calls at once were not caught", flush=True)
+
+
 def main() -> None:
     mx.set_default_device(mx.cpu)
     mlx_compat.install()
@@ -73,6 +141,11 @@ def main() -> None:
         check(g)
     elif what == "die":
         die(g, int(sys.argv[2]))
+    elif what == "finalize":
+        finalize_after_graph(g)
+        return
+    elif what in ("streams", "eager", "threads"):
+        {"streams": streams, "eager": eager_after_graph, "threads": threads}[what](g)
     elif what == "mismatch":
         mx.eval(mx.distributed.all_sum(mx.ones((g.rank() + 4,)), group=g))
         print("a mismatched call returned", flush=True)

@@ -104,16 +104,18 @@ def main() -> int:
     say("READY", r, os.getpid())
 
     if SCENARIO == "timeouts":
-        # Bad per-call timeouts raise ValueError naming the value, before anything is sent.
+        # Bad per-call timeouts raise ValueError naming the value (TypeError for a value that is
+        # no number), before anything is sent.
         x = np.ones(4, np.float32)
-        for bad in (float("nan"), float("inf"), 0, -1, "abc", 1e300, True):
+        for bad in (float("nan"), float("inf"), 0, -1, "abc", "5", 1e300, True):
             for name, call in (("all_reduce", lambda: fastcoll.all_reduce(x, timeout=bad)),
                                ("barrier", lambda: fastcoll.barrier(timeout=bad)),
                                ("broadcast", lambda: fastcoll.broadcast(x, timeout=bad))):
                 try:
                     call()
-                except ValueError as e:
+                except (TypeError, ValueError) as e:
                     assert "timeout" in str(e) and repr(bad) in str(e), (name, bad, str(e))
+                    assert isinstance(e, TypeError) == isinstance(bad, (str, bool)), (name, bad, e)
                 else:
                     raise AssertionError(f"{name}(timeout={bad!r}) was accepted")
         # The group is untouched, and a huge valid timeout works.

@@ -1,6 +1,7 @@
 /* The engine's messages: send, flush, and receive with the pure-Python transport's checks. */
 #include "fc_engine.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,13 @@ void fc_err_text(fc_err *err, const void *text, size_t len)
         memcpy(err->text, text, len);
     err->text[len] = 0;
     err->text_len = (uint32_t)len;
+}
+
+/* What the link said of its failure, where it says more than an errno (a frame lost on RDMA). */
+static void link_why(fc_err *err, const fc_link *l)
+{
+    if (l->why[0])
+        fc_err_text(err, l->why, strnlen(l->why, sizeof l->why));
 }
 
 int fc_engine_init(fc_engine *e, int rank, int size, int channels, fc_ns spin_ns, fc_ns yield_ns,
@@ -52,13 +60,16 @@ int fc_engine_init(fc_engine *e, int rank, int size, int channels, fc_ns spin_ns
     return 0;
 }
 
-int fc_engine_add_link(fc_engine *e, int peer, int ch, int fd, uint8_t *tx, uint8_t *rx, size_t cap)
+int fc_engine_add_link(fc_engine *e, int peer, int ch, const fc_link_kind *kind, const fc_link_params *p,
+                       char *why, size_t why_len)
 {
     if (peer < 0 || peer >= e->size || peer == e->rank || ch < 0 || ch >= e->channels)
         return -1;
     fc_chan *c = &e->chans[peer * e->channels + ch];
-    if (c->open || fc_link_init(&c->link, fd, tx, rx, cap))
+    if (c->open)
         return -1;
+    if (fc_link_open(&c->link, kind, p, why, why_len))
+        return -2;
     c->open = 1;
     c->watched = 1;
     return 0;
@@ -109,17 +120,15 @@ int fc_chan_parse(fc_engine *e, fc_chan *c, fc_err *err)
     return -1;
 }
 
-/* A shared-memory link whose peer broke a ring's counters: FC_E_MALFORMED, saying how. */
-static int ring_spoiled(fc_err *err, fc_link *l, int peer)
+/* A failed link's error: EBADMSG is a peer that wrote something malformed where the link reads
+ * it (a shared-memory ring's counters), the rest a connection that failed; the link's why says
+ * how. */
+static int failure(fc_err *err, const fc_link *l, int err_no, int code, int peer)
 {
-    fc_ring *r = l->rx.bad ? &l->rx : &l->tx;
-    if (!l->shm || !r->bad)
-        return 0;
-    char why[160];
-    fc_ring_explain(r, why, sizeof why);
-    fc_err_set(err, FC_E_MALFORMED, peer);
-    fc_err_text(err, why, strlen(why));
-    return 1;
+    fc_err_set(err, err_no == EBADMSG ? FC_E_MALFORMED : code, peer);
+    err->sys_errno = err_no;
+    link_why(err, l);
+    return -1;
 }
 
 /* ----- sending ----- */
@@ -170,12 +179,8 @@ int fc_engine_flush(fc_engine *e, fc_ns deadline, fc_err *err)
     }
     for (int i = 0; i < n; i++) {
         fc_link *l = &e->chans[i].link;
-        if (l->send_errno && !ring_spoiled(err, l, fc_chan_peer(e, &e->chans[i]))) {
-            fc_err_set(err, FC_E_BROKEN, fc_chan_peer(e, &e->chans[i]));
-            err->sys_errno = l->send_errno;
-        }
         if (l->send_errno)
-            return -1;
+            return failure(err, l, l->send_errno, FC_E_BROKEN, fc_chan_peer(e, &e->chans[i]));
     }
     return 0;
 }
@@ -208,14 +213,10 @@ void fc_chan_lost(fc_engine *e, fc_chan *c, int mid, fc_err *err)
 {
     fc_link *l = &c->link;
     int peer = fc_chan_peer(e, c);
-    if (ring_spoiled(err, l, peer))
-        return;
-    if (l->recv_errno) {
-        fc_err_set(err, FC_E_CONN, peer);
-        err->sys_errno = l->recv_errno;
-    } else {
+    if (l->recv_errno)
+        failure(err, l, l->recv_errno, FC_E_CONN, peer);
+    else
         fc_err_set(err, mid ? FC_E_CLOSED_MID : FC_E_CLOSED, peer);
-    }
 }
 
 static int header_step(fc_engine *e, void *ctx, int *moved, fc_err *err)
@@ -224,7 +225,7 @@ static int header_step(fc_engine *e, void *ctx, int *moved, fc_err *err)
     int got = fc_chan_parse(e, c, err);
     if (got)
         return got;
-    int pulled = c->link.shm ? (c->link.eof || c->link.recv_errno ? -1 : 0) : fc_link_pull(&c->link);
+    int pulled = fc_link_pull(&c->link);
     if (pulled > 0) {
         *moved = 1;
         return fc_chan_parse(e, c, err);
@@ -283,10 +284,9 @@ static int payload_step(fc_engine *e, void *ctx, int *moved, fc_err *err)
             *moved = 1;
             continue;
         }
-        ssize_t got; /* nothing buffered: read more */
-        if (l->shm) {
-            got = l->eof || l->recv_errno ? -1 : 0; /* (the end of the stream: the sleep's poll) */
-        } else if (p->n - p->done >= DIRECT_BYTES) {
+        ssize_t got; /* nothing buffered: read more (where the data is not on the link's socket,
+                        the end of the stream is seen by the sleep's poll and the kind's wake) */
+        if (p->n - p->done >= DIRECT_BYTES) {
             got = fc_link_recv_direct(l, p->dst + p->done, p->n - p->done);
         } else {
             int pulled = fc_link_pull(l);

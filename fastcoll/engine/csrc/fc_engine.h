@@ -107,8 +107,10 @@ typedef struct fc_engine {
 
 int fc_engine_init(fc_engine *e, int rank, int size, int channels, fc_ns spin_ns, fc_ns yield_ns,
                    fc_ns long_wait_ns);
-/* Hand the engine the link to `peer` on channel `ch` (see fc_link_init). 0, or -1. */
-int fc_engine_add_link(fc_engine *e, int peer, int ch, int fd, uint8_t *tx, uint8_t *rx, size_t cap);
+/* Hand the engine the link to `peer` on channel `ch`, of `kind` over p (see fc_link_open). 0; -1 a
+ * bad peer or channel, or one added twice; -2 the kind's open failed (its reason in why). */
+int fc_engine_add_link(fc_engine *e, int peer, int ch, const fc_link_kind *kind, const fc_link_params *p,
+                       char *why, size_t why_len);
 void fc_engine_free(fc_engine *e);
 
 static inline fc_chan *fc_chan_of(fc_engine *e, int peer, int64_t chunk)
@@ -144,7 +146,8 @@ static inline int fc_chan_peer(fc_engine *e, fc_chan *c)
 }
 
 /* The error of c's link once its stream ended or failed (`mid`: in the middle of a message):
- * a peer that closed, a receive that failed, or a shared-memory peer that broke its ring. */
+ * a peer that closed, a receive that failed, or a peer that wrote something malformed where the
+ * link reads it (a shared-memory ring's counters: recv_errno EBADMSG); the link's why says how. */
 void fc_chan_lost(fc_engine *e, fc_chan *c, int mid, fc_err *err);
 
 /* Read the next header from c's link into c->header (its signature in c->store): 1 read,

@@ -4,7 +4,7 @@
  * freed it raises its mmap threshold to that block's size (up to 32 MiB), and from then on blocks
  * below it come from the heap, which a pattern of varying sizes fragments and which free() hardly
  * ever gives back: a soak of mixed sizes grew a rank to 360 MB, kept after finalize
- * (bench/NOTES.md, entry 93). The engine's large blocks (scratch, results) are therefore mapped and
+ * (bench/NOTES.md, entry 94). The engine's large blocks (scratch, results) are therefore mapped and
  * unmapped here, which leaves glibc's threshold where it was and returns each block's pages at
  * once; small ones still come from malloc().
  */

@@ -13,7 +13,7 @@
  * before it is used (0 <= tail <= head <= tail + capacity, in unsigned arithmetic; a ring
  * position is its counter modulo the capacity, never a signed remainder). A counter out of range
  * marks the ring `bad` for good: it then has no data and no room, and the link reports its peer
- * as malformed (fc_link.c). This side's own counter is read once, when the ring is made.
+ * as malformed (fc_link_shm.c). This side's own counter is read once, when the ring is made.
  */
 #ifndef FC_SHMRING_H
 #define FC_SHMRING_H

@@ -1,9 +1,11 @@
 /* The Python side of the native engine: what the binding files share.
  *
  *   py_module.c   the module: its types, NativeError, the codes, reduce() and finish_mean()
- *   py_engine.c   the Engine type: links, the message calls, inline runs
+ *   py_engine.c   the Engine type: set up, inline runs, queued calls
+ *   py_links.c    the Engine's links: add_link, link_info, the module's link_kinds()
+ *   py_messages.c the Engine's message calls (the pure-Python schedules over native links)
+ *   py_gate.c     the Engine's gate calls: the control page, releases, the profile, submits
  *   py_close.c    the Engine's end: the last words after an abort, close() (finalize())
- *   py_gate.c     the Engine's gate calls: the control page, releases, the profile
  *   py_items.c    what the service thread runs: queued calls, Python functions, gates, the
  *                 last words; completions; the references released later with the GIL
  *   py_args.c     a collective's arguments from Python, checked, as an fc_op
@@ -122,24 +124,49 @@ PyObject *py_graph_open(EngineObject *self, PyObject *args);
 void py_graph_close(EngineObject *self);
 void py_graph_free(EngineObject *self);
 
-/* py_engine.c: whether the engine takes calls (else a Python error: NativeError(FC_E_SHUT)
- * once closed). */
-int py_engine_usable(EngineObject *self);
+/* py_engine.c: release the GIL for a wait; on the main thread, let the wait run Python's signal handlers. */
+#define WAIT_BEGIN(self)                                                     \
+    py_signals sigs_;                                                        \
+    int main_ = PyThread_get_thread_ident() == (self)->main_thread;          \
+    sigs_.ts = PyEval_SaveThread();                                          \
+    if (main_) {                                                             \
+        (self)->engine.check_signals = py_check_signals;                     \
+        (self)->engine.signals_ctx = &sigs_;                                 \
+    }
+#define WAIT_END(self)                       \
+    (self)->engine.check_signals = NULL;     \
+    (self)->engine.signals_ctx = NULL;       \
+    PyEval_RestoreThread(sigs_.ts);
 
-/* py_gate.c: the Engine's gate methods; py_gate_ready: a gate is attached and the engine takes
- * calls (else a Python error). */
+/* py_engine.c: 1 if the engine takes calls; else 0 with a Python error (a RuntimeError if it
+ * was never set up; NativeError(FC_E_SHUT), "this group was finalized", once closed). */
+int py_usable(EngineObject *self);
+
+/* py_messages.c and py_gate.c: the Engine's methods (see each). */
+PyObject *py_send(EngineObject *self, PyObject *args);
+PyObject *py_send_raw(EngineObject *self, PyObject *args);
+PyObject *py_flush(EngineObject *self, PyObject *arg);
+PyObject *py_next_header(EngineObject *self, PyObject *args);
+PyObject *py_read_payload(EngineObject *self, PyObject *args);
+PyObject *py_keep_unread(EngineObject *self, PyObject *args);
 PyObject *py_attach_gate(EngineObject *self, PyObject *args);
 PyObject *py_gate_release(EngineObject *self, PyObject *args);
 PyObject *py_gate_outstanding(EngineObject *self, PyObject *unused);
 PyObject *py_gate_stop(EngineObject *self, PyObject *unused);
 PyObject *py_gate_timings(EngineObject *self, PyObject *unused);
-int py_gate_ready(EngineObject *self);
+PyObject *py_gate_submit(EngineObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *py_gate_submit_planned(EngineObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 /* py_close.c: the Engine's abort(frame, seconds) and close(flush_seconds, linger_seconds);
  * py_engine_end frees everything as the object goes. */
 PyObject *py_engine_abort(EngineObject *self, PyObject *args);
 PyObject *py_engine_close(EngineObject *self, PyObject *args);
 void py_engine_end(EngineObject *self);
+
+/* py_links.c: Engine.add_link (keywords; see there), Engine.link_info and the module's link_kinds(). */
+PyObject *py_add_link(EngineObject *self, PyObject *args, PyObject *kw);
+PyObject *py_link_kinds(PyObject *module, PyObject *unused);
+PyObject *py_link_info(EngineObject *self, PyObject *args);
 
 /* Release the Python references of finished items (holds the GIL). */
 void py_reap(EngineObject *self);

@@ -1,5 +1,5 @@
-/* The Engine's gate calls: the host mode's control page and layout, releases, the profile
- * (fastcoll/engine/csrc/fc_gate.c serves the gates on the service thread). */
+/* The Engine's half of the fence gate's host mode: the control page attached, releases, the
+ * profile's records, gates queued for the service thread (fc_gate.c does the work). */
 #include "py_common.h"
 
 /* attach_gate(page, arrival, release, status, ack, spin_iters, spin_failed, send_offset,
@@ -11,7 +11,7 @@ PyObject *py_attach_gate(EngineObject *self, PyObject *args)
     unsigned int ok, error, closed, start;
     int ranks, profile;
     PyObject *page;
-    if (!py_engine_usable(self) ||
+    if (!py_usable(self) ||
         !PyArg_ParseTuple(args, "Onnnnnnnnniiiiip", &page, &w[0], &w[1], &w[2], &w[3], &w[4], &w[5], &off[0],
                           &off[1], &off[2], &ranks, &ok, &error, &closed, &start, &profile))
         return NULL;
@@ -41,20 +41,20 @@ PyObject *py_attach_gate(EngineObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-int py_gate_ready(EngineObject *self)
+static int gated(EngineObject *self)
 {
     if (!self->gated) {
         PyErr_SetString(PyExc_RuntimeError, "no gate is attached");
         return 0;
     }
-    return py_engine_usable(self);
+    return py_usable(self);
 }
 
 /* gate_release(seq, status): store STATUS then RELEASE (sticky, never backwards). */
 PyObject *py_gate_release(EngineObject *self, PyObject *args)
 {
     unsigned int seq, status;
-    if (!PyArg_ParseTuple(args, "II", &seq, &status) || !py_gate_ready(self))
+    if (!PyArg_ParseTuple(args, "II", &seq, &status) || !gated(self))
         return NULL;
     fc_gate_release(&self->gate, seq, status);
     Py_RETURN_NONE;
@@ -78,7 +78,7 @@ PyObject *py_gate_stop(EngineObject *self, PyObject *unused)
 PyObject *py_gate_timings(EngineObject *self, PyObject *unused)
 {
     (void)unused;
-    if (!py_gate_ready(self))
+    if (!gated(self))
         return NULL;
     PyObject *list = PyList_New(0);
     fc_gate_timing t[64];
@@ -96,4 +96,14 @@ PyObject *py_gate_timings(EngineObject *self, PyObject *unused)
         }
     }
     return list;
+}
+
+PyObject *py_gate_submit(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return gated(self) ? py_submit_gate(self, args, nargs) : NULL;
+}
+
+PyObject *py_gate_submit_planned(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return gated(self) ? py_submit_planned_gate(self, args, nargs) : NULL;
 }

@@ -30,18 +30,46 @@ def _hint(group):
     if _warned or size < 2 or group.size() != 1:
         return
     _warned.append(True)
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    name = getattr(spec, "name", None) or ""
-    if name.endswith(".__main__"):
-        name = name[: -len(".__main__")]
-    program = "-m " + name if name else (sys.argv[0] if sys.argv and sys.argv[0] else "SCRIPT")
     import logging
 
     logging.getLogger("fastcoll.launch").warning(
         "mx.distributed.init() gave rank %s a world of one, though fastcoll-launch started %d "
         "ranks: MLX's own backends do not read fastcoll's settings. Run the program under "
-        "fastcoll's compat layer: fastcoll-launch ... python -m fastcoll.mlx_compat %s ARGS",
-        os.environ.get("FASTCOLL_RANK", "?"), size, program)
+        "fastcoll's compat layer: fastcoll-launch ... python -m fastcoll.mlx_compat %s",
+        os.environ.get("FASTCOLL_RANK", "?"), size, _program())
+
+
+def _program():
+    """This program as `python -m fastcoll.mlx_compat` takes it: `-m MODULE`, `-c CODE` or the
+    script, then its arguments, quoted for a shell, so that the hint is a command that runs."""
+    args = [str(a) for a in sys.argv[1:]]
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    name = getattr(spec, "name", None) or ""
+    if name.endswith(".__main__"):
+        name = name[: -len(".__main__")]
+    first = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    if name:
+        program = ["-m", name]
+    elif first == "-c":
+        # The code itself is only in the interpreter's own argv (Python 3.10 on): CODE, ARGS.
+        orig = getattr(sys, "orig_argv", None) or []
+        code = orig[-len(sys.argv)] if len(orig) > len(sys.argv) else None
+        program = ["-c", code] if code is not None else ["-c", "CODE"]
+    else:
+        program = [first or "SCRIPT"]
+    return " ".join(_quoted(p) for p in program + args)
+
+
+def _quoted(word):
+    """`word` for a shell command on one line (the launcher tags each line of output): as
+    shlex quotes it, or, holding a newline or another control character, in $'...' (bash, zsh)."""
+    import shlex
+
+    if not any(ord(c) < 32 or ord(c) == 127 for c in word):
+        return shlex.quote(word)
+    escapes = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+    return "$'" + "".join(escapes.get(c) or (c if 32 <= ord(c) != 127 else "\\x%02x" % ord(c))
+                          for c in word) + "'"
 
 
 def _wrap(core):

@@ -9,9 +9,11 @@
  * Open MPI's handles are the addresses of its predefined objects (ompi_mpi_float,
  * ompi_mpi_op_sum, ompi_mpi_comm_world), which MLX looks up by name: they are defined here with
  * what a call needs to know of them. Derived types (MPI_Type_contiguous) and user ops
- * (MPI_Op_create: MLX's float16/bfloat16 sums) live in small tables. A call fastcoll cannot
- * serve (an unknown handle, a split communicator) says so on stderr; one that fails on the wire
- * ends the process (fc_graph.h), as MPI's default error handler ends the job.
+ * (MPI_Op_create: MLX's float16/bfloat16 sums) live in small tables. MPI_Comm_split is
+ * fastcoll's own Group.split, and the communicators it makes run their calls in mpi_sub.c. A
+ * call fastcoll cannot serve (an unknown handle) says so on stderr; one that fails on the wire
+ * ends the process (fc_graph.h, mpi_call.c), as MPI's default error handler ends the job, with
+ * one line that names the call as the user made it.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -21,41 +23,18 @@
 
 #include "fc_reduce.h"
 #include "mpi_abi.h"
+#include "mpi_lib.h"
 
-#define EXPORT __attribute__((visibility("default")))
-
-#define MPI_SUCCESS 0
-#define MPI_ERR_TYPE 3
-#define MPI_ERR_COMM 5
-#define MPI_ERR_OP 9
-#define MPI_ERR_ARG 12
-#define MPI_ERR_OTHER 15
-#define MPI_ERR_INTERN 17
-#define IN_PLACE ((void *)1) /* Open MPI's MPI_IN_PLACE */
 #define TYPES_MAX 16
 #define OPS_MAX 32
 
-typedef void (*user_fn)(void *, void *, int *, void **);
-
-struct mpi_type {
-    int dtype;   /* fc_reduce.h's code; a derived type: the unsigned type of its size */
-    size_t size; /* bytes an element */
-    int derived;
-};
-struct mpi_op {
-    int redop; /* FC_SUM, FC_MIN, FC_MAX; -1 for a user op */
-    user_fn fn;
-};
-struct mpi_comm {
-    int world;
-};
 /* Open MPI's MPI_Status, whose first three fields MPI_Recv fills. */
 typedef struct {
     int source, tag, error, cancelled;
     size_t ucount;
 } mpi_status;
 
-#define TYPE(name, code, bytes) EXPORT struct mpi_type name = {code, bytes, 0}
+#define TYPE(name, code, bytes) EXPORT struct mpi_type name = {code, bytes, 0, code}
 TYPE(ompi_mpi_c_bool, FC_BOOL, 1);
 TYPE(ompi_mpi_int8_t, FC_INT8, 1);
 TYPE(ompi_mpi_uint8_t, FC_UINT8, 1);
@@ -68,10 +47,17 @@ TYPE(ompi_mpi_uint64_t, FC_UINT64, 8);
 TYPE(ompi_mpi_float, FC_FLOAT32, 4);
 TYPE(ompi_mpi_double, FC_FLOAT64, 8);
 TYPE(ompi_mpi_c_complex, FC_COMPLEX64, 8);
-EXPORT struct mpi_op ompi_mpi_op_sum = {FC_SUM, NULL};
-EXPORT struct mpi_op ompi_mpi_op_max = {FC_MAX, NULL};
-EXPORT struct mpi_op ompi_mpi_op_min = {FC_MIN, NULL};
-EXPORT struct mpi_comm ompi_mpi_comm_world = {1};
+EXPORT struct mpi_op ompi_mpi_op_sum = {FC_SUM, NULL, FC_SUM};
+EXPORT struct mpi_op ompi_mpi_op_max = {FC_MAX, NULL, FC_MAX};
+EXPORT struct mpi_op ompi_mpi_op_min = {FC_MIN, NULL, FC_MIN};
+EXPORT struct mpi_comm ompi_mpi_comm_world = {.world = 1};
+
+/* What MLX's MPI backend makes at MPI_Init, in this order (mlx/distributed/mpi/mpi.cpp,
+ * init_safe): two 2-byte types, float16's and bfloat16's, then the ops sum (float16, bfloat16),
+ * max (float16, bfloat16, complex64) and min (the same three). Only the names in messages come
+ * from this order; what a call computes comes from the ops themselves. */
+static const int DERIVED_NAMES[] = {FC_FLOAT16, FC_BFLOAT16};
+static const int USER_OP_NAMES[] = {FC_SUM, FC_SUM, FC_MAX, FC_MAX, FC_MAX, FC_MIN, FC_MIN, FC_MIN};
 
 /* The library's one state: the process's engine table (MPI itself is one per process). */
 static pthread_rwlock_t attach_lock = PTHREAD_RWLOCK_INITIALIZER;
@@ -90,13 +76,18 @@ static int refuse(const char *call, const char *why, int code)
 
 /* ----- attaching (fastcoll.mlx_compat.graph) ----- */
 
-/* 0, or -1 for a table of another version. */
-EXPORT int fastcoll_mpi_attach(const fc_graph_api *table)
+/* 0; -1 for a table of another version, or names that are not one line for each of its ranks.
+ * `names`: who each rank of the table is, for messages; `split`: fastcoll's Group.split. */
+EXPORT int fastcoll_mpi_attach(const fc_graph_api *table, const char *names, split_fn split)
 {
-    if (!table || table->version != FC_GRAPH_VERSION)
+    if (!table || table->version != FC_GRAPH_VERSION || !split || mpi_names_set(names, table->size))
         return -1;
     pthread_rwlock_wrlock(&attach_lock);
     api = table;
+    mpi_table_rank = table->rank;
+    ompi_mpi_comm_world.rank = table->rank;
+    ompi_mpi_comm_world.size = table->size;
+    mpi_split_callback = split;
     pthread_rwlock_unlock(&attach_lock);
     return 0;
 }
@@ -152,20 +143,16 @@ EXPORT int MPI_Finalize(void)
     return MPI_SUCCESS; /* fastcoll.finalize() ends the job */
 }
 
-static int world(const void *comm)
-{
-    return comm == &ompi_mpi_comm_world;
-}
-
 static int comm_number(const void *comm, int *out, int rank)
 {
     const fc_graph_api *a = use();
-    if (!a || !world(comm) || !out) {
+    if (!a || !out || !mpi_comm_known(comm)) {
         if (a)
             done();
         return MPI_ERR_COMM;
     }
-    *out = rank ? a->rank : a->size;
+    const struct mpi_comm *c = comm;
+    *out = rank ? c->rank : c->size;
     done();
     return MPI_SUCCESS;
 }
@@ -180,19 +167,30 @@ EXPORT int MPI_Comm_size(void *comm, int *size)
     return comm_number(comm, size, 0);
 }
 
+/* fastcoll's Group.split, through fastcoll.mlx_compat.graph: MLX calls it from Group.split on
+ * the program's thread, where Python runs. The table is not held meanwhile: Python's split
+ * waits for this thread's graph calls first, which need it. */
 EXPORT int MPI_Comm_split(void *comm, int color, int key, void **out)
 {
-    (void)comm;
-    (void)color;
-    (void)key;
-    (void)out;
-    return refuse("MPI_Comm_split", "fastcoll's graph library has one group: the job", MPI_ERR_COMM);
+    const fc_graph_api *a = use();
+    if (!a)
+        return refuse("MPI_Comm_split", "fastcoll.mlx_compat did not attach a job (use its init())", MPI_ERR_COMM);
+    done();
+    if (!out || !mpi_comm_known(comm) || key < 0)
+        return refuse("MPI_Comm_split", "not a communicator of fastcoll's graph library, or a negative key",
+                      MPI_ERR_COMM);
+    return mpi_sub_split(comm, color, key, (struct mpi_comm **)out);
 }
 
 EXPORT int MPI_Comm_free(void **comm)
 {
-    (void)comm;
-    return MPI_SUCCESS;
+    if (!comm || !*comm)
+        return MPI_ERR_COMM;
+    if (*comm == &ompi_mpi_comm_world)
+        return MPI_SUCCESS;
+    int rc = mpi_sub_free(*comm);
+    *comm = NULL;
+    return rc;
 }
 
 EXPORT int MPI_Type_contiguous(int count, void *old, void **out)
@@ -209,7 +207,8 @@ EXPORT int MPI_Type_contiguous(int count, void *old, void **out)
         pthread_mutex_unlock(&table_lock);
         return refuse("MPI_Type_contiguous", "too many derived types", MPI_ERR_INTERN);
     }
-    types[ntypes] = (struct mpi_type){code, size, 1};
+    int name = ntypes < 2 && size == 2 ? DERIVED_NAMES[ntypes] : FC_DTYPE_COUNT;
+    types[ntypes] = (struct mpi_type){code, size, 1, name};
     *out = &types[ntypes++];
     pthread_mutex_unlock(&table_lock);
     return MPI_SUCCESS;
@@ -229,7 +228,8 @@ EXPORT int MPI_Op_create(user_fn fn, int commute, void **out)
         pthread_mutex_unlock(&table_lock);
         return refuse("MPI_Op_create", "too many ops", MPI_ERR_INTERN);
     }
-    ops[nops] = (struct mpi_op){-1, fn};
+    int n = (int)(sizeof USER_OP_NAMES / sizeof USER_OP_NAMES[0]);
+    ops[nops] = (struct mpi_op){-1, fn, nops < n ? USER_OP_NAMES[nops] : -1};
     *out = &ops[nops++];
     pthread_mutex_unlock(&table_lock);
     return MPI_SUCCESS;
@@ -237,12 +237,21 @@ EXPORT int MPI_Op_create(user_fn fn, int commute, void **out)
 
 /* ----- the calls MLX's graph makes ----- */
 
-static int calling(const char *call, const void *comm, int count, const void *type, const fc_graph_api **a)
+/* Check a call's handles and take the table; the call as the user knows it in *c. */
+static int calling(const char *call, struct mpi_call *c, void *comm, int count, const void *type,
+                   const fc_graph_api **a)
 {
-    if (!world(comm))
+    if (!mpi_comm_known(comm))
         return refuse(call, "not a communicator of fastcoll's graph library", MPI_ERR_COMM);
     if (count < 0 || !type)
         return refuse(call, "a negative count or no type", MPI_ERR_ARG);
+    const struct mpi_comm *m = comm;
+    c->comm = m;
+    c->count = (uint64_t)count;
+    c->dtype = ((const struct mpi_type *)type)->name;
+    c->me = m->rank;
+    if ((c->kind == CALL_SEND || c->kind == CALL_RECV) && (c->peer < 0 || c->peer >= m->size || c->peer == m->rank))
+        mpi_fatal(c, "FastcollError: no such peer in the group (or this rank itself)");
     if (!(*a = use())) {
         fprintf(stderr, "fastcoll: %s: called after fastcoll.finalize() or before init(); ending the process\n",
                 call);
@@ -251,12 +260,20 @@ static int calling(const char *call, const void *comm, int count, const void *ty
     return MPI_SUCCESS;
 }
 
+static int finish(int slot, int rc)
+{
+    mpi_leave(slot);
+    done();
+    return rc ? MPI_ERR_OTHER : MPI_SUCCESS;
+}
+
 EXPORT int MPI_Allreduce(const void *src, void *dst, int count, void *type, void *op, void *comm)
 {
     const fc_graph_api *a;
     const struct mpi_type *t = type;
     const struct mpi_op *o = op;
-    int rc = calling("MPI_Allreduce", comm, count, type, &a);
+    struct mpi_call c = {CALL_ALL_REDUCE, 0, o ? o->name : -1, 0, 0, -1, NULL};
+    int rc = calling("MPI_Allreduce", &c, comm, count, type, &a);
     if (rc)
         return rc;
     if (!o || (t->derived && o->redop >= 0)) {
@@ -268,52 +285,71 @@ EXPORT int MPI_Allreduce(const void *src, void *dst, int count, void *type, void
         dtype = FC_UINT8;
         redop = redop == FC_MIN ? FC_MIN : FC_MAX;
     }
-    rc = a->all_reduce(a->ctx, src == IN_PLACE ? dst : src, dst, (size_t)count, dtype, redop, o->fn, type);
-    done();
-    return rc ? MPI_ERR_OTHER : MPI_SUCCESS;
+    /* A user op reduces by itself, and the engine reads only the element size from dtype: the
+     * user's dtype (float16, not uint16), where known, is what the call's signature then names. */
+    if (o->fn && t->name < FC_DTYPE_COUNT && fc_itemsize(t->name) == t->size)
+        dtype = t->name;
+    int slot = mpi_enter(&c);
+    struct mpi_comm *m = comm;
+    if (m->world)
+        rc = a->all_reduce(a->ctx, src == IN_PLACE ? dst : src, dst, (size_t)count, dtype, redop, o->fn, type);
+    else
+        rc = mpi_sub_all_reduce(a, m, &c, src, dst, dtype, redop, o, type, t->size);
+    return finish(slot, rc);
 }
 
 EXPORT int MPI_Allgather(const void *src, int count, void *type, void *dst, int rcount, void *rtype, void *comm)
 {
     const fc_graph_api *a;
     const struct mpi_type *t = type, *rt = rtype;
-    int rc = calling("MPI_Allgather", comm, count, type, &a);
+    struct mpi_call c = {CALL_ALL_GATHER, 0, -1, 0, 0, -1, NULL};
+    int rc = calling("MPI_Allgather", &c, comm, count, type, &a);
     if (rc)
         return rc;
     if (!rt || rcount < 0 || (size_t)rcount * rt->size != (size_t)count * t->size || src == IN_PLACE) {
         done();
         return refuse("MPI_Allgather", "send and receive blocks differ (or MPI_IN_PLACE)", MPI_ERR_ARG);
     }
-    rc = a->all_gather(a->ctx, src, dst, (size_t)count * t->size);
-    done();
-    return rc ? MPI_ERR_OTHER : MPI_SUCCESS;
+    int slot = mpi_enter(&c);
+    struct mpi_comm *m = comm;
+    if (m->world)
+        rc = a->all_gather(a->ctx, src, dst, (size_t)count * t->size);
+    else
+        rc = mpi_sub_all_gather(a, m, &c, src, dst, (size_t)count * t->size);
+    return finish(slot, rc);
 }
 
 EXPORT int MPI_Send(const void *src, int count, void *type, int dst, int tag, void *comm)
 {
     (void)tag; /* messages between two ranks keep their order: MLX sends with tag 0 */
     const fc_graph_api *a;
-    int rc = calling("MPI_Send", comm, count, type, &a);
+    struct mpi_call c = {CALL_SEND, 0, -1, 0, 0, dst, NULL};
+    int rc = calling("MPI_Send", &c, comm, count, type, &a);
     if (rc)
         return rc;
-    rc = a->send(a->ctx, src, (size_t)count * ((const struct mpi_type *)type)->size, dst);
-    done();
-    return rc ? MPI_ERR_OTHER : MPI_SUCCESS;
+    size_t n = (size_t)count * ((const struct mpi_type *)type)->size;
+    int slot = mpi_enter(&c);
+    struct mpi_comm *m = comm;
+    rc = m->world ? a->send(a->ctx, src, n, dst) : mpi_sub_send(a, m, &c, src, n);
+    return finish(slot, rc);
 }
 
 EXPORT int MPI_Recv(void *dst, int count, void *type, int src, int tag, void *comm, void *status)
 {
     const fc_graph_api *a;
-    int rc = calling("MPI_Recv", comm, count, type, &a);
+    struct mpi_call c = {CALL_RECV, 0, -1, 0, 0, src, NULL};
+    int rc = calling("MPI_Recv", &c, comm, count, type, &a);
     if (rc)
         return rc;
-    rc = a->recv(a->ctx, dst, (size_t)count * ((const struct mpi_type *)type)->size, src);
-    done();
+    size_t n = (size_t)count * ((const struct mpi_type *)type)->size;
+    int slot = mpi_enter(&c);
+    struct mpi_comm *m = comm;
+    rc = m->world ? a->recv(a->ctx, dst, n, src) : mpi_sub_recv(a, m, &c, dst, n);
     if (status) {
         mpi_status *s = status;
         s->source = src;
         s->tag = tag < 0 ? 0 : tag;
         s->error = MPI_SUCCESS;
     }
-    return rc ? MPI_ERR_OTHER : MPI_SUCCESS;
+    return finish(slot, rc);
 }

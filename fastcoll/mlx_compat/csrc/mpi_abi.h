@@ -4,9 +4,18 @@
 #ifndef FC_MPI_ABI_H
 #define FC_MPI_ABI_H
 
+#include <stdint.h>
+
 #include "fc_graph.h"
 
-int fastcoll_mpi_attach(const fc_graph_api *table);
+/* fastcoll.mlx_compat.graph's split: parent handle, color, key (>= 0), the new handle; fills
+ * `ranks` (the table's rank of each member, at most `most`), `rank` and `name` (fastcoll's
+ * prefix of the sub-group); returns the new group's size, or -1 (Python keeps the error, and
+ * raises it from Group.split). */
+typedef int (*split_fn)(void *parent, int color, int key, void *child, int32_t *ranks, int most, int *rank,
+                        char *name, int name_max);
+
+int fastcoll_mpi_attach(const fc_graph_api *table, const char *names, split_fn split);
 void fastcoll_mpi_detach(void);
 
 int MPI_Get_library_version(char *version, int *len);
