@@ -35,12 +35,19 @@ class Hosts:
 
     def __init__(self, bed: netns.TestBed, hosts: int) -> None:
         self.bed, self.port = bed, 41000
-        bindir = bed.root / "bin"  # an `ssh` that reads the bed's config, for mlx.launch and hydra
-        bindir.mkdir()
-        (bindir / "ssh").write_text(f'#!/bin/sh\nexec {shlex.quote(shutil.which("ssh") or "ssh")} -F '
-                                    f'{shlex.quote(str(bed.ssh_config))} "$@"\n')
-        (bindir / "ssh").chmod(0o755)
+        bindir = bed.root / "bin"  # an `ssh` that reaches the bed's hosts, for mlx.launch and hydra
+        if not (bindir / "ssh").exists():
+            bindir.mkdir(exist_ok=True)
+            (bindir / "ssh").write_text(f'#!/bin/sh\nexec {bed.ssh_command} "$@"\n')
+            (bindir / "ssh").chmod(0o755)
         self.path = f"{bindir}:{os.path.dirname(PYTHON)}:{os.environ.get('PATH', '')}"
+        # Beside this Python (a venv), else on PATH: where a machine that carried its packages has them.
+        self.mpiexec = os.environ.get("BENCH_MPIEXEC") or shutil.which("mpiexec", path=self.path) or "mpiexec"
+        self.mlx_launch = shutil.which("mlx.launch", path=self.path) or "mlx.launch"
+        # The ranks' PYTHONPATH: the repository and the workers, then what the launcher's has
+        # (a machine whose packages were carried in keeps them on PYTHONPATH, not in site-packages).
+        carried = filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))
+        self.pythonpath = os.pathsep.join([str(REPO), str(WORKERS), *carried])
         self.hosts = [bed.host(i) for i in range(1, hosts + 1)]
         self.hostfile = bed.hostfile(tuple(range(1, hosts + 1)), fmt="mpirun")
         self.mlx_hostfile = bed.root / "mlx_hosts.json"
@@ -48,8 +55,8 @@ class Hosts:
 
     def command(self, system: str, args: list[str], timeout: float) -> list[str]:
         """The launcher's command line for one job of `system` running its worker with `args`."""
-        pythonpath = f"{REPO}:{WORKERS}"
-        launch = [PYTHON, "-m", "fastcoll.launch", "--ssh", f"ssh -F {self.bed.ssh_config}", "--hostfile",
+        pythonpath = self.pythonpath
+        launch = [PYTHON, "-m", "fastcoll.launch", "--ssh", self.bed.ssh_command, "--hostfile",
                   self.hostfile, "--env", f"PYTHONPATH={pythonpath}", "--grace", "1", "--timeout", str(timeout)]
         self.port += 10
         if system.startswith("fastcoll-"):
@@ -58,11 +65,11 @@ class Hosts:
                     "--env", f"FASTCOLL_NATIVE={0 if variant == 'py' else 1}", "--env", f"BENCH_SYSTEM={system}",
                     PYTHON, str(WORKERS / "fastcoll_worker.py"), *args]
         if system == "mlx-ring":
-            return [os.path.join(os.path.dirname(PYTHON), "mlx.launch"), "--backend", "ring", "--hostfile",
+            return [self.mlx_launch, "--backend", "ring", "--hostfile",
                     str(self.mlx_hostfile), "--starting-port", str(self.port), "--python", PYTHON, "--cwd",
                     str(REPO), "--env", f"PYTHONPATH={pythonpath}", "--", str(WORKERS / "mlx_worker.py"), *args]
         if system == "mpi":
-            return [os.path.join(os.path.dirname(PYTHON), "mpiexec"), "-launcher", "ssh", "-hosts",
+            return [self.mpiexec, "-launcher", "ssh", "-hosts",
                     ",".join(h.name for h in self.hosts), "-n", str(len(self.hosts)), "-ppn", "1",
                     "-localhost", netns.CTL_ADDR, "-genv", "PYTHONPATH", pythonpath, "-genv",
                     "MPIR_CVAR_CH4_NETMOD", "ofi", "-genv", "FI_PROVIDER", "tcp", "-genv", "FI_TCP_IFACE", "d0",

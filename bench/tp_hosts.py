@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -87,8 +86,8 @@ def floor_ms(link: str, mode: str, layers: int) -> float:
 
 def command(hosts: Hosts, system: str, args: list[str], timeout: float) -> list[str]:
     """The launcher's command line for one decode job of `system` across the bed's hosts."""
-    env = [f"--env={k}={v}" for k, v in {"PYTHONPATH": str(REPO), **THREADS}.items()]
-    launch = [PYTHON, "-m", "fastcoll.launch", "--ssh", f"ssh -F {hosts.bed.ssh_config}", "--hostfile",
+    env = [f"--env={k}={v}" for k, v in {"PYTHONPATH": hosts.pythonpath, **THREADS}.items()]
+    launch = [PYTHON, "-m", "fastcoll.launch", "--ssh", hosts.bed.ssh_command, "--hostfile",
               hosts.hostfile, *env, "--grace", "1", "--timeout", str(timeout)]
     hosts.port += 10
     name, _, knobs = system.partition("/")  # fastcoll/NAME=VALUE/...: with those FASTCOLL_TUNING knobs
@@ -104,9 +103,9 @@ def command(hosts: Hosts, system: str, args: list[str], timeout: float) -> list[
         inner = f"MLX_RANK=$FASTCOLL_RANK MLX_HOSTFILE={ring} exec {PYTHON} {WORKER} " + " ".join(args)
         return [*launch, "/bin/sh", "-c", inner]
     if system == "ring-mlx.launch":
-        return [os.path.join(os.path.dirname(PYTHON), "mlx.launch"), "--backend", "ring", "--hostfile",
+        return [hosts.mlx_launch, "--backend", "ring", "--hostfile",
                 str(hosts.mlx_hostfile), "--starting-port", str(hosts.port), "--python", PYTHON, "--cwd",
-                str(REPO), *[f"--env={k}={v}" for k, v in {"PYTHONPATH": str(REPO), **THREADS}.items()],
+                str(REPO), *env,
                 "--", str(WORKER), *args]
     raise ValueError(f"unknown system {system!r}; known: {', '.join(SYSTEMS)}")
 

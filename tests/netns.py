@@ -367,6 +367,11 @@ class TestBed:
     def _ip(self, ns: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return _run(["ip", "-n", ns, *args], check=check)
 
+    @property
+    def ssh_command(self) -> str:
+        """The ssh command line that reaches the hosts (`fastcoll-launch --ssh`'s value)."""
+        return f"{shutil.which('ssh') or 'ssh'} -F {self.ssh_config}"
+
     def _ssh_setup(self) -> None:
         assert self.root is not None
         for key in ("host_key", "client_key"):

@@ -1,0 +1,77 @@
+"""The bed of tests/netbed.py and what bench/hostbed.py reads of it: the core plan, the ssh
+command line its `ssh` understands, the link settings and the summary (test_netbed_built.py
+builds one)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, ROOT)
+
+import netbed  # noqa: E402
+from bench import hostbed  # noqa: E402
+
+
+def test_sixteen_cpus_give_each_host_cores_of_its_own():
+    for hosts, per in ((2, 4), (4, 3)):
+        cores, launchers, relay = netbed.plan_cores(hosts, 16)
+        flat = [c for host in cores for c in host]
+        assert [len(c) for c in cores] == [per] * hosts
+        assert len(set(flat)) == len(flat), "two hosts share a core"
+        assert relay == 15 and relay not in flat and relay not in launchers
+        assert launchers and not set(launchers) & set(flat)
+
+
+def test_a_small_machine_pins_nothing():
+    cores, launchers, relay = netbed.plan_cores(4, 2)
+    assert relay is None and cores == [[0, 1]] * 4 and launchers == [0, 1]
+
+
+@pytest.mark.parametrize("argv, want", [
+    (["-T", "-o", "BatchMode=yes", "host2", "exec", "python3", "-c", "x"], ("host2", "exec python3 -c x", False)),
+    (["-tt", "-o", "LogLevel=QUIET", "host1", "cd /tmp; env A=1 python3 w.py"], ("host1", "cd /tmp; env A=1 python3 w.py", False)),
+    (["-x", "host3", "/m/bin/hydra_pmi_proxy", "--control-port", "10.201.0.254:5"],
+     ("host3", "/m/bin/hydra_pmi_proxy --control-port 10.201.0.254:5", False)),
+    (["-F", "cfg", "-p22", "-G", "host4"], ("host4", "", True)),
+])
+def test_the_beds_ssh_reads_the_command_lines_of_the_three_launchers(argv, want):
+    """fastcoll-launch (-T -o ...), mlx.launch (-tt -o ...), MPICH's hydra (-x): the host is the
+    first word that is no option or option value; the rest is the remote command."""
+    assert netbed.parse_ssh(argv) == want
+
+
+def test_ssh_without_a_host_is_refused():
+    with pytest.raises(ValueError, match="HOST"):
+        netbed.parse_ssh(["-o", "BatchMode=yes"])
+
+
+@pytest.mark.parametrize("text, want", [
+    ("unshaped", (None, None)), ("1gbit+50us", (50.0, 10**9)), ("0+200us", (200.0, 0)),
+    ("100mbit", (0.0, 10**8)), ("2.5gbit+10us", (10.0, 2_500_000_000)),
+])
+def test_link_settings(text, want):
+    assert hostbed.parse_link(text) == want
+
+
+@pytest.mark.parametrize("text", ["1gb+50us", "1gbit+50ms", "fast"])
+def test_a_link_setting_it_cannot_read_is_refused(text):
+    with pytest.raises(ValueError, match="link"):
+        hostbed.parse_link(text)
+
+
+def test_the_summary_compares_each_peer_with_fastcoll():
+    def point(system, size, t):
+        return {"system": system, "size": size, "status": "ok", "median_s": t, "busbw_GBps": size / t / 1e9}
+    runs = [{"hosts": 2, "link": "unshaped", "doc": {"points": [
+        point("fastcoll-tcp", 4, 20e-6), point("mpi", 4, 30e-6),
+        {"system": "mlx-ring", "size": 4, "status": "error"}]}}]
+    text = hostbed.summary(runs, ["fastcoll-tcp", "mlx-ring", "mpi"])
+    row = text.splitlines()[2]
+    assert "| 2 | unshaped | 4 | 20.0 us" in row and "failed" in row and "1.50x" in row
+    assert hostbed.svg(runs, ["fastcoll-tcp", "mlx-ring", "mpi"]).count("<rect") == 2 + 3  # 2 bars, 3 keys
