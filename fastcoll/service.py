@@ -62,13 +62,19 @@ class Service:
         self._running = threading.Lock()
         self._count = threading.Lock()
         self._queued = 0  # submitted and not yet finished
+        self._inline = False  # a caller's thread holds the run lock (claim_if_idle)
+        self._refused: BaseException | None = None  # what calls get once the service is shut
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, fn: Callable[[], Any]) -> Work:
-        """Queue fn; its result or exception reaches the returned Work."""
+        """Queue fn; its result or exception reaches the returned Work (the service's refusal once
+        it is shut: nothing would run it)."""
         work = Work()
         with self._count:
+            if self._refused is not None:
+                work._finish(error=self._refused)
+                return work
             self._queued += 1
         self._queue.put((fn, work))
         return work
@@ -78,14 +84,31 @@ class Service:
 
         Call it under the lock that orders submissions; `release()` when done."""
         with self._count:
-            if self._queued:
+            if self._queued or self._refused is not None:
                 return False
             self._running.acquire()
+            self._inline = True
             return True
 
     def release(self) -> None:
         """Give back the run lock that claim_if_idle() took."""
+        self._inline = False
         self._running.release()
+
+    def end_inline(self, refusal: BaseException, interrupt: Callable[[], None], timeout: float) -> bool:
+        """Refuse every later call (`refusal`); if a caller's thread runs one now, interrupt() it
+        and wait up to `timeout` seconds for it to let go of the run lock. False if it kept it.
+        What is queued still runs (close())."""
+        with self._count:
+            self._refused = refusal
+            inline = self._inline
+        if not inline:
+            return True
+        interrupt()
+        if not self._running.acquire(timeout=timeout):
+            return False
+        self._running.release()
+        return True
 
     def stop_running(self, timeout: float) -> bool:
         """Take the run lock for good, once the function running (if any) ends within `timeout`

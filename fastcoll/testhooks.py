@@ -6,6 +6,8 @@ the timing windows of a job's set-up and of a collective are reached every time,
 
     rendezvous-done     every rank, once the rendezvous table has arrived
     tcp-mesh-done       TCP: every connection of the mesh is up, before shared memory
+    shm-offered         shared memory: this rank has offered its segments, before it reads
+                        the offers made to it and the answers to its own
     zmq-handshake       ZeroMQ: the DEALERs are connected, before their handshake
     setup-done          the transport is set up, just before init() returns it
     zmq-frame           ZeroMQ: a received payload is about to be released

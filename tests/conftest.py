@@ -165,6 +165,7 @@ SLOW: dict[str, tuple[str, Callable[[dict], bool] | None]] = {
     "test_multihost.py": ("the multi-host bed (network namespaces, an sshd per host; root)", None),
     "test_netbed_built.py": ("the bed of pinned hosts built (network namespaces, taps; root)", None),
     "test_soak.py": ("the soak (600 random collectives per transport)", None),
+    "test_memory.py": ("the 20,000-call memory soak", lambda params: params.get("calls") == 20000),
     "test_real_clients.py": ("real mlx-lm clients (its HTTP server, mlx.nn)", None),
     "test_examples.py": ("the documented commands of the examples, verbatim, eagerly and in graph mode",
                          lambda params: "command" in params),

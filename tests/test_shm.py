@@ -7,6 +7,7 @@ import glob
 import json
 import os
 import random
+import re
 import socket
 import threading
 import time
@@ -26,10 +27,10 @@ def _why_not() -> str | None:
     if not shm.available():
         return "this platform has no safe shared-memory path (see transport/shm.py)"
     try:
-        name, _, mem = shm._create(shm.RING_BYTES)
+        _, _, mem, forget = shm._create(shm.RING_BYTES)
     except OSError as e:
         return f"cannot create a shared-memory segment here ({e}); jobs stay on TCP"
-    shm._shm_api().shm_unlink(name)
+    forget()
     mem.close()
     return None
 
@@ -143,13 +144,23 @@ def test_a_writer_waiting_for_room_sees_the_peer_go_despite_unread_doorbells():
 def test_malformed_offers_are_refused():
     assert shm._check_offer(None, "rank 0") is None
     good = {"name": "/fc" + "0" * 24, "nonce": "ab" * 16, "capacity": shm.RING_BYTES}
-    assert shm._check_offer(good, "rank 0") == (good["name"], bytes.fromhex("ab" * 16), shm.RING_BYTES)
+    assert shm._check_offer(good, "rank 0") == ({"name": good["name"]}, bytes.fromhex("ab" * 16), shm.RING_BYTES)
+    memfd = {"memfd": [1234, 7], "nonce": "ab" * 16, "capacity": shm.RING_BYTES}
+    assert shm._check_offer(memfd, "rank 0") == ({"memfd": [1234, 7]}, bytes.fromhex("ab" * 16), shm.RING_BYTES)
     for bad in (
         [1, 2],
         {**good, "name": "/etc/passwd"},
         {**good, "name": "/fc" + "0" * 40},
         {**good, "nonce": "zz"},
+        {**good, "nonce": "zz" * 16},  # the right length, not hex
         {**good, "capacity": 1 << 40},
+        {**good, "memfd": [1234, 7]},  # both ways at once
+        {**memfd, "memfd": [0, 7]},
+        {**memfd, "memfd": [1234, -1]},
+        {**memfd, "memfd": [1234, 1 << 40]},
+        {**memfd, "memfd": [1234, True]},
+        {**memfd, "memfd": "/proc/1/fd/7"},
+        {"nonce": "ab" * 16, "capacity": shm.RING_BYTES},  # neither
     ):
         with pytest.raises(FastcollError, match="malformed shared-memory offer"):
             shm._check_offer(bad, "rank 0")
@@ -157,13 +168,17 @@ def test_malformed_offers_are_refused():
 
 def test_a_segment_without_the_nonce_is_not_attached():
     """What another host's rank offers does not exist here, or holds another nonce."""
-    name, nonce, mem = shm._create(4096)
+    where, nonce, mem, forget = shm._create(4096)
     try:
-        assert shm._attach(name, nonce, 4096) is not None
-        assert shm._attach(name, bytes(16), 4096) is None
-        assert shm._attach("/fc" + "f" * 24, nonce, 4096) is None
+        got = shm._attach(where, nonce, 4096, "rank 0")
+        assert got is not None
+        got.close()
+        assert shm._attach(where, bytes(16), 4096, "rank 0") is None
+        assert shm._attach({"name": "/fc" + "f" * 24}, nonce, 4096, "rank 0") is None
+        assert shm._attach({"memfd": [os.getpid(), 1 << 20]}, nonce, 4096, "rank 0") is None
+        assert shm._attach({"memfd": [os.getpid(), 0]}, nonce, 4096, "rank 0") is None  # not a memfd
     finally:
-        shm._shm_api().shm_unlink(name)
+        forget()
         mem.close()
 
 
@@ -176,7 +191,9 @@ def test_fastcoll_shm_is_a_flag():
 
 
 def _segments() -> set[str]:
-    return set(glob.glob("/dev/shm/fc*"))
+    """fastcoll's named segments in /dev/shm ("fc" and 24 hex digits; other programs' names
+    that start with "fc" are not ours)."""
+    return {p for p in glob.glob("/dev/shm/fc*") if re.fullmatch(r"fc[0-9a-f]{24}", os.path.basename(p))}
 
 
 @pytest.mark.parametrize(

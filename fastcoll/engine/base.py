@@ -43,10 +43,24 @@ class Task:
     queued: int = 0  # when it was submitted, on the tracer's clock
 
 
+def finalized_mid_call(rank: int) -> str:
+    """What a call that finalize() ended under way raises (on another thread than the call's)."""
+    return (f"rank {rank}: this group was finalized (fastcoll.finalize() or Group.finalize(), on another "
+            "thread) during this call, which ends without a result; no collective runs on the group any more")
+
+
+# How long finalize() waits for a call it interrupted to let go of the connections (the call sees
+# the interrupt at its next wait, within 0.2 s).
+LET_GO_SECONDS = 5.0
+
+
 class Engine(abc.ABC):
     """The data plane of one job on this rank."""
 
     name: str = ""
+    # close() has begun: a call it ended fails without an abort notice, since close() says
+    # goodbye instead (the peers hear that this rank finalized, not that it failed).
+    finalizing: bool = False
     # The message interface (fastcoll/transport/base.py): what Python schedules and the
     # diagnosis of a timeout use.
     transport: Transport
@@ -106,8 +120,10 @@ class Engine(abc.ABC):
         return None
 
     def abort(self, error: FastcollError) -> None:
-        """Tell every peer this rank gave up (the peers raise an error of the same class)."""
-        self.transport.abort(error)
+        """Tell every peer this rank gave up (the peers raise an error of the same class); not
+        while closing (see `finalizing`)."""
+        if not self.finalizing:
+            self.transport.abort(error)
 
     def notices(self, deadline: float, reports: dict, lost: set) -> None:
         """After a timeout: collect the peers' notices of whom they wait for (Transport.notices)."""
@@ -139,4 +155,6 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def close(self, timeout: float) -> None:
-        """Run what is queued (for at most `timeout` seconds), tell the peers, release everything."""
+        """End a call that another thread runs on its own thread (it raises, saying the group was
+        finalized), run what is queued (for at most `timeout` seconds), tell the peers, release
+        everything; never free what a call still uses."""

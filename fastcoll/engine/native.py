@@ -29,7 +29,7 @@ from fastcoll import diagnosis, dtypes, wire
 from fastcoll.algorithms import select
 from fastcoll.config import AUTO_SPIN_US, for_host
 from fastcoll.engine import _native
-from fastcoll.engine.base import Engine, Task
+from fastcoll.engine.base import Engine, Task, finalized_mid_call
 from fastcoll.engine.ops import KINDS, Op
 from fastcoll.engine.python import run_task
 from fastcoll.errors import FastcollError, PeerLostError
@@ -42,7 +42,7 @@ from fastcoll.wire import ABORT, Header
 # The codes of fc_engine.h's enum fc_code, by name.
 _CODES = ("ok", "timeout_wait", "timeout_payload", "timeout_send", "closed", "closed_mid", "conn", "finalized",
           "malformed", "abort", "mismatch_call", "mismatch_chunk", "interrupted", "signal", "broken", "nomem",
-          "internal", "gate_closed", "gate_protocol", "gate_spin")
+          "internal", "gate_closed", "gate_protocol", "gate_spin", "shut")
 CODE = {name: i for i, name in enumerate(_CODES)}
 
 _KIND = {name: i for i, name in enumerate(_native.KINDS)}
@@ -84,6 +84,8 @@ def error_from(info: tuple, me: int, seq: int = -1, sig: str = "", why: str | No
         return other_chunk(me, peer, seq, sig, n0, n1, n2, n3)
     if name == "interrupted":
         return FastcollError(why or f"rank {me}'s call was interrupted")
+    if name == "shut":
+        return FastcollError(finalized_mid_call(me))
     return _lost(name, peer, me, errno_, said)
 
 
@@ -159,7 +161,10 @@ class NativeTransport(Transport):
             raise self._error(e) from None
 
     def _keep_unread(self, peer: int, chunk: int, header: Header) -> None:
-        self._n.keep_unread(peer, chunk)
+        try:
+            self._n.keep_unread(peer, chunk)
+        except _native.NativeError as e:
+            raise self._error(e) from None
 
     def _send_abort(self, header: Header) -> None:
         self.last_word_until = time.monotonic() + LAST_WORD_SECONDS
@@ -286,7 +291,10 @@ class NativeEngine(Engine):
                     all_reduce: tuple[int, str, str], all_gather: tuple[int, str, str],
                     labels: tuple[str, ...]) -> Any:
         rules = [(most, _ALGORITHM[small], _ALGORITHM[large]) for most, small, large in (all_reduce, all_gather)]
-        return self._n.graph_open(prefix, tuple(ranks), rank, limit, piece_bytes, *rules, tuple(labels))
+        try:
+            return self._n.graph_open(prefix, tuple(ranks), rank, limit, piece_bytes, *rules, tuple(labels))
+        except _native.NativeError as e:  # closed: finalize() ran
+            raise error_from(e.args, self.transport.rank) from None
 
     def run_planned(self, plan: Any, seq: int, src: Any, dst: Any) -> None:
         try:
@@ -296,11 +304,20 @@ class NativeEngine(Engine):
 
     def submit_gate(self, plan: Any, seq: int, serve: Any, task: Task) -> Work:
         work = NativeWork(None)
-        work.completion = self._n.gate_submit_planned(plan, seq, serve.ticket.seq, serve.ticket.nbytes,
-                                                      (task, seq), work)
+        try:
+            work.completion = self._n.gate_submit_planned(plan, seq, serve.ticket.seq, serve.ticket.nbytes,
+                                                          (task, seq), work)
+        except _native.NativeError as e:  # closed: finalize() began after the group's check
+            raise error_from(e.args, self.transport.rank) from None
         return work
 
     def enqueue(self, task: Task, async_op: bool) -> Work | None:
+        try:
+            return self._enqueue(task, async_op)
+        except _native.NativeError as e:  # closed: finalize() began after the group's check
+            raise error_from(e.args, self.transport.rank) from None
+
+    def _enqueue(self, task: Task, async_op: bool) -> Work | None:
         body = task.body
         if type(body) is Op and body.kind == "gate" and body.gate.host.is_served_by(self._n):
             work = NativeWork(None)
@@ -332,6 +349,7 @@ class NativeEngine(Engine):
         return None if self._results is None else self._results.take(nbytes)
 
     def close(self, timeout: float) -> None:
+        self.finalizing = True  # a call that close() ends raises without an abort notice
         linger = max(0.0, self.transport.last_word_until - time.monotonic())
         try:
             self._n.close(timeout, linger)

@@ -15,8 +15,9 @@ import numpy as np
 
 from fastcoll import dtypes
 from fastcoll.algorithms import Call, direct, select
-from fastcoll.engine.base import Engine, Task
+from fastcoll.engine.base import LET_GO_SECONDS, Engine, Task, finalized_mid_call
 from fastcoll.engine.ops import Op, bounds_of
+from fastcoll.errors import FastcollError
 from fastcoll.service import Service, Work
 from fastcoll.transport.base import Transport
 
@@ -62,6 +63,15 @@ class PythonEngine(Engine):
             log.warning("a collective was still running at exit: its transport was left as it was")
 
     def close(self, timeout: float) -> None:
+        self.finalizing = True
+        why = finalized_mid_call(self.transport.rank)
+        if self._service.end_inline(FastcollError(why), functools.partial(self.transport.interrupt, why),
+                                    LET_GO_SECONDS):
+            if self.transport.interrupted == why:
+                self.transport.interrupted = None  # the ended call is out: the goodbye must not stop
+        else:
+            log.warning("a collective of another thread did not end within %.0f s of finalize(); closing "
+                        "its connections under it", LET_GO_SECONDS)
         self._service.close(timeout=timeout)
         self.transport.close()
 

@@ -2,10 +2,14 @@
 
 A connection between two ranks that turn out to share a host is upgraded after it is made: the
 lower rank creates a segment holding two single-producer single-consumer byte rings (one per
-direction) and offers its name and a random nonce over the authenticated socket; the higher
-rank attaches, checks the nonce (so a segment of the same name on another host is never taken
-for it) and answers; the segment's name is then removed, so nothing is left behind whatever
-happens to the processes later. From then on the TCP transport reads and writes a `ShmLink`
+direction) and offers it with a random nonce over the authenticated socket; the higher rank
+attaches, checks the nonce (so a segment of another host is never taken for it) and answers.
+On Linux the segment is a memfd that has no name anywhere, whose size is sealed before it is
+offered (F_SEAL_SHRINK, F_SEAL_GROW: neither rank can shrink it under the other, which would
+end the other with SIGBUS), and which the peer opens as /proc/<pid>/fd/<fd> of its creator;
+nothing is left behind however the processes end. Elsewhere (macOS) it is a POSIX shared-memory
+object whose name the attaching rank removes as soon as it holds it (and the creator once
+answered). From then on the TCP transport reads and writes a `ShmLink`
 as if it were the socket: the bytes go through the rings, and the TCP connection only carries
 one-byte doorbells that wake a reader asleep in poll(), and end-of-file when a rank exits. A
 message costs two memory copies and no system call where the reader is awake (it spins a few
@@ -16,11 +20,18 @@ head, then the bytes, then publishes the tail. x86-64 keeps stores in order and 
 (TSO), so no fence is needed there. Apple silicon does not, so on macOS a full barrier
 (libSystem's OSMemoryBarrier) goes between the copies and the counters. Where neither holds,
 connections stay on TCP. Counters are 8-byte aligned words written and read in one access.
+
+The peer can write every word of the segment, so every counter read from it is checked before
+it is used (0 <= tail <= head <= tail + capacity): one out of range is a malformed peer
+(`RingCorrupt`, which the transport reports as such), never an index outside the ring.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
+import fcntl
+import functools
 import logging
 import mmap
 import os
@@ -28,9 +39,12 @@ import platform
 import secrets
 import select
 import socket
+import stat
 import sys
 import time
+from typing import Callable
 
+from fastcoll import testhooks
 from fastcoll.errors import FastcollError
 from fastcoll.transport.link import SocketLink
 from fastcoll.transport.stream import DONTWAIT, recv_message, remaining, send_message, yield_cpu
@@ -45,6 +59,10 @@ _MAGIC = b"fastcoll-shm-v1\0"
 _PREAMBLE = 64  # magic (16) + nonce (16), padded
 PREAMBLE_PAGE = 4096  # where a segment's page-aligned contents may start, after the preamble
 _OFFER_LIMIT = 4096
+# Linux: segments are sealed memfds of this name (as /proc/<pid>/fd shows it: "/memfd:NAME").
+_MEMFD_NAME = "fastcoll-shm"
+_SEALS = getattr(fcntl, "F_SEAL_SHRINK", 0) | getattr(fcntl, "F_SEAL_GROW", 0)
+_FD_MAX = 1 << 24  # an fd number an offer may name
 # A reader that found its ring empty and went to sleep in poll() is woken by a doorbell, which
 # the writer sends only when it sees the reader's "asleep" flag. Without a store-load fence the
 # two can cross (each sees the other's old value), so a sleeper also looks again this often.
@@ -87,9 +105,14 @@ def _shm_api():
     return _posixshmem
 
 
+class RingCorrupt(OSError):
+    """The peer wrote a ring counter out of range (errno EPROTO): a malformed peer."""
+
+
 class Ring:
     """One direction: a byte ring in shared memory with a head (bytes ever written, published by
-    the writer), a tail (bytes ever read, published by the reader) and the reader's asleep flag."""
+    the writer), a tail (bytes ever read, published by the reader) and the reader's asleep flag.
+    Each counter the peer publishes is checked when read (RingCorrupt)."""
 
     def __init__(self, mem: memoryview, capacity: int):
         self.ctl = mem[:_CONTROL].cast("q")
@@ -97,10 +120,21 @@ class Ring:
         self.cap = capacity
         self.head = self.ctl[_HEAD]  # the writer's copy of its own counter
         self.tail = self.ctl[_TAIL]  # the reader's
+        # Whichever side this is, its own counter starts from memory the peer could write.
+        self.spoiled = None if self.head >= 0 and self.tail >= 0 else ("a start", min(self.head, self.tail))
+
+    def _corrupt(self, what: str, value: int, mine: int) -> RingCorrupt:
+        if self.spoiled is not None:
+            what, value = self.spoiled
+        return RingCorrupt(errno.EPROTO, f"a shared-memory ring counter out of range: {what} {value} where "
+                                         f"this side is at {mine}, capacity {self.cap}")
 
     # writer side
     def free(self) -> int:
-        return self.cap - (self.head - self.ctl[_TAIL])
+        tail = self.ctl[_TAIL]
+        if not 0 <= self.head - tail <= self.cap or tail < 0 or self.spoiled:
+            raise self._corrupt("tail", tail, self.head)
+        return self.cap - (self.head - tail)
 
     def put(self, src: memoryview | bytes) -> None:
         """Copy src (which fits in free()) after the head; publish() makes it visible."""
@@ -124,9 +158,12 @@ class Ring:
     # reader side
     def get(self, dst) -> int:
         """Copy up to len(dst) published bytes into dst (bytes); how many."""
-        avail = self.ctl[_HEAD] - self.tail
-        if not avail:
-            return 0
+        head = self.ctl[_HEAD]
+        avail = head - self.tail
+        if not 0 < avail <= self.cap or self.spoiled:
+            if avail == 0 and not self.spoiled:
+                return 0
+            raise self._corrupt("head", head, self.tail)
         if fence is not None:
             fence()
         n, i = min(avail, len(dst)), self.tail % self.cap
@@ -191,7 +228,10 @@ class ShmLink:
         self._send_timeout = self._recv_timeout = seconds
 
     def fits(self, nbytes: int) -> bool:
-        return self.tx.free() >= nbytes
+        try:
+            return self.tx.free() >= nbytes
+        except RingCorrupt:
+            return False  # the send that follows reports it
 
     def ready(self) -> bool:
         return self.rx.ready()
@@ -435,28 +475,107 @@ def unlink_segment(name: str) -> None:
     _shm_api().shm_unlink(name)
 
 
-def _create(capacity: int) -> tuple[str, bytes, mmap.mmap]:
-    return create_segment(_segment_size(capacity))
+def _unlink_quietly(name: str) -> None:
+    try:
+        unlink_segment(name)
+    except FileNotFoundError:  # the attaching rank removed it first
+        pass
 
 
-def _attach(name: str, nonce: bytes, capacity: int) -> mmap.mmap | None:
-    return attach_segment(name, nonce, _segment_size(capacity))
+def _memfd_usable() -> bool:
+    """Linux: ring segments are sealed memfds (the module's docstring says why)."""
+    return sys.platform.startswith("linux") and hasattr(os, "memfd_create") and hasattr(fcntl, "F_ADD_SEALS") \
+        and _SEALS != 0
 
 
-def _check_offer(offer: object, what: str) -> tuple[str, bytes, int] | None:
+def _create(capacity: int) -> tuple[dict, bytes, mmap.mmap, Callable[[], None]]:
+    """A new segment for two rings of `capacity`: where the peer finds it (an offer's "memfd":
+    [pid, fd], or its "name"), its nonce, this rank's mapping, and what to call once the peer
+    has answered (closes the fd, or removes the name). OSError where shared memory cannot be had."""
+    size = _segment_size(capacity)
+    if not _memfd_usable():
+        name, nonce, mem = create_segment(size)
+        return {"name": name}, nonce, mem, functools.partial(_unlink_quietly, name)
+    fd = os.memfd_create(_MEMFD_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.posix_fallocate(fd, 0, size)  # the pages now: a tmpfs out of room would SIGBUS on first touch
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS | fcntl.F_SEAL_SEAL)  # its size, for good
+        mem = mmap.mmap(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    nonce = secrets.token_bytes(16)
+    mem[: len(_MAGIC) + len(nonce)] = _MAGIC + nonce
+    return {"memfd": [os.getpid(), fd]}, nonce, mem, functools.partial(os.close, fd)
+
+
+def _attach(where: dict, nonce: bytes, capacity: int, what: str) -> mmap.mmap | None:
+    """The segment a peer (`what`) offered, if it is on this host and holds the nonce, else None.
+    A named one loses its name here: both ranks hold it now, and a job killed later leaves
+    nothing behind."""
+    size = _segment_size(capacity)
+    if "name" in where:
+        mem = attach_segment(where["name"], nonce, size)
+        if mem is not None:
+            _unlink_quietly(where["name"])
+        return mem
+    pid, fd = where["memfd"]
+    path = f"/proc/{pid}/fd/{fd}"
+    try:
+        if not os.readlink(path).startswith(f"/memfd:{_MEMFD_NAME}"):
+            return None
+        mine = os.open(path, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None  # another host, another user or PID namespace: the connection stays on TCP
+    try:
+        return _map_sealed(mine, nonce, size, what)
+    finally:
+        os.close(mine)
+
+
+def _map_sealed(fd: int, nonce: bytes, size: int, what: str) -> mmap.mmap | None:
+    """Map a memfd a peer offered: a file of `size` bytes or more whose size is sealed, holding the
+    nonce; None if it is not that segment."""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size < size:
+            return None
+        if fcntl.fcntl(fd, fcntl.F_GET_SEALS) & _SEALS != _SEALS:
+            raise FastcollError(f"{what} offered a shared-memory segment whose size is not sealed (it could "
+                                "shrink it under this rank): a malformed peer; refused")
+        mem = mmap.mmap(fd, size)
+    except OSError:
+        return None
+    if mem[: len(_MAGIC) + len(nonce)] != _MAGIC + nonce:
+        mem.close()
+        return None
+    return mem
+
+
+def _where(offer: dict) -> dict | None:
+    """Where an offer says its segment is ({"name": ...} or {"memfd": [pid, fd]}), if well formed."""
+    name, memfd = offer.get("name"), offer.get("memfd")
+    if (name is None) == (memfd is None):
+        return None
+    if name is not None:
+        return {"name": name} if isinstance(name, str) and name.startswith("/fc") and len(name) <= 31 else None
+    ok = (isinstance(memfd, list) and len(memfd) == 2 and all(type(v) is int for v in memfd)
+          and 0 < memfd[0] < 1 << 31 and 0 <= memfd[1] < _FD_MAX)
+    return {"memfd": list(memfd)} if ok else None
+
+
+def _check_offer(offer: object, what: str) -> tuple[dict, bytes, int] | None:
     if offer is None:
         return None
-    if not (
-        isinstance(offer, dict)
-        and isinstance(offer.get("name"), str)
-        and offer["name"].startswith("/fc")
-        and len(offer["name"]) <= 31
-        and isinstance(offer.get("nonce"), str)
-        and len(offer["nonce"]) == 32
-        and offer.get("capacity") == RING_BYTES
-    ):
+    where = _where(offer) if isinstance(offer, dict) else None
+    nonce = offer.get("nonce") if isinstance(offer, dict) else None
+    try:
+        raw = bytes.fromhex(nonce) if isinstance(nonce, str) and len(nonce) == 32 else None
+    except ValueError:
+        raw = None
+    if where is None or raw is None or offer.get("capacity") != RING_BYTES:
         raise FastcollError(f"{what} sent a malformed shared-memory offer")
-    return offer["name"], bytes.fromhex(offer["nonce"]), offer["capacity"]
+    return where, raw, offer["capacity"]
 
 
 def host_id() -> str:
@@ -482,17 +601,18 @@ def upgrade(
     that may share this host (default: all). Offers go from the lower rank to the higher,
     answers back; all offers are sent before any is read, so no two ranks wait on each other."""
     enabled = enabled and available()
-    made: dict[tuple[int, int], tuple[str, mmap.mmap]] = {}
+    made: dict[tuple[int, int], tuple[Callable[[], None], mmap.mmap]] = {}
     out: dict[int, list[SocketLink | ShmLink]] = {p: list(ls) for p, ls in links.items()}
     ok = False
     try:
         _offer(rank, links, enabled, here, made)
+        testhooks.point("shm-offered")
         _answer(rank, links, enabled, deadline, out)
         _collect(links, deadline, made, out)
         ok = True
     finally:
-        for name, mem in made.values():
-            unlink_segment(name)
+        for forget, mem in made.values():
+            forget()
             mem.close()
         if not ok:  # a peer failed mid-way: the job cannot start, so nothing is kept open
             for ls in out.values():
@@ -503,8 +623,8 @@ def upgrade(
 
 
 def _offer(rank: int, links: dict[int, list[SocketLink]], enabled: bool, here: set[int] | None,
-           made: dict[tuple[int, int], tuple[str, mmap.mmap]]) -> None:
-    """To each higher rank, on each link: a fresh segment's name (kept in `made`), or None."""
+           made: dict[tuple[int, int], tuple[Callable[[], None], mmap.mmap]]) -> None:
+    """To each higher rank, on each link: a fresh segment (kept in `made`), or None."""
     for p, ls in links.items():
         if p < rank:
             continue
@@ -512,9 +632,9 @@ def _offer(rank: int, links: dict[int, list[SocketLink]], enabled: bool, here: s
             offer = None
             if enabled and (here is None or p in here):
                 try:
-                    name, nonce, mem = _create(RING_BYTES)
-                    made[(p, ch)] = (name, mem)
-                    offer = {"name": name, "nonce": nonce.hex(), "capacity": RING_BYTES}
+                    where, nonce, mem, forget = _create(RING_BYTES)
+                    made[(p, ch)] = (forget, mem)
+                    offer = {**where, "nonce": nonce.hex(), "capacity": RING_BYTES}
                 except OSError as e:
                     log.info("rank %d: no shared memory for rank %d (%s); staying on TCP", rank, p, e)
             send_message(link.sock, offer, _OFFER_LIMIT)
@@ -531,20 +651,21 @@ def _answer(rank: int, links: dict[int, list[SocketLink]], enabled: bool, deadli
             found = _check_offer(recv_message(link.sock, _OFFER_LIMIT, deadline, what), what)
             if found is None:
                 continue  # nothing offered, nothing to answer
-            mem = _attach(*found) if enabled else None
+            mem = _attach(*found, what) if enabled else None
             send_message(link.sock, mem is not None, _OFFER_LIMIT)
             if mem is not None:
                 out[p][ch] = ShmLink(link.sock, *_rings(mem, RING_BYTES, lower=False))
 
 
-def _collect(links: dict[int, list[SocketLink]], deadline: float, made: dict[tuple[int, int], tuple[str, mmap.mmap]],
+def _collect(links: dict[int, list[SocketLink]], deadline: float,
+             made: dict[tuple[int, int], tuple[Callable[[], None], mmap.mmap]],
              out: dict[int, list[SocketLink | ShmLink]]) -> None:
-    """Each answer to this rank's offers: a ShmLink where the peer attached; the segment's name
-    unlinked either way (both ends have it open, or nobody needs it)."""
-    for (p, ch), (name, mem) in list(made.items()):
+    """Each answer to this rank's offers: a ShmLink where the peer attached; the segment's fd
+    closed (or name removed) either way (both ends have it mapped, or nobody needs it)."""
+    for (p, ch), (forget, mem) in list(made.items()):
         sock = links[p][ch].sock
         taken = recv_message(sock, _OFFER_LIMIT, deadline, f"rank {p}")
-        unlink_segment(name)
+        forget()
         del made[(p, ch)]
         if taken is True:
             out[p][ch] = ShmLink(sock, *_rings(mem, RING_BYTES, lower=True))
@@ -557,7 +678,7 @@ def _say_shared(rank: int, out: dict[int, list[SocketLink | ShmLink]], enabled: 
     peers = sorted(p for p, ls in out.items() if any(link.kind == "shm" for link in ls))
     if shared:
         # Said at info because it bypasses the network: namespaces or containers that keep the
-        # machine's hostname and /dev/shm look like one host (docs/multihost.md).
+        # machine's hostname and see each other's processes look like one host (docs/multihost.md).
         log.info("rank %d: %d of %d connections through shared memory, to rank(s) %s (same hostname "
                  "and boot id, and their shared-memory segment opened here); FASTCOLL_SHM=0 keeps "
                  "them on TCP", rank, shared, sum(map(len, out.values())), peers)

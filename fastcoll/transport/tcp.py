@@ -51,6 +51,8 @@ _OUTQ = getattr(termios, "TIOCOUTQ", None)
 def _lost(peer: int, e: BaseException) -> FastcollError:
     if isinstance(e, (socket.timeout, BlockingIOError)):
         return diagnosis.timed_out(f"rank {peer} did not answer in time", peer)
+    if isinstance(e, shm.RingCorrupt):  # said as the native engine says it
+        return PeerLostError(f"rank {peer} sent a malformed frame ({e.strerror}); dropping it", peer)
     return PeerLostError(f"connection to rank {peer} failed: {e}", peer)
 
 

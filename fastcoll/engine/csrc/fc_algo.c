@@ -110,7 +110,7 @@ void fc_combine(const fc_op *op, const uint8_t *a, const uint8_t *b, uint8_t *ou
 
 void *fc_scratch(fc_call *c, size_t bytes)
 {
-    void *p = malloc(bytes ? bytes : 1);
+    void *p = fc_scratch_alloc(bytes ? bytes : 1);
     if (!p)
         fc_err_set(c->err, FC_E_NOMEM, -1);
     return p;

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "fc_engine.h"
+#include "fc_mem.h"
 
 /* The collectives (fastcoll/engine/ops.py's KINDS, in this order). */
 enum fc_kind {
@@ -82,7 +83,7 @@ int fc_flush(fc_call *c);
 size_t fc_piece_items(const fc_call *c);
 /* out = a op b over count elements (the op's dtype and reduction). */
 void fc_combine(const fc_op *op, const uint8_t *a, const uint8_t *b, uint8_t *out, size_t count);
-/* Memory an algorithm needs (NULL: c->err is FC_E_NOMEM). */
+/* Memory an algorithm needs (NULL: c->err is FC_E_NOMEM); fc_scratch_free gives it back. */
 void *fc_scratch(fc_call *c, size_t bytes);
 
 /* range(n) cut into `parts` blocks whose sizes differ by at most one: block i is [*a, *b). */

@@ -36,8 +36,8 @@ static int reduce(fc_call *c, const fc_op *op)
     if (!rc)
         rc = fc_flush(c);
     if (r != root)
-        free(acc);
-    free(tmp);
+        fc_scratch_free(acc);
+    fc_scratch_free(tmp);
     return rc ? -1 : 0;
 }
 

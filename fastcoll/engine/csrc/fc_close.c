@@ -133,6 +133,18 @@ void fc_engine_linger(fc_engine *e, fc_ns until)
     }
 }
 
+void fc_engine_forget_call(fc_engine *e)
+{
+    for (int i = 0; i < e->size * e->channels; i++) {
+        fc_chan *c = &e->chans[i];
+        if (c->open && fc_link_drop_unstarted(&c->link)) {
+            c->cut = 1;
+            if (!c->link.send_errno)
+                c->link.send_errno = ECANCELED; /* its next push drops the frame unwritten */
+        }
+    }
+}
+
 void fc_engine_close_links(fc_engine *e)
 {
     if (!e->chans)

@@ -47,7 +47,7 @@ static int combine_all(fc_call *c, const fc_op *op, const uint8_t *own, size_t c
     if (!parts)
         fc_err_set(c->err, FC_E_NOMEM, -1);
     free(parts);
-    free(store);
+    fc_scratch_free(store);
     return rc;
 }
 

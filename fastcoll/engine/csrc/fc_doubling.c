@@ -29,7 +29,7 @@ static int all_reduce(fc_call *c, const fc_op *op)
         else if (!rc)
             fc_combine(op, theirs, op->dst, op->dst, count);
     }
-    free(theirs);
+    fc_scratch_free(theirs);
     return rc ? -1 : 0;
 }
 
@@ -82,9 +82,9 @@ static int reduce_scatter(fc_call *c, const fc_op *op)
     }
     if (!rc)
         memcpy(op->dst, work, op->dst_count * c->itemsize);
-    free(theirs);
-    free(kept[0]);
-    free(kept[1]);
+    fc_scratch_free(theirs);
+    fc_scratch_free(kept[0]);
+    fc_scratch_free(kept[1]);
     return rc ? -1 : 0;
 }
 

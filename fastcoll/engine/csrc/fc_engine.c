@@ -1,6 +1,7 @@
 /* The engine's messages: send, flush, and receive with the pure-Python transport's checks. */
 #include "fc_engine.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,6 +120,17 @@ int fc_chan_parse(fc_engine *e, fc_chan *c, fc_err *err)
     return -1;
 }
 
+/* A failed link's error: EBADMSG is a peer that wrote something malformed where the link reads
+ * it (a shared-memory ring's counters), the rest a connection that failed; the link's why says
+ * how. */
+static int failure(fc_err *err, const fc_link *l, int err_no, int code, int peer)
+{
+    fc_err_set(err, err_no == EBADMSG ? FC_E_MALFORMED : code, peer);
+    err->sys_errno = err_no;
+    link_why(err, l);
+    return -1;
+}
+
 /* ----- sending ----- */
 
 int fc_engine_send(fc_engine *e, int peer, int kind, int64_t seq, const uint8_t *sig, size_t sig_len,
@@ -166,12 +178,9 @@ int fc_engine_flush(fc_engine *e, fc_ns deadline, fc_err *err)
         return -1;
     }
     for (int i = 0; i < n; i++) {
-        if (e->chans[i].link.send_errno) {
-            fc_err_set(err, FC_E_BROKEN, fc_chan_peer(e, &e->chans[i]));
-            err->sys_errno = e->chans[i].link.send_errno;
-            link_why(err, &e->chans[i].link);
-            return -1;
-        }
+        fc_link *l = &e->chans[i].link;
+        if (l->send_errno)
+            return failure(err, l, l->send_errno, FC_E_BROKEN, fc_chan_peer(e, &e->chans[i]));
     }
     return 0;
 }
@@ -200,15 +209,14 @@ static int take(fc_engine *e, fc_chan *c, fc_header *h, fc_err *err)
     return 0;
 }
 
-static void lost(fc_err *err, fc_link *l, int peer, int mid)
+void fc_chan_lost(fc_engine *e, fc_chan *c, int mid, fc_err *err)
 {
-    if (l->recv_errno) {
-        fc_err_set(err, FC_E_CONN, peer);
-        err->sys_errno = l->recv_errno;
-        link_why(err, l);
-    } else {
+    fc_link *l = &c->link;
+    int peer = fc_chan_peer(e, c);
+    if (l->recv_errno)
+        failure(err, l, l->recv_errno, FC_E_CONN, peer);
+    else
         fc_err_set(err, mid ? FC_E_CLOSED_MID : FC_E_CLOSED, peer);
-    }
 }
 
 static int header_step(fc_engine *e, void *ctx, int *moved, fc_err *err)
@@ -225,7 +233,7 @@ static int header_step(fc_engine *e, void *ctx, int *moved, fc_err *err)
     if (pulled < 0) { /* what the peer sent before it closed (an ABORT, a CLOSE) is read first */
         got = fc_chan_parse(e, c, err);
         if (!got)
-            lost(err, &c->link, fc_chan_peer(e, c), 0);
+            fc_chan_lost(e, c, 0, err);
         return got ? got : -1;
     }
     return 0;
@@ -234,10 +242,8 @@ static int header_step(fc_engine *e, void *ctx, int *moved, fc_err *err)
 int fc_engine_next_header(fc_engine *e, int peer, int64_t chunk, fc_ns deadline, fc_header *h, fc_err *err)
 {
     fc_chan *c = fc_chan_of(e, peer, chunk);
-    if (c->lost) {
-        fc_err_set(err, c->lost, peer);
-        err->sys_errno = c->lost_errno;
-        link_why(err, &c->link);
+    if (c->lost) { /* (the link's state says how) */
+        fc_chan_lost(e, c, 0, err);
         return -1;
     }
     if (c->held) {
@@ -291,7 +297,7 @@ static int payload_step(fc_engine *e, void *ctx, int *moved, fc_err *err)
         if (got == 0)
             return 0;
         if (got < 0) {
-            lost(err, l, fc_chan_peer(e, p->c), 1);
+            fc_chan_lost(e, p->c, 1, err);
             return -1;
         }
         p->done += (size_t)got;

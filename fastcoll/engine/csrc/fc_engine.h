@@ -43,7 +43,13 @@ enum fc_code {
     FC_E_GATE_CLOSED,     /* the gate was closed before gate n[0] arrived */
     FC_E_GATE_PROTOCOL,   /* waiting for gate n[0], the GPU published n[1] */
     FC_E_GATE_SPIN,       /* a release spin hit its bound (the page says which) */
+    FC_E_SHUT,            /* this rank's engine was closed (finalize()) while the call ran */
 };
+
+/* fc_engine.interrupted: 0, FC_INTERRUPT_USER (Engine.interrupt(): FC_E_INTERRUPTED), or
+ * FC_INTERRUPT_SHUT (close() ends a call under way: FC_E_SHUT). */
+#define FC_INTERRUPT_USER 1
+#define FC_INTERRUPT_SHUT 2
 
 #define FC_TEXT_MAX (FC_MAX_HEADER + 1)
 
@@ -66,8 +72,7 @@ typedef struct fc_chan {
     int open;     /* a link was added here */
     int watched;  /* looked at while the engine waits on another link */
     int held;     /* `header` was read and not taken yet */
-    int lost;     /* an fc_code: lost while the engine waited on another link */
-    int lost_errno;
+    int lost;     /* an fc_code: lost while the engine waited on another link (fc_chan_lost says how) */
     int cut;      /* a frame was given up half-written: no last words on it */
     int words;    /* the last words: 0 none due, 1 due, 2 queued, 3 said (fc_close.c) */
     fc_header header;
@@ -140,6 +145,11 @@ static inline int fc_chan_peer(fc_engine *e, fc_chan *c)
     return (int)((c - e->chans) / e->channels);
 }
 
+/* The error of c's link once its stream ended or failed (`mid`: in the middle of a message):
+ * a peer that closed, a receive that failed, or a peer that wrote something malformed where the
+ * link reads it (a shared-memory ring's counters: recv_errno EBADMSG); the link's why says how. */
+void fc_chan_lost(fc_engine *e, fc_chan *c, int mid, fc_err *err);
+
 /* Read the next header from c's link into c->header (its signature in c->store): 1 read,
  * 0 not all of it has arrived, -1 malformed (err: FC_E_MALFORMED). */
 int fc_chan_parse(fc_engine *e, fc_chan *c, fc_err *err);
@@ -180,5 +190,10 @@ void fc_engine_say_goodbye(fc_engine *e, fc_ns flush_until, fc_ns until);
 void fc_engine_linger(fc_engine *e, fc_ns until);
 /* Close every link. */
 void fc_engine_close_links(fc_engine *e);
+/* After close() ended a call under way (the caller holds the run lock): the frames it queued are
+ * dropped, and a link with one half-written is cut (nothing more goes out on it, not even the
+ * goodbye: the frame's payload may be memory the call has let go of; its peer sees the end of
+ * the stream in the middle of a message). */
+void fc_engine_forget_call(fc_engine *e);
 
 #endif

@@ -100,7 +100,9 @@ struct fc_link {
     int send_errno; /* a send failed (the peer is gone): nothing more goes out */
     /* receiving */
     int eof;        /* the peer's end of the stream was seen */
-    int recv_errno; /* a receive failed (EPROTO: the peer broke the kind's protocol) */
+    /* A receive failed (EPROTO: the peer broke the kind's protocol; EBADMSG: it wrote something
+     * malformed where this side reads it, which the engine reports as a malformed frame). */
+    int recv_errno;
     /* What send_errno or recv_errno means here, where the kind can say more than an errno (a
      * frame lost on an unreliable RDMA link), for the engine's error; "" where it cannot. */
     char why[FC_LINK_WHY];

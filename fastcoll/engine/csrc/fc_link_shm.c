@@ -52,9 +52,27 @@ static void ring_bell(fc_link *l)
     (void)!send(l->fd, &bell, 1, SEND_FLAGS);
 }
 
+/* A peer that wrote a ring counter out of range (fc_shmring.h) has broken the link for good:
+ * 1, with the ring's account of it in l->why and `*slot` (the failed direction's errno) set to
+ * EBADMSG, which the engine reports as a malformed frame from that peer. */
+static int spoiled(fc_link *l, int *slot)
+{
+    shm_state *s = l->state;
+    fc_ring *r = s->rx.bad ? &s->rx : s->tx.bad ? &s->tx : NULL;
+    if (!r)
+        return 0;
+    if (!l->why[0])
+        fc_ring_explain(r, l->why, sizeof l->why);
+    if (!*slot)
+        *slot = EBADMSG;
+    return 1;
+}
+
 static int shm_push(fc_link *l)
 {
     shm_state *s = l->state;
+    if (spoiled(l, &l->send_errno))
+        return -1;
     if (l->eof) {
         l->send_errno = EPIPE; /* the peer's end of the stream came: it reads no more */
         return -1;
@@ -78,7 +96,7 @@ static int shm_push(fc_link *l)
     }
     if (total && fc_ring_publish(&s->tx))
         ring_bell(l);
-    return total > 0;
+    return spoiled(l, &l->send_errno) ? -1 : total > 0;
 }
 
 /* The hot path's look: the bytes are in the ring already (have, take), so only the end of the
@@ -113,7 +131,9 @@ static int shm_wake(fc_link *l)
 
 static size_t shm_have(fc_link *l)
 {
-    return fc_ring_avail(&((shm_state *)l->state)->rx);
+    size_t n = fc_ring_avail(&((shm_state *)l->state)->rx);
+    spoiled(l, &l->recv_errno); /* (a bad ring has no data: the next pull reports it) */
+    return n;
 }
 
 static void shm_peek(fc_link *l, void *dst, size_t n, size_t off)
@@ -127,6 +147,7 @@ static size_t shm_take(fc_link *l, void *dst, size_t n)
     size_t got = fc_ring_get(&((shm_state *)l->state)->rx, dst, n, &wake);
     if (wake)
         ring_bell(l); /* the writer waits for room */
+    spoiled(l, &l->recv_errno);
     return got;
 }
 

@@ -111,7 +111,7 @@ static int reduce_scatter_steps(ring *g, int forward_last, placer *pl)
                 failed = send_piece(g, dst, (size_t)(pb - pa)) != 0;
         }
     }
-    free(tmp);
+    fc_scratch_free(tmp);
     return failed ? -1 : 0;
 }
 
@@ -157,7 +157,7 @@ static int all_reduce(fc_call *c, const fc_op *op)
     ring g;
     ring_init(&g, c, op, op->dst, op->src, bounds, c->size);
     int rc = reduce_scatter_steps(&g, 1, NULL) || all_gather_steps(&g, 0) || fc_flush(c);
-    free(bounds);
+    fc_scratch_free(bounds);
     return rc ? -1 : 0;
 }
 
@@ -175,7 +175,7 @@ static int reduce_scatter(fc_call *c, const fc_op *op)
     if (forwarded && !(pl.scratch = fc_scratch(c, forwarded * c->itemsize)))
         return -1;
     int rc = reduce_scatter_steps(&g, 0, &pl) || fc_flush(c);
-    free(pl.scratch);
+    fc_scratch_free(pl.scratch);
     return rc ? -1 : 0;
 }
 

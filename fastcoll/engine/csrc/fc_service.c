@@ -97,6 +97,20 @@ void fc_service_release(fc_service *s)
     pthread_mutex_unlock(&s->run);
 }
 
+int fc_service_lock_by(fc_service *s, fc_ns until)
+{
+    /* a loop of tries, not pthread_mutex_timedlock: macOS has none, and it waits on the
+     * realtime clock */
+    for (;;) {
+        if (pthread_mutex_trylock(&s->run) == 0)
+            return 1;
+        if (fc_now() >= until)
+            return 0;
+        struct timespec nap = {0, 1000 * 1000};
+        nanosleep(&nap, NULL);
+    }
+}
+
 void fc_service_stop(fc_service *s)
 {
     if (!s->started)

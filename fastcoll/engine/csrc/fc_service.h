@@ -41,6 +41,8 @@ int fc_service_claim_if_idle(fc_service *s);
 /* As fc_service_claim_if_idle, never blocking: -1 where it would have to wait for the run lock. */
 int fc_service_try_claim(fc_service *s);
 void fc_service_release(fc_service *s);
+/* Take the run lock by `until` (a monotonic deadline): 1, or 0 if its holder kept it. */
+int fc_service_lock_by(fc_service *s, fc_ns until);
 /* Run what is queued, then stop the thread (items queued after that are dropped). */
 void fc_service_stop(fc_service *s);
 

@@ -178,7 +178,6 @@ static int look(fc_engine *e, fc_chan *c, fc_chan *awaited, fc_err *err)
     if (!got) {
         if (pulled < 0) { /* lost while this rank waits on another: said when next needed */
             c->lost = c->link.recv_errno ? FC_E_CONN : FC_E_CLOSED;
-            c->lost_errno = c->link.recv_errno;
             c->watched = 0;
             e->gave_up[peer] = 1;
         }
@@ -331,8 +330,9 @@ int fc_engine_wait(fc_engine *e, fc_step step, void *ctx, fc_chan *awaited, fc_n
                 idled(e, fc_now() - idle_since);
             return r > 0 ? 0 : -1;
         }
-        if (atomic_load_explicit(&e->interrupted, memory_order_relaxed)) {
-            fc_err_set(err, FC_E_INTERRUPTED, -1);
+        int why = atomic_load_explicit(&e->interrupted, memory_order_relaxed);
+        if (why) {
+            fc_err_set(err, why == FC_INTERRUPT_SHUT ? FC_E_SHUT : FC_E_INTERRUPTED, -1);
             return -1;
         }
         fc_ns now = fc_now();

@@ -1,7 +1,11 @@
 /* The Python side of the native engine: what the binding files share.
  *
  *   py_module.c   the module: its types, NativeError, the codes, reduce() and finish_mean()
- *   py_engine.c   the Engine type: links, the message calls, inline runs, the end
+ *   py_engine.c   the Engine type: set up, inline runs, queued calls
+ *   py_links.c    the Engine's links: add_link, link_info, the module's link_kinds()
+ *   py_messages.c the Engine's message calls (the pure-Python schedules over native links)
+ *   py_gate.c     the Engine's gate calls: the control page, releases, the profile, submits
+ *   py_close.c    the Engine's end: the last words after an abort, close() (finalize())
  *   py_items.c    what the service thread runs: queued calls, Python functions, gates, the
  *                 last words; completions; the references released later with the GIL
  *   py_args.c     a collective's arguments from Python, checked, as an fc_op
@@ -30,7 +34,9 @@ typedef struct {
     fc_engine engine;
     fc_service service;
     int ready;     /* the engine was set up */
-    int closed;
+    _Atomic int closed; /* close() began: no call is taken any more */
+    int ended;     /* close() closed the links and let go of the rings */
+    _Atomic int inline_call; /* a Python thread holds the run lock (claim_if_idle to release) */
     _Atomic int failed; /* a call failed: queued calls fail at once with the job's error */
     Py_buffer *segments; /* the shared-memory mappings the links use, held until the end */
     size_t nsegments;
@@ -132,7 +138,8 @@ void py_graph_free(EngineObject *self);
     (self)->engine.signals_ctx = NULL;       \
     PyEval_RestoreThread(sigs_.ts);
 
-/* py_engine.c: 1 if the engine is set up and not closed; else 0 with a RuntimeError. */
+/* py_engine.c: 1 if the engine takes calls; else 0 with a Python error (a RuntimeError if it
+ * was never set up; NativeError(FC_E_SHUT), "this group was finalized", once closed). */
 int py_usable(EngineObject *self);
 
 /* py_messages.c and py_gate.c: the Engine's methods (see each). */
@@ -149,6 +156,12 @@ PyObject *py_gate_stop(EngineObject *self, PyObject *unused);
 PyObject *py_gate_timings(EngineObject *self, PyObject *unused);
 PyObject *py_gate_submit(EngineObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *py_gate_submit_planned(EngineObject *self, PyObject *const *args, Py_ssize_t nargs);
+
+/* py_close.c: the Engine's abort(frame, seconds) and close(flush_seconds, linger_seconds);
+ * py_engine_end frees everything as the object goes. */
+PyObject *py_engine_abort(EngineObject *self, PyObject *args);
+PyObject *py_engine_close(EngineObject *self, PyObject *args);
+void py_engine_end(EngineObject *self);
 
 /* py_links.c: Engine.add_link (keywords; see there), Engine.link_info and the module's link_kinds(). */
 PyObject *py_add_link(EngineObject *self, PyObject *args, PyObject *kw);

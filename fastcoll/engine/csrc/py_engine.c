@@ -1,13 +1,22 @@
-/* The Engine type: set up, inline runs of a whole collective and queued ones, and the end; its
- * links (py_links.c), message calls (py_messages.c) and gate (py_gate.c) are methods of their own files. */
+/* The Engine type: set up, inline runs of a whole collective and queued ones; its links
+ * (py_links.c), message calls (py_messages.c), gate (py_gate.c) and end (py_close.c) are methods
+ * of their own files. */
 #include "py_common.h"
 
 #include <string.h>
 
+/* Whether the engine takes calls: once closed, NativeError(FC_E_SHUT), which Python reports as
+ * "this group was finalized" (a thread that passed its group's check as finalize() began). */
 int py_usable(EngineObject *self)
 {
-    if (!self->ready || self->closed) {
-        PyErr_SetString(PyExc_RuntimeError, "the native engine is closed");
+    if (!self->ready) {
+        PyErr_SetString(PyExc_RuntimeError, "the native engine is not set up");
+        return 0;
+    }
+    if (atomic_load(&self->closed)) {
+        fc_err err;
+        fc_err_set(&err, FC_E_SHUT, -1);
+        py_raise(&err);
         return 0;
     }
     return 1;
@@ -48,10 +57,13 @@ static PyObject *set_failure_handler(EngineObject *self, PyObject *fn)
     Py_RETURN_NONE;
 }
 
-/* claim_if_idle(): True, and the run lock is this thread's, if nothing is queued or running. */
+/* claim_if_idle(): True, and the run lock is this thread's, if nothing is queued or running;
+ * False once closed (the call then takes the ordinary way, which says the group was finalized). */
 static PyObject *claim_if_idle(EngineObject *self, PyObject *unused)
 {
     (void)unused;
+    if (self->ready && atomic_load(&self->closed))
+        Py_RETURN_FALSE;
     if (!py_usable(self))
         return NULL;
     py_reap(self);
@@ -61,12 +73,15 @@ static PyObject *claim_if_idle(EngineObject *self, PyObject *unused)
         r = fc_service_claim_if_idle(&self->service);
         Py_END_ALLOW_THREADS
     }
+    if (r) /* close() ends such a call before it frees what the call uses (py_close.c) */
+        atomic_store(&self->inline_call, 1);
     return PyBool_FromLong(r);
 }
 
 static PyObject *release(EngineObject *self, PyObject *unused)
 {
     (void)unused;
+    atomic_store(&self->inline_call, 0);
     fc_service_release(&self->service);
     Py_RETURN_NONE;
 }
@@ -114,120 +129,18 @@ static PyObject *submit_call(EngineObject *self, PyObject *fn)
     return py_usable(self) ? py_submit_call(self, fn) : NULL;
 }
 
-/* ----- failure and the end ----- */
-
-static void *finish_words(void *arg)
-{
-    EngineObject *self = arg;
-    fc_engine_last_words_finish(&self->engine, self->words_until);
-    return NULL;
-}
-
-/* abort(frame, seconds), from the thread that runs calls (it holds the run lock): from now on
- * only the abort notice `frame` goes out. It goes out at once on every link whose stream is
- * whole; a link with a frame half-written gets it behind that frame, within `seconds`, from a
- * thread of its own (a full buffer must not hold up the caller's error, nor the notices it
- * reads meanwhile). */
-static PyObject *abort_(EngineObject *self, PyObject *args)
-{
-    Py_buffer frame;
-    double seconds;
-    if (!py_usable(self) || !PyArg_ParseTuple(args, "y*d", &frame, &seconds))
-        return NULL;
-    atomic_store(&self->failed, 1);
-    int said = atomic_load(&self->engine.aborted) ? 1 : fc_engine_last_words(&self->engine, frame.buf, (size_t)frame.len);
-    PyBuffer_Release(&frame);
-    if (!said && !self->words_started) {
-        self->words_until = fc_deadline_in(seconds);
-        if (pthread_create(&self->words_thread, NULL, finish_words, self) == 0)
-            self->words_started = 1;
-        else
-            fc_engine_last_words_finish(&self->engine, 0); /* no thread: shut at least */
-    }
-    Py_RETURN_NONE;
-}
-
-/* Wait for the thread finishing the last words, if one was started. */
-static void join_words(EngineObject *self)
-{
-    if (self->words_started) {
-        pthread_join(self->words_thread, NULL);
-        self->words_started = 0;
-    }
-}
-
-/* The end of the engine's threads (without the GIL): no gate waits on, the service thread has
- * run or dropped what was queued, the last words' thread is done. */
-static void stop_threads(EngineObject *self)
-{
-    if (self->gated)
-        atomic_store(&self->gate.stop, 1);
-    fc_service_stop(&self->service);
-    join_words(self);
-}
+/* ----- failure and the end (py_close.c) ----- */
 
 static PyObject *interrupt(EngineObject *self, PyObject *unused)
 {
     (void)unused;
-    atomic_store(&self->engine.interrupted, 1);
-    Py_RETURN_NONE;
-}
-
-static void release_memory(EngineObject *self)
-{
-    for (size_t i = 0; i < self->nsegments; i++)
-        PyBuffer_Release(&self->segments[i]);
-    PyMem_Free(self->segments);
-    self->segments = NULL;
-    self->nsegments = 0;
-    if (self->gated) {
-        fc_gate_free(&self->gate);
-        PyBuffer_Release(&self->page);
-        self->gated = 0;
-    }
-}
-
-/* close(flush_seconds, linger_until_seconds): run what is queued; then, if the job did not
- * abort, finish the queued frames and say CLOSE on every link (within flush_seconds, then
- * 1 s); if it did, wait (up to linger seconds) for the peers to take the abort notice. */
-static PyObject *close_(EngineObject *self, PyObject *args)
-{
-    double flush_s, linger_s;
-    if (!PyArg_ParseTuple(args, "dd", &flush_s, &linger_s))
-        return NULL;
-    if (!self->ready || self->closed)
-        Py_RETURN_NONE;
-    self->closed = 1;
-    Py_BEGIN_ALLOW_THREADS
-    py_graph_close(self);
-    stop_threads(self);
-    if (atomic_load(&self->engine.aborted))
-        fc_engine_linger(&self->engine, fc_deadline_in(linger_s));
-    else
-        fc_engine_say_goodbye(&self->engine, fc_deadline_in(flush_s), fc_deadline_in(1.0));
-    fc_engine_close_links(&self->engine);
-    Py_END_ALLOW_THREADS
-    py_reap(self);
-    release_memory(self);
+    atomic_store(&self->engine.interrupted, FC_INTERRUPT_USER);
     Py_RETURN_NONE;
 }
 
 static void engine_dealloc(EngineObject *self)
 {
-    if (self->ready) {
-        if (!self->closed) {
-            self->closed = 1;
-            Py_BEGIN_ALLOW_THREADS
-            py_graph_close(self);
-            stop_threads(self);
-            Py_END_ALLOW_THREADS
-        }
-        py_reap(self);
-        py_graph_free(self);
-        fc_engine_free(&self->engine);
-        release_memory(self);
-        pthread_mutex_destroy(&self->dead_lock);
-    }
+    py_engine_end(self);
     Py_CLEAR(self->on_failure);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -258,9 +171,9 @@ static PyMethodDef engine_methods[] = {
     {"next_header", (PyCFunction)py_next_header, METH_VARARGS, "next_header(peer, chunk, seconds)"},
     {"read_payload", (PyCFunction)py_read_payload, METH_VARARGS, "read_payload(peer, chunk, out, seconds)"},
     {"keep_unread", (PyCFunction)py_keep_unread, METH_VARARGS, "keep_unread(peer, chunk)"},
-    {"abort", (PyCFunction)abort_, METH_VARARGS, "abort(frame, seconds)"},
+    {"abort", (PyCFunction)py_engine_abort, METH_VARARGS, "abort(frame, seconds)"},
     {"interrupt", (PyCFunction)interrupt, METH_NOARGS, "end the call under way at its next wait"},
-    {"close", (PyCFunction)close_, METH_VARARGS, "close(flush_seconds, linger_seconds)"},
+    {"close", (PyCFunction)py_engine_close, METH_VARARGS, "close(flush_seconds, linger_seconds)"},
     {"attach_gate", (PyCFunction)py_attach_gate, METH_VARARGS, "the gate's control page and layout"},
     {"gate_release", (PyCFunction)py_gate_release, METH_VARARGS, "gate_release(seq, status)"},
     {"gate_stop", (PyCFunction)py_gate_stop, METH_NOARGS, "stop waiting for arrivals"},

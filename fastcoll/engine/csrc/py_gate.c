@@ -107,4 +107,3 @@ PyObject *py_gate_submit_planned(EngineObject *self, PyObject *const *args, Py_s
 {
     return gated(self) ? py_submit_planned_gate(self, args, nargs) : NULL;
 }
-

@@ -188,9 +188,9 @@ static int graph_all_reduce(void *ctx, const void *src, void *dst, size_t count,
     size_t nbytes = count * size;
     if (src == dst && nbytes) { /* the algorithms read src while dst fills */
         if (g->scratch_bytes < nbytes) {
-            free(g->scratch);
+            fc_scratch_free(g->scratch);
             g->scratch_bytes = 0;
-            if (!(g->scratch = malloc(nbytes)))
+            if (!(g->scratch = fc_scratch_alloc(nbytes)))
                 fatal(g, "all_reduce", "FastcollError: out of memory");
             g->scratch_bytes = nbytes;
         }
@@ -271,7 +271,7 @@ static void graph_free(py_graph *g)
     free(g->labels);
     free(g->sent);
     free(g->received);
-    free(g->scratch);
+    fc_scratch_free(g->scratch);
     free(g);
 }
 

@@ -129,7 +129,7 @@ PyObject *py_link_info(EngineObject *self, PyObject *args)
     int peer, ch;
     if (!PyArg_ParseTuple(args, "ii", &peer, &ch))
         return NULL;
-    if (!self->ready || self->closed) {
+    if (!self->ready || atomic_load(&self->closed)) {
         PyErr_SetString(PyExc_RuntimeError, "the native engine is closed");
         return NULL;
     }

@@ -6,12 +6,14 @@
  * it is gone, and the next result of about its size is made over it. The cache keeps a few blocks
  * up to a byte limit and frees them when its engine closes; a block that outlives its cache is
  * freed. Everything here runs with the GIL held (a block dies with the last Python reference), so
- * it needs no lock.
+ * it needs no lock. Blocks are mapped (fc_mem.h), so that what the cache frees, at finalize above
+ * all, goes back to the system at once.
  */
 #include "py_common.h"
 
-#include <stdlib.h>
 #include <sys/mman.h>
+
+#include "fc_mem.h"
 
 #define KEPT_MAX 4     /* blocks kept at once */
 #define BLOCK_ALIGN 64 /* a cache line: what the reductions' vector loads like best */
@@ -57,14 +59,15 @@ static void *take_out(CacheObject *c, int i, size_t *cap)
 static void drop_oldest(CacheObject *c)
 {
     size_t cap;
-    free(take_out(c, 0, &cap));
+    void *mem = take_out(c, 0, &cap);
+    fc_unmap(mem, cap);
 }
 
 /* Keep `mem` (cap bytes) if the cache is open and it fits under the limit; else free it. */
 static void give_back(CacheObject *c, void *mem, size_t cap)
 {
     if (!c || c->closed || cap > c->limit) {
-        free(mem);
+        fc_unmap(mem, cap);
         return;
     }
     while (c->nkept && (c->nkept == KEPT_MAX || c->held + cap > c->limit))
@@ -87,18 +90,18 @@ static void *reuse(CacheObject *c, size_t n, size_t *cap)
     return best < 0 ? NULL : take_out(c, best, cap);
 }
 
-/* New memory for n bytes (cap: what was allocated), or NULL. */
+/* New memory for n bytes (cap: what was mapped), or NULL. Mapped, never malloc'd: freeing a
+ * large malloc'd block raises glibc's mmap threshold, after which the next blocks come from a
+ * heap that varying sizes fragment and that is never given back, at finalize either (fc_mem.h). */
 static void *fresh(size_t n, size_t *cap)
 {
     size_t align = n >= HUGE_BYTES ? HUGE_ALIGN : BLOCK_ALIGN;
     if (n > SIZE_MAX - align)
         return NULL;
     *cap = (n + align - 1) / align * align;
-    void *mem = NULL;
-    if (posix_memalign(&mem, align, *cap))
-        return NULL;
+    void *mem = fc_map(*cap, align);
 #if defined(__linux__) && defined(MADV_HUGEPAGE) && !defined(FC_PORTABLE)
-    if (align == HUGE_ALIGN)
+    if (mem && n >= HUGE_BYTES)
         (void)madvise(mem, *cap, MADV_HUGEPAGE); /* advice only: without it the block still works */
 #endif
     return mem;
