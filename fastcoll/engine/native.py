@@ -35,7 +35,7 @@ from fastcoll.engine.python import run_task
 from fastcoll.errors import FastcollError, PeerLostError
 from fastcoll.gate import layout as L
 from fastcoll.service import Work
-from fastcoll.transport import tcp
+from fastcoll.transport import rdma, tcp
 from fastcoll.transport.base import LAST_WORD_SECONDS, Transport, abort_error, other_call, other_chunk
 from fastcoll.wire import ABORT, Header
 
@@ -234,20 +234,21 @@ class NativeEngine(Engine):
         config = for_host(config, cpus_per_rank(local_ranks))
         native = _native.Engine(config.rank, config.world_size, channels, spin_us(config, local_ranks),
                                 config.yield_us, threading.main_thread().ident, config.long_wait_us)
-        kinds = [link.kind for ls in links.values() for link in ls]
-        described = "tcp" if "shm" not in kinds else f"tcp, shared memory on {kinds.count('shm')} of {len(kinds)} connections"
         connections = [(p, ch, link.kind) + tcp.ends(link.sock) for p, ls in sorted(links.items())
                        for ch, link in enumerate(ls)]
         try:
-            for p, ls in links.items():
+            # In ascending (peer, channel) order: a verbs link's setup waits for the peer's, and
+            # every rank adding in one order makes each pair's turns meet without a cycle.
+            for p, ls in sorted(links.items()):
                 for ch, link in enumerate(ls):
-                    segment, tx, rx, capacity = link.segment if link.kind == "shm" else (None, 0, 0, 0)
-                    native.add_link(p, ch, link.sock.fileno(), segment, tx, rx, capacity)
-                    link.sock.detach()  # the fd is the engine's now
+                    _add_link(native, config, p, ch, link)
         except BaseException:
             native.close(0.0, 0.0)
             tcp.close_links(links)
             raise
+        kinds = [link.kind for ls in links.values() for link in ls]
+        devices = [link.device for ls in links.values() for link in ls if link.kind == "verbs"]
+        described = rdma.describe(kinds, devices, config.rdma_reliable)
         transport = NativeTransport(native, config.rank, config.world_size, config.timeout, described, connections)
         return cls(native, transport, config.timeout, min(config.result_cache_mb, 1 << 30) << 20)
 
@@ -396,6 +397,26 @@ class NativeEngine(Engine):
         return (_KIND[kind or op.kind], _ALGORITHM[op.algorithm], task.seq, task.sig.encode(), task.limit, task.rank,
                 task.size, ranks, task.piece_bytes, dtype, _REDUCE[op.reduce or "sum"], itemsize, op.src, op.dst,
                 op.root, _bounds(op.bounds), _bounds(op.recv_bounds))
+
+
+def _add_link(native: Any, config: Any, peer: int, channel: int, link: Any) -> None:
+    """Give `link`'s connection to the native engine as a link of its kind; a verbs link that
+    cannot be opened is a FastcollError naming the peer and why."""
+    options: dict[str, Any] = {"kind": link.kind}
+    if link.kind == "shm":
+        segment, tx, rx, capacity = link.segment
+        options.update(segment=segment, tx_offset=tx, rx_offset=rx, capacity=capacity)
+    elif link.kind == "verbs":
+        options.update(device=link.device, library=config.verbs_lib, reliable=config.rdma_reliable,
+                       setup_timeout=config.timeout)
+    try:
+        native.add_link(peer, channel, link.sock.fileno(), **options)
+    except RuntimeError as e:
+        if link.kind != "verbs" or isinstance(e, FastcollError):
+            raise
+        raise FastcollError(f"rank {config.rank} could not open its RDMA link to rank {peer} "
+                            f"(device {link.device}): {' '.join(str(e).split())}") from None
+    link.sock.detach()  # the fd is the engine's now
 
 
 # The collectives a Plan serves (the small calls a loop repeats).
