@@ -76,6 +76,7 @@ def _connect(config: Config, gate: Any) -> Group:
         gate.close()
         gate = None
     hosts = [str(c.get("host", "")).partition("/")[0] for c in table.caps]  # host ids: name/boot id
+    log.info("rank %d of %d joined: %s", config.rank, config.world_size, eng.describe())
     group = Group(config, eng, gate, hosts)
     if gate is not None:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -24,11 +25,36 @@ def free_port() -> int:
     return agent.free_port("127.0.0.1")
 
 
+# FASTCOLL_TEST_TRANSPORT=rdma runs the suites' default jobs ("shm" below) over verbs links on the
+# test fabric (tests/fabric/) instead, wherever they ask for the native engine: CI's "over the
+# fabric" step (.ci/run). The pure-Python engine's jobs stay on shared memory (rdma refuses it).
+TEST_TRANSPORT = os.environ.get("FASTCOLL_TEST_TRANSPORT", "shm").strip() or "shm"
+if TEST_TRANSPORT not in ("shm", "rdma"):
+    raise ValueError(f"FASTCOLL_TEST_TRANSPORT must be shm or rdma, not {TEST_TRANSPORT!r}")
+
+
+@functools.cache
+def fabric_library() -> str:
+    """The test fabric's verbs library (tests/fabric/build.py builds it once per session, or says
+    why it cannot: no compiler, no <infiniband/verbs.h>)."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "fabric"))
+    try:
+        import build as fabric_build
+    finally:
+        sys.path.pop(0)
+    return fabric_build.build()
+
+
 def rank_env(rank: int, size: int, port: int, transport: str = "shm", token: str = "test-token", **extra: str) -> dict:
     """The environment of one rank of a local job. `transport`: "shm" (TCP connections, which
-    ranks on one host replace by shared memory: the default), "tcp" (TCP only, FASTCOLL_SHM=0)
-    or "zmq"."""
+    ranks on one host replace by shared memory: the default; under FASTCOLL_TEST_TRANSPORT=rdma,
+    "rdma" where the native engine runs), "tcp" (TCP only, FASTCOLL_SHM=0), "zmq", or "rdma"
+    (FASTCOLL_TRANSPORT=rdma over the test fabric: every peer over a verbs link)."""
     env = dict(os.environ)
+    if transport == "shm" and TEST_TRANSPORT == "rdma" and extra.get("FASTCOLL_NATIVE", env.get("FASTCOLL_NATIVE")) != "0":
+        transport = "rdma"
+    if transport == "rdma":
+        env["FASTCOLL_VERBS_LIB"] = fabric_library()
     env.update(
         FASTCOLL_RANK=str(rank),
         FASTCOLL_WORLD_SIZE=str(size),
