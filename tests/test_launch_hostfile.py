@@ -129,7 +129,7 @@ def test_mlx_json_bad_entry_names_file_and_line(tmp_path, text, line, words):
 
 def test_example_hostfiles_parse():
     for name, n in [("hostfile-2mac.txt", 2), ("hostfile-4mac.txt", 4),
-                    ("hosts-2mac.json", 2), ("hosts-4mac.json", 4)]:
+                    ("hosts-2mac.json", 2), ("hosts-4mac.json", 4), ("hosts-2mac-rdma.json", 2)]:
         hosts = read_hostfile(str(REPO / "launch" / name))
         assert len(hosts.hosts) == n and all(h.ips for h in hosts.hosts), name
 
