@@ -7,11 +7,14 @@ install still succeeds and fastcoll runs its pure-Python engine, saying so at in
 CC, CFLAGS and LDFLAGS are honoured as usual (CI builds with clang, with -Werror, and with
 AddressSanitizer and UndefinedBehaviorSanitizer this way); FASTCOLL_PORTABLE=1 builds only the
 portable POSIX paths (no Linux-only call), as a macOS build has them; FASTCOLL_BUILD_STRICT=1
-makes a failed build fail the install (CI), where by default it only warns.
+makes a failed build fail the install (CI), where by default it only warns. The RDMA (verbs) link
+is compiled where the compiler finds <infiniband/verbs.h>, and left out elsewhere.
 """
 
 import glob
 import os
+import shlex
+import subprocess
 import sys
 
 from setuptools import Extension, setup
@@ -24,12 +27,39 @@ if os.environ.get("FASTCOLL_PORTABLE", "") not in ("", "0"):
 FLAGS = ["-std=c11", "-ffp-contract=off", "-fvisibility=hidden"]
 OPTIONAL = os.environ.get("FASTCOLL_BUILD_STRICT", "") in ("", "0")
 
+# The RDMA (verbs) link's files: built only where the platform has <infiniband/verbs.h> (Debian's
+# libibverbs-dev; the macOS SDK from 26.2). The engine loads the verbs library when a job asks for
+# an RDMA link, never links against it: a machine without RDMA imports and runs everything else.
+VERBS_SOURCES = {os.path.join(CSRC, f) for f in ("fc_link_verbs.c", "fc_verbs_lib.c", "fc_verbs_qp.c",
+                                                 "fc_verbs_setup.c", "fc_verbs_credit.c")}
+
+
+def have_verbs_header() -> bool:
+    """Whether the compiler (CC, as the build will use it) finds <infiniband/verbs.h>."""
+    cc = shlex.split(os.environ.get("CC", "") or "cc")
+    try:
+        probe = subprocess.run(cc + ["-fsyntax-only", "-x", "c", "-"], input=b"#include <infiniband/verbs.h>\n",
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return probe.returncode == 0
+
+
+SOURCES = sorted(glob.glob(os.path.join(CSRC, "*.c")))
+LIBRARIES = ["m"] if sys.platform.startswith("linux") else []  # fmaf (complex64 products, fc_reduce.c)
+if have_verbs_header():
+    MACROS.append(("FC_HAVE_VERBS", "1"))
+    if sys.platform.startswith("linux"):
+        LIBRARIES.append("dl")  # dlopen, in libc itself only from glibc 2.34
+else:
+    SOURCES = [s for s in SOURCES if s not in VERBS_SOURCES]
+
 native = Extension(
     "fastcoll.engine._native",
-    sources=sorted(glob.glob(os.path.join(CSRC, "*.c"))),
+    sources=SOURCES,
     depends=sorted(glob.glob(os.path.join(CSRC, "*.h"))),
     include_dirs=[CSRC],
-    libraries=["m"] if sys.platform.startswith("linux") else [],  # fmaf (complex64 products, fc_reduce.c)
+    libraries=LIBRARIES,
     define_macros=MACROS,
     # -ffp-contract=off: no fused multiply-adds, so reductions give numpy's bits.
     extra_compile_args=FLAGS,

@@ -21,6 +21,7 @@
 #include <sys/types.h>
 
 #define FC_INLINE_HEADER 160
+#define FC_LINK_WHY 160
 
 typedef struct fc_frame {
     uint8_t head[FC_INLINE_HEADER];
@@ -83,6 +84,9 @@ typedef struct fc_link_kind {
      * or -1 (fc_wait.c keeps a pair that the scheduler put on one CPU apart). NULL elsewhere. */
     void (*say_cpu)(fc_link *l, int cpu);
     int (*peer_cpu)(fc_link *l);
+    /* What this link is, in a few words, for transport_info() (verbs: its device, UC or RC, the
+     * MTU). NULL: the kind's name says it all. */
+    void (*describe)(fc_link *l, char *out, size_t len);
 } fc_link_kind;
 
 struct fc_link {
@@ -96,6 +100,9 @@ struct fc_link {
     /* receiving */
     int eof;        /* the peer's end of the stream was seen */
     int recv_errno; /* a receive failed (EPROTO: the peer broke the kind's protocol) */
+    /* What send_errno or recv_errno means here, where the kind can say more than an errno (a
+     * frame lost on an unreliable RDMA link), for the engine's error; "" where it cannot. */
+    char why[FC_LINK_WHY];
 };
 
 /* The kind named `name`, or NULL (fc_link_kinds.c: the registry). */
