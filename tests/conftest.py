@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,15 +36,29 @@ if TEST_TRANSPORT not in ("shm", "rdma"):
 
 
 @functools.cache
+def fabric_build():
+    """tests/fabric/build.py as a module (loaded by path: tests/fabric is not a package)."""
+    spec = importlib.util.spec_from_file_location("fcfab_build", os.path.join(ROOT, "tests", "fabric", "build.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def fabric_missing() -> str | None:
+    """Why the test fabric cannot be built here (no C compiler, no <infiniband/verbs.h>), or None."""
+    build = fabric_build()
+    cc = build.compiler()
+    if shutil.which(cc) is None:
+        return f"no C compiler ({cc}) to build the test fabric"
+    if not build.have_verbs_h(cc, build.env_flags("CFLAGS")):
+        return build.NO_VERBS
+    return None
+
+
+@functools.cache
 def fabric_library() -> str:
-    """The test fabric's verbs library (tests/fabric/build.py builds it once per session, or says
-    why it cannot: no compiler, no <infiniband/verbs.h>)."""
-    sys.path.insert(0, os.path.join(ROOT, "tests", "fabric"))
-    try:
-        import build as fabric_build
-    finally:
-        sys.path.pop(0)
-    return fabric_build.build()
+    """The test fabric's verbs library, built once a session (tests/fabric/build.py)."""
+    return fabric_build().build()
 
 
 def rank_env(rank: int, size: int, port: int, transport: str = "shm", token: str = "test-token", **extra: str) -> dict:

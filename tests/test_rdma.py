@@ -23,7 +23,7 @@ import sys
 
 import pytest
 
-from conftest import PROGS, ROOT, assert_ok, fabric_library, jobless_env, run_session
+from conftest import PROGS, ROOT, assert_ok, fabric_library, fabric_missing, jobless_env, run_session
 from fastcoll.config import Config
 from fastcoll.errors import FastcollError, MismatchError
 from fastcoll.launch.check import rdma_pairs
@@ -215,10 +215,10 @@ def test_the_python_engine_refuses_rdma_on_every_rank(launch, request, python_ra
 def fabric() -> str:
     """The test fabric's library, built once; the tests that need it skip, saying why, where it
     cannot be built."""
-    try:
-        return fabric_library()
-    except Exception as e:  # build() raises with the compiler's or the header's reason
-        pytest.skip(f"the test fabric cannot be built here: {' '.join(str(e).split())[:300]}")
+    why = fabric_missing()
+    if why is not None:
+        pytest.skip(why)
+    return fabric_library()
 
 
 def digests(results) -> list[str]:
