@@ -237,8 +237,9 @@ class NativeEngine(Engine):
         connections = [(p, ch, link.kind) + tcp.ends(link.sock) for p, ls in sorted(links.items())
                        for ch, link in enumerate(ls)]
         try:
-            # In ascending (peer, channel) order: a verbs link's setup waits for the peer's, and
-            # every rank adding in one order makes each pair's turns meet without a cycle.
+            # In ascending (peer, channel) order on every rank: a kind whose open waits for the
+            # peer's matching add_link (verbs exchanges its queue pairs) then never waits in a
+            # circle, since the lowest pair still pending is open on both of its ranks.
             for p, ls in sorted(links.items()):
                 for ch, link in enumerate(ls):
                     _add_link(native, config, p, ch, link)

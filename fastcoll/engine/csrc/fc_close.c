@@ -5,14 +5,8 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
-
-#if !defined(FC_PORTABLE) && defined(__linux__)
-#include <linux/sockios.h> /* SIOCOUTQ: the bytes a socket holds that its peer has not acknowledged */
-#define UNACKED_IOCTL SIOCOUTQ
-#endif
 
 static void nap(fc_ns ns)
 {
@@ -106,40 +100,37 @@ void fc_engine_say_goodbye(fc_engine *e, fc_ns flush_until, fc_ns until)
     say_until(e, frame, len, until);
 }
 
-#ifdef UNACKED_IOCTL
-static int unacked(int fd)
+/* Whether a link's peer may still lose what this rank said (a socket's unacknowledged bytes are
+ * discarded by the reset that its next send to a closed socket meets): 1 yes, 2 perhaps (its
+ * kind cannot tell), 0 no. */
+static int unheard(fc_engine *e, fc_chan *c)
 {
-    int n = 0;
-    return ioctl(fd, UNACKED_IOCTL, &n) == 0 ? n : 0;
+    int peer = fc_chan_peer(e, c);
+    if (!c->open || e->gave_up[peer] || e->finalized[peer])
+        return 0;
+    size_t n = fc_link_in_flight(&c->link);
+    return n == FC_IN_FLIGHT_UNKNOWN ? 2 : n > 0;
 }
-#endif
+
+/* A moment for the peers to read the notice where a link cannot tell whether they have. */
+#define LINGER_UNKNOWN_NS (50 * 1000 * 1000LL)
 
 void fc_engine_linger(fc_engine *e, fc_ns until)
 {
-#ifdef UNACKED_IOCTL
-    /* A peer that reads the notice only after this rank has exited would lose it: its own next
-     * send reaches a closed socket, whose reset discards what had not reached it yet. */
     for (;;) {
-        int busy = 0;
+        int busy = 0, unknown = 0;
         for (int i = 0; i < e->size * e->channels && !busy; i++) {
-            fc_chan *c = &e->chans[i];
-            int peer = fc_chan_peer(e, c);
-            busy = c->open && !c->link.shm && !e->gave_up[peer] && !e->finalized[peer] && unacked(c->link.fd) > 0;
+            int u = unheard(e, &e->chans[i]);
+            busy = u == 1;
+            unknown |= u == 2;
         }
-        if (!busy || fc_now() >= until)
+        fc_ns now = fc_now();
+        if (!busy && unknown && until - now > 0) /* (no portable way to ask what a socket holds) */
+            nap(until - now < LINGER_UNKNOWN_NS ? until - now : LINGER_UNKNOWN_NS);
+        if (!busy || now >= until)
             return;
         nap(2 * 1000 * 1000);
     }
-#else
-    /* No portable way to ask what a socket still holds: the shutdown said the notice; wait a
-     * moment for the peers to read it. Shared memory needs no wait (the rings outlive us). */
-    (void)e;
-    fc_ns wait = until - fc_now();
-    if (wait > 50 * 1000 * 1000LL)
-        wait = 50 * 1000 * 1000LL;
-    if (wait > 0)
-        nap(wait);
-#endif
 }
 
 void fc_engine_close_links(fc_engine *e)

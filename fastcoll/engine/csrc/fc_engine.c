@@ -52,13 +52,16 @@ int fc_engine_init(fc_engine *e, int rank, int size, int channels, fc_ns spin_ns
     return 0;
 }
 
-int fc_engine_add_link(fc_engine *e, int peer, int ch, int fd, uint8_t *tx, uint8_t *rx, size_t cap)
+int fc_engine_add_link(fc_engine *e, int peer, int ch, const fc_link_kind *kind, const fc_link_params *p,
+                       char *why, size_t why_len)
 {
     if (peer < 0 || peer >= e->size || peer == e->rank || ch < 0 || ch >= e->channels)
         return -1;
     fc_chan *c = &e->chans[peer * e->channels + ch];
-    if (c->open || fc_link_init(&c->link, fd, tx, rx, cap))
+    if (c->open)
         return -1;
+    if (fc_link_open(&c->link, kind, p, why, why_len))
+        return -2;
     c->open = 1;
     c->watched = 1;
     return 0;
@@ -205,7 +208,7 @@ static int header_step(fc_engine *e, void *ctx, int *moved, fc_err *err)
     int got = fc_chan_parse(e, c, err);
     if (got)
         return got;
-    int pulled = c->link.shm ? (c->link.eof ? -1 : 0) : fc_link_pull(&c->link);
+    int pulled = fc_link_pull(&c->link);
     if (pulled > 0) {
         *moved = 1;
         return fc_chan_parse(e, c, err);
@@ -265,10 +268,9 @@ static int payload_step(fc_engine *e, void *ctx, int *moved, fc_err *err)
             *moved = 1;
             continue;
         }
-        ssize_t got; /* nothing buffered: read more */
-        if (l->shm) {
-            got = l->eof ? -1 : 0; /* (the end of the stream is seen by the sleep's poll) */
-        } else if (p->n - p->done >= DIRECT_BYTES) {
+        ssize_t got; /* nothing buffered: read more (where the data is not on the link's socket,
+                        the end of the stream is seen by the sleep's poll and the kind's wake) */
+        if (p->n - p->done >= DIRECT_BYTES) {
             got = fc_link_recv_direct(l, p->dst + p->done, p->n - p->done);
         } else {
             int pulled = fc_link_pull(l);

@@ -102,8 +102,10 @@ typedef struct fc_engine {
 
 int fc_engine_init(fc_engine *e, int rank, int size, int channels, fc_ns spin_ns, fc_ns yield_ns,
                    fc_ns long_wait_ns);
-/* Hand the engine the link to `peer` on channel `ch` (see fc_link_init). 0, or -1. */
-int fc_engine_add_link(fc_engine *e, int peer, int ch, int fd, uint8_t *tx, uint8_t *rx, size_t cap);
+/* Hand the engine the link to `peer` on channel `ch`, of `kind` over p (see fc_link_open). 0; -1 a
+ * bad peer or channel, or one added twice; -2 the kind's open failed (its reason in why). */
+int fc_engine_add_link(fc_engine *e, int peer, int ch, const fc_link_kind *kind, const fc_link_params *p,
+                       char *why, size_t why_len);
 void fc_engine_free(fc_engine *e);
 
 static inline fc_chan *fc_chan_of(fc_engine *e, int peer, int64_t chunk)

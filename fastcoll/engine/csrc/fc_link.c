@@ -1,43 +1,36 @@
-/* One connection to one peer: a TCP socket or shared-memory rings behind the same calls. */
+/* What every link shares: the send queue of frames, opening and closing, and the calls the
+ * engine makes, each handed to the link's kind (a NULL operation gets fc_link.h's default). */
 #include "fc_link.h"
 
-#include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
-#include "fc_streamcopy.h"
+#define FIRST_QUEUE 16
 
-#ifdef MSG_NOSIGNAL
-#define SEND_FLAGS (MSG_DONTWAIT | MSG_NOSIGNAL)
-#else
-#define SEND_FLAGS MSG_DONTWAIT /* macOS: Python ignores SIGPIPE, and EPIPE is still reported */
-#endif
-
-#define MAX_IOV 64
-
-int fc_link_init(fc_link *l, int fd, uint8_t *tx_mem, uint8_t *rx_mem, size_t cap)
+int fc_link_open(fc_link *l, const fc_link_kind *kind, const fc_link_params *p, char *why, size_t why_len)
 {
     memset(l, 0, sizeof *l);
-    l->fd = fd;
-    int flags = fcntl(fd, F_GETFL, 0);
+    l->fd = p->fd;
+    l->kind = kind;
+    int flags = fcntl(p->fd, F_GETFL, 0);
     if (flags >= 0)
-        fcntl(fd, F_SETFL, flags | O_NONBLOCK);
-    if (tx_mem && rx_mem) {
-        l->shm = 1;
-        fc_ring_init(&l->tx, tx_mem, cap, 1);
-        fc_ring_init(&l->rx, rx_mem, cap, 0);
-    } else {
-        l->rbuf = malloc(FC_READ_BUFFER);
-        if (!l->rbuf)
-            return -1;
-    }
-    l->out_cap = 16;
+        fcntl(p->fd, F_SETFL, flags | O_NONBLOCK);
+    l->out_cap = FIRST_QUEUE;
     l->out = calloc(l->out_cap, sizeof *l->out);
-    return l->out ? 0 : -1;
+    if (!l->out) {
+        snprintf(why, why_len, "out of memory for the link's send queue");
+        return -1;
+    }
+    if (kind->open && kind->open(l, p, why, why_len)) {
+        free(l->out);
+        l->out = NULL;
+        l->fd = -1; /* (the socket stays the caller's) */
+        return -1;
+    }
+    return 0;
 }
 
 static void release_frame(fc_frame *f)
@@ -46,24 +39,35 @@ static void release_frame(fc_frame *f)
     f->head_heap = NULL;
 }
 
-static void drop_all(fc_link *l)
+void fc_link_drop_all(fc_link *l)
 {
     for (size_t i = 0; i < l->out_count; i++)
-        release_frame(&l->out[(l->out_first + i) % l->out_cap]);
+        release_frame(fc_link_frame(l, i));
     l->out_count = 0;
 }
 
 void fc_link_close(fc_link *l)
 {
     if (l->out)
-        drop_all(l);
+        fc_link_drop_all(l);
     free(l->out);
-    free(l->rbuf);
     l->out = NULL;
-    l->rbuf = NULL;
+    if (l->kind && l->kind->close)
+        l->kind->close(l);
+    l->state = NULL;
     if (l->fd >= 0)
         close(l->fd);
     l->fd = -1;
+}
+
+fc_frame *fc_link_frame(fc_link *l, size_t i)
+{
+    return &l->out[(l->out_first + i) % l->out_cap];
+}
+
+const uint8_t *fc_frame_head(const fc_frame *f)
+{
+    return f->head_heap ? f->head_heap : f->head;
 }
 
 static int grow(fc_link *l)
@@ -73,7 +77,7 @@ static int grow(fc_link *l)
     if (!out)
         return -1;
     for (size_t i = 0; i < l->out_count; i++)
-        out[i] = l->out[(l->out_first + i) % l->out_cap];
+        out[i] = *fc_link_frame(l, i);
     free(l->out);
     l->out = out;
     l->out_cap = cap;
@@ -85,7 +89,7 @@ int fc_link_queue(fc_link *l, const uint8_t *head, size_t head_len, const void *
 {
     if (l->out_count == l->out_cap && grow(l))
         return -1;
-    fc_frame *f = &l->out[(l->out_first + l->out_count) % l->out_cap];
+    fc_frame *f = fc_link_frame(l, l->out_count);
     memset(f, 0, sizeof *f);
     if (head_len > FC_INLINE_HEADER) {
         f->head_heap = malloc(head_len);
@@ -106,25 +110,18 @@ int fc_link_drop_unstarted(fc_link *l)
 {
     if (!l->out_count)
         return 0;
-    fc_frame *first = &l->out[l->out_first];
-    int started = first->done > 0;
+    int started = fc_link_frame(l, 0)->done > 0;
     size_t keep = started ? 1 : 0;
     for (size_t i = keep; i < l->out_count; i++)
-        release_frame(&l->out[(l->out_first + i) % l->out_cap]);
+        release_frame(fc_link_frame(l, i));
     l->out_count = keep;
     return started;
 }
 
-static const uint8_t *frame_head(const fc_frame *f)
-{
-    return f->head_heap ? f->head_heap : f->head;
-}
-
-/* Advance the queue past `n` written bytes. */
-static void written(fc_link *l, size_t n)
+void fc_link_written(fc_link *l, size_t n)
 {
     while (n && l->out_count) {
-        fc_frame *f = &l->out[l->out_first];
+        fc_frame *f = fc_link_frame(l, 0);
         size_t left = f->head_len + f->payload_len - f->done;
         size_t k = n < left ? n : left;
         f->done += k;
@@ -137,190 +134,79 @@ static void written(fc_link *l, size_t n)
     }
 }
 
-static int push_tcp(fc_link *l)
-{
-    struct iovec iov[MAX_IOV];
-    int k = 0;
-    for (size_t i = 0; i < l->out_count && k + 2 <= MAX_IOV; i++) {
-        fc_frame *f = &l->out[(l->out_first + i) % l->out_cap];
-        if (f->done < f->head_len) {
-            iov[k].iov_base = (void *)(frame_head(f) + f->done);
-            iov[k++].iov_len = f->head_len - f->done;
-        }
-        size_t pdone = f->done > f->head_len ? f->done - f->head_len : 0;
-        if (f->payload_len > pdone) {
-            iov[k].iov_base = (void *)(f->payload + pdone);
-            iov[k++].iov_len = f->payload_len - pdone;
-        }
-    }
-    if (!k)
-        return 0;
-    struct msghdr msg;
-    memset(&msg, 0, sizeof msg);
-    msg.msg_iov = iov;
-    msg.msg_iovlen = k;
-    ssize_t n = sendmsg(l->fd, &msg, SEND_FLAGS);
-    if (n < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
-            return 0;
-        l->send_errno = errno;
-        drop_all(l);
-        return -1;
-    }
-    written(l, (size_t)n);
-    return n > 0;
-}
-
-static void ring_bell(fc_link *l)
-{
-    char bell = 0;
-    /* A full socket buffer already holds bells, and a gone peer is found by the reads. */
-    (void)!send(l->fd, &bell, 1, SEND_FLAGS);
-}
-
-static int push_shm(fc_link *l)
-{
-    size_t total = 0;
-    while (l->out_count) {
-        fc_frame *f = &l->out[l->out_first];
-        size_t got;
-        if (f->done < f->head_len) {
-            got = fc_ring_put(&l->tx, frame_head(f) + f->done, f->head_len - f->done, 0);
-        } else {
-            size_t pdone = f->done - f->head_len;
-            got = fc_ring_put(&l->tx, f->payload + pdone, f->payload_len - pdone,
-                              f->payload_len >= FC_STREAM_MIN_BYTES);
-        }
-        size_t before = l->out_count;
-        written(l, got);
-        total += got;
-        if (!got && l->out_count == before && f->head_len + f->payload_len > f->done)
-            break; /* the ring is full */
-    }
-    if (total && fc_ring_publish(&l->tx))
-        ring_bell(l);
-    return total > 0;
-}
+/* ----- the kind's operations ----- */
 
 int fc_link_push(fc_link *l)
 {
     if (!l->out_count)
         return 0;
-    if (l->shm && l->eof && !l->send_errno)
-        l->send_errno = EPIPE; /* the peer's end of the stream came: it reads no more */
-    if (l->send_errno) {
-        drop_all(l);
-        return -1;
-    }
-    return l->shm ? push_shm(l) : push_tcp(l);
-}
-
-int fc_link_wait_room(fc_link *l)
-{
-    return l->shm && fc_ring_wait_room(&l->tx);
-}
-
-/* One non-blocking read: the bytes read, 0 if none are there yet, -1 at the end of the stream
- * or on an error (noted in the link). */
-static ssize_t recv_some(fc_link *l, void *dst, size_t n)
-{
-    ssize_t got = recv(l->fd, dst, n, MSG_DONTWAIT);
-    if (got > 0)
-        return got;
-    if (got == 0) {
-        l->eof = 1;
-        return -1;
-    }
-    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
-        return 0;
-    l->recv_errno = errno;
-    return -1;
-}
-
-static int pull_tcp(fc_link *l)
-{
-    if (l->rend == FC_READ_BUFFER && l->rstart > 0) {
-        memmove(l->rbuf, l->rbuf + l->rstart, l->rend - l->rstart);
-        l->rend -= l->rstart;
-        l->rstart = 0;
-    }
-    if (l->rend == FC_READ_BUFFER)
-        return 0; /* full: the reader takes first */
-    ssize_t n = recv_some(l, l->rbuf + l->rend, FC_READ_BUFFER - l->rend);
-    if (n > 0)
-        l->rend += (size_t)n;
-    return n > 0 ? 1 : (int)n;
-}
-
-static int pull_bells(fc_link *l)
-{
-    char bells[4096];
-    int got = 0;
-    while (!l->eof) {
-        ssize_t n = recv(l->fd, bells, sizeof bells, MSG_DONTWAIT);
-        if (n > 0) {
-            got = 1;
-            continue;
-        }
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
-            return got;
-        l->eof = 1; /* an orderly end or a reset: the peer is gone either way */
-    }
-    if (l->out_count && !l->send_errno) { /* nobody will take what waits to go out */
-        l->send_errno = EPIPE;
-        drop_all(l);
-    }
-    return -1;
+    int r = l->send_errno ? -1 : l->kind->push(l);
+    if (r < 0)
+        fc_link_drop_all(l); /* nobody will take what waits to go out */
+    return r;
 }
 
 int fc_link_pull(fc_link *l)
 {
     if (l->eof || l->recv_errno)
         return -1;
-    return l->shm ? pull_bells(l) : pull_tcp(l);
+    return l->kind->pull(l);
+}
+
+int fc_link_wake(fc_link *l)
+{
+    if (l->eof || l->recv_errno)
+        return -1;
+    return l->kind->wake ? l->kind->wake(l) : 0;
 }
 
 size_t fc_link_have(fc_link *l)
 {
-    return l->shm ? fc_ring_avail(&l->rx) : l->rend - l->rstart;
+    return l->kind->have(l);
 }
 
 void fc_link_peek(fc_link *l, void *dst, size_t n, size_t off)
 {
-    if (l->shm)
-        fc_ring_peek(&l->rx, dst, n, off);
-    else
-        memcpy(dst, l->rbuf + l->rstart + off, n);
+    l->kind->peek(l, dst, n, off);
 }
 
 size_t fc_link_take(fc_link *l, void *dst, size_t n)
 {
-    if (l->shm) {
-        int wake = 0;
-        size_t got = fc_ring_get(&l->rx, dst, n, &wake);
-        if (wake)
-            ring_bell(l);
-        return got;
-    }
-    size_t have = l->rend - l->rstart;
-    if (n > have)
-        n = have;
-    if (dst && n)
-        memcpy(dst, l->rbuf + l->rstart, n);
-    l->rstart += n;
-    if (l->rstart == l->rend)
-        l->rstart = l->rend = 0;
-    return n;
+    return l->kind->take(l, dst, n);
 }
 
 ssize_t fc_link_recv_direct(fc_link *l, void *dst, size_t n)
 {
     if (l->eof || l->recv_errno)
         return -1;
-    return recv_some(l, dst, n);
+    if (l->kind->recv_direct)
+        return l->kind->recv_direct(l, dst, n);
+    int pulled = l->kind->pull(l);
+    return pulled < 0 ? -1 : (ssize_t)fc_link_take(l, dst, n);
 }
 
 int fc_link_may_sleep(fc_link *l)
 {
-    return l->shm ? fc_ring_sleep(&l->rx) : 1; /* poll() reports what reaches a socket */
+    return l->kind->may_sleep ? l->kind->may_sleep(l) : 1;
+}
+
+int fc_link_wait_room(fc_link *l)
+{
+    return l->kind->wait_room ? l->kind->wait_room(l) : 1;
+}
+
+size_t fc_link_in_flight(fc_link *l)
+{
+    return l->kind->in_flight ? l->kind->in_flight(l) : 0;
+}
+
+void fc_link_say_cpu(fc_link *l, int cpu)
+{
+    if (l->kind->say_cpu)
+        l->kind->say_cpu(l, cpu);
+}
+
+int fc_link_peer_cpu(fc_link *l)
+{
+    return l->kind->peer_cpu ? l->kind->peer_cpu(l) : -1;
 }

@@ -50,7 +50,7 @@ typedef struct fc_link_params {
 typedef struct fc_link_kind {
     const char *name; /* "tcp", "shm", "verbs": what transport_info() reports */
     /* Set up l->state from p (l->fd, l->kind and the send queue are set already). 0, or -1 with
-     * a one-line reason in why[0..why_len). */
+     * a one-line reason in why[0..why_len), having freed what it made (close is not called). */
     int (*open)(fc_link *l, const fc_link_params *p, char *why, size_t why_len);
     void (*close)(fc_link *l); /* free l->state (l->fd is closed by fc_link_close) */
     /* Write what the connection takes now from the queue (fc_link_written advances it).
@@ -78,7 +78,8 @@ typedef struct fc_link_kind {
      * for kinds whose arrivals poll() cannot see and whose peer cannot ring. */
     int nap_ms;
     /* Bytes sent that the peer has not yet taken in (a socket's unacknowledged bytes), so that
-     * a rank that exits does not discard its last words. NULL: none can be lost so. */
+     * a rank that exits does not discard its last words; FC_IN_FLIGHT_UNKNOWN where some may be
+     * and the kind cannot tell (the engine then waits a moment). NULL: none can be lost so. */
     size_t (*in_flight)(fc_link *l);
     /* Shared memory: say which CPU this side runs on; the CPU the peer's writer last ran on,
      * or -1 (fc_wait.c keeps a pair that the scheduler put on one CPU apart). NULL elsewhere. */
@@ -105,11 +106,15 @@ struct fc_link {
     char why[FC_LINK_WHY];
 };
 
-/* The kind named `name`, or NULL (fc_link_kinds.c: the registry). */
+#define FC_IN_FLIGHT_UNKNOWN SIZE_MAX
+
+/* The kind named `name`, or NULL (fc_link_kinds.c: the registry); the i-th kind this build has,
+ * or NULL past the last. */
 const fc_link_kind *fc_link_kind_named(const char *name);
+const fc_link_kind *fc_link_kind_at(size_t i);
 
 /* Make a link of `kind` over p->fd (which it takes: it is made non-blocking and closed by
- * fc_link_close). 0, or -1 with a one-line reason in why. */
+ * fc_link_close). 0, or -1 with a one-line reason in why (the fd is then still the caller's). */
 int fc_link_open(fc_link *l, const fc_link_kind *kind, const fc_link_params *p, char *why, size_t why_len);
 void fc_link_close(fc_link *l);
 
@@ -127,10 +132,11 @@ const uint8_t *fc_frame_head(const fc_frame *f);
 /* Advance the queue past `n` written bytes. */
 void fc_link_written(fc_link *l, size_t n);
 
-/* ----- the kind's operations, for the engine ----- */
+/* ----- the kind's operations, for the engine (a NULL operation gets its default above) ----- */
 
 /* Write what the connection takes now. 1: bytes went out; 0: none could; -1: the send failed
- * (send_errno set; the queue is dropped). */
+ * (send_errno set; the queue is dropped). pull, wake and recv_direct: -1 at once once the
+ * stream has ended or failed. */
 int fc_link_push(fc_link *l);
 int fc_link_pull(fc_link *l);
 int fc_link_wake(fc_link *l);
@@ -140,5 +146,8 @@ size_t fc_link_take(fc_link *l, void *dst, size_t n);
 ssize_t fc_link_recv_direct(fc_link *l, void *dst, size_t n);
 int fc_link_may_sleep(fc_link *l);
 int fc_link_wait_room(fc_link *l);
+size_t fc_link_in_flight(fc_link *l);
+void fc_link_say_cpu(fc_link *l, int cpu);
+int fc_link_peer_cpu(fc_link *l);
 
 #endif

@@ -25,14 +25,14 @@ static int this_cpu(void)
 #endif
 }
 
-/* A peer that waits on a shared-memory link asks which CPU the other side runs on: say it on
- * every shared-memory link this rank writes to. */
+/* A peer that waits on a link that shares its memory asks which CPU the other side runs on: say
+ * it on every link this rank writes to (the kinds that cannot carry it ignore it). */
 static int say_cpu(fc_engine *e)
 {
     int cpu = this_cpu();
     for (int i = 0; cpu >= 0 && i < e->size * e->channels; i++)
-        if (e->chans[i].open && e->chans[i].link.shm)
-            fc_ring_say_cpu(&e->chans[i].link.tx, cpu);
+        if (e->chans[i].open)
+            fc_link_say_cpu(&e->chans[i].link, cpu);
     return cpu;
 }
 
@@ -46,7 +46,7 @@ static fc_chan *peer_here(fc_engine *e, fc_chan *awaited, int cpu)
     for (int i = 0; !awaited && i < e->size * e->channels; i++)
         if (e->chans[i].open && e->chans[i].link.out_count)
             awaited = &e->chans[i]; /* a flush waits for the peer that must take its frames */
-    return awaited && awaited->link.shm && fc_ring_writer_cpu(&awaited->link.rx) == cpu ? awaited : NULL;
+    return awaited && fc_link_peer_cpu(&awaited->link) == cpu ? awaited : NULL;
 }
 
 /* A spin yields the CPU this often, as MPICH's progress loop does: where the ranks outnumber the
@@ -169,7 +169,9 @@ int fc_engine_push_all(fc_engine *e)
 static int look(fc_engine *e, fc_chan *c, fc_chan *awaited, fc_err *err)
 {
     int peer = fc_chan_peer(e, c);
-    int pulled = fc_link_pull(&c->link);
+    int pulled = fc_link_wake(&c->link); /* (where the socket carries only doorbells: take them) */
+    if (pulled >= 0)
+        pulled = fc_link_pull(&c->link);
     int got = fc_chan_parse(e, c, err);
     if (got < 0)
         return -1;
@@ -211,12 +213,12 @@ static void watch(fc_engine *e, int *n, fc_chan *c, short events)
     (*n)++;
 }
 
-/* Whether a whole header (or a bad length prefix) waits in a TCP link's buffer, which poll()
- * would not report: it came in one read with what went before it. */
+/* Whether a whole header (or a bad length prefix) waits in a link's buffer, which poll() would
+ * not report: on TCP it came in one read with what went before it. */
 static int header_buffered(fc_link *l)
 {
     size_t have = fc_link_have(l);
-    if (l->shm || have < FC_PREFIX)
+    if (have < FC_PREFIX)
         return 0;
     uint8_t prefix[FC_PREFIX];
     fc_link_peek(l, prefix, FC_PREFIX, 0);
@@ -224,13 +226,22 @@ static int header_buffered(fc_link *l)
     return body == 0 || have >= FC_PREFIX + (size_t)body;
 }
 
-/* Build the poll set. 1: something is ready without sleeping (*ready: a watched link with data
- * to look at, or NULL), 0: sleep on the set. */
-static int poll_set(fc_engine *e, fc_chan *awaited, int *n, fc_chan **ready)
+/* The longest sleep the watched links allow, in ms (0: no bound), narrowed by l's. */
+static int nap_of(int nap, const fc_link *l)
+{
+    int k = l->kind->nap_ms;
+    return k > 0 && (nap == 0 || k < nap) ? k : nap;
+}
+
+/* Build the poll set (*nap: the longest sleep on it its links allow, ms; 0: no bound). 1:
+ * something is ready without sleeping (*ready: a watched link with data to look at, or NULL),
+ * 0: sleep on the set. */
+static int poll_set(fc_engine *e, fc_chan *awaited, int *n, fc_chan **ready, int *nap)
 {
     int pushing = !atomic_load_explicit(&e->aborted, memory_order_relaxed);
     *n = 0;
     *ready = NULL;
+    *nap = 0;
     for (int i = 0; i < e->size * e->channels; i++) {
         fc_chan *c = &e->chans[i];
         if (!c->open)
@@ -245,16 +256,14 @@ static int poll_set(fc_engine *e, fc_chan *awaited, int *n, fc_chan **ready)
             events |= POLLIN;
         }
         if (pushing && c->link.out_count && !c->link.send_errno) {
-            if (c->link.shm) {
-                if (!fc_link_wait_room(&c->link))
-                    return 1; /* room came */
-                events |= POLLIN; /* the reader rings when it takes bytes */
-            } else {
-                events |= POLLOUT;
-            }
+            if (!fc_link_wait_room(&c->link))
+                return 1; /* room came */
+            events |= c->link.kind->room_event;
         }
-        if (events)
+        if (events) {
             watch(e, n, c, events);
+            *nap = nap_of(*nap, &c->link);
+        }
     }
     return 0;
 }
@@ -272,13 +281,13 @@ static int signalled(fc_engine *e, fc_err *err)
  * look at what woke it. 0, or -1 (err set). */
 static int block(fc_engine *e, fc_chan *awaited, fc_ns deadline, fc_ns *checked, fc_err *err)
 {
-    int n;
+    int n, nap;
     fc_chan *ready;
-    if (poll_set(e, awaited, &n, &ready)) {
+    if (poll_set(e, awaited, &n, &ready, &nap)) {
         if (ready)
             return look(e, ready, awaited, err);
-        if (awaited && awaited->link.shm)
-            fc_link_pull(&awaited->link); /* bytes that never complete: is the writer gone? */
+        if (awaited)
+            fc_link_wake(&awaited->link); /* bytes that never complete: is the writer gone? */
         return 0;
     }
     fc_ns now = fc_now();
@@ -287,6 +296,8 @@ static int block(fc_engine *e, fc_chan *awaited, fc_ns deadline, fc_ns *checked,
     if (wait > until_check)
         wait = until_check;
     int ms = wait <= 0 ? 0 : (int)((wait + 999999) / 1000000);
+    if (nap && ms > nap)
+        ms = nap; /* a link whose arrivals poll() cannot see */
     int r = poll(e->pfd, (nfds_t)n, ms);
     now = fc_now();
     if ((r < 0 && errno == EINTR) || now - *checked >= FC_SIGNAL_CHECK_NS) {
@@ -298,8 +309,7 @@ static int block(fc_engine *e, fc_chan *awaited, fc_ns deadline, fc_ns *checked,
         if (!e->pfd[i].revents)
             continue;
         fc_chan *c = &e->chans[e->pfd_chan[i]];
-        if (c->link.shm)
-            fc_link_pull(&c->link); /* take the doorbells; note the end of the stream */
+        fc_link_wake(&c->link); /* take the doorbells; note the end of the stream */
         if (c != awaited && c->watched && look(e, c, awaited, err) < 0)
             return -1;
     }

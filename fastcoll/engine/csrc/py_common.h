@@ -118,6 +118,42 @@ PyObject *py_graph_open(EngineObject *self, PyObject *args);
 void py_graph_close(EngineObject *self);
 void py_graph_free(EngineObject *self);
 
+/* py_engine.c: release the GIL for a wait; on the main thread, let the wait run Python's signal handlers. */
+#define WAIT_BEGIN(self)                                                     \
+    py_signals sigs_;                                                        \
+    int main_ = PyThread_get_thread_ident() == (self)->main_thread;          \
+    sigs_.ts = PyEval_SaveThread();                                          \
+    if (main_) {                                                             \
+        (self)->engine.check_signals = py_check_signals;                     \
+        (self)->engine.signals_ctx = &sigs_;                                 \
+    }
+#define WAIT_END(self)                       \
+    (self)->engine.check_signals = NULL;     \
+    (self)->engine.signals_ctx = NULL;       \
+    PyEval_RestoreThread(sigs_.ts);
+
+/* py_engine.c: 1 if the engine is set up and not closed; else 0 with a RuntimeError. */
+int py_usable(EngineObject *self);
+
+/* py_messages.c and py_gate.c: the Engine's methods (see each). */
+PyObject *py_send(EngineObject *self, PyObject *args);
+PyObject *py_send_raw(EngineObject *self, PyObject *args);
+PyObject *py_flush(EngineObject *self, PyObject *arg);
+PyObject *py_next_header(EngineObject *self, PyObject *args);
+PyObject *py_read_payload(EngineObject *self, PyObject *args);
+PyObject *py_keep_unread(EngineObject *self, PyObject *args);
+PyObject *py_attach_gate(EngineObject *self, PyObject *args);
+PyObject *py_gate_release(EngineObject *self, PyObject *args);
+PyObject *py_gate_outstanding(EngineObject *self, PyObject *unused);
+PyObject *py_gate_stop(EngineObject *self, PyObject *unused);
+PyObject *py_gate_timings(EngineObject *self, PyObject *unused);
+PyObject *py_gate_submit(EngineObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *py_gate_submit_planned(EngineObject *self, PyObject *const *args, Py_ssize_t nargs);
+
+/* py_links.c: Engine.add_link (keywords; see there) and the module's link_kinds(). */
+PyObject *py_add_link(EngineObject *self, PyObject *args, PyObject *kw);
+PyObject *py_link_kinds(PyObject *module, PyObject *unused);
+
 /* Release the Python references of finished items (holds the GIL). */
 void py_reap(EngineObject *self);
 

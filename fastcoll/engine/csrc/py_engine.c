@@ -1,24 +1,10 @@
-/* The Engine type: this rank's links handed over from Python, the message calls the pure-Python
- * schedules use, inline runs of a whole collective, the gate, and the end. */
+/* The Engine type: set up, inline runs of a whole collective and queued ones, and the end; its
+ * links (py_links.c), message calls (py_messages.c) and gate (py_gate.c) are methods of their own files. */
 #include "py_common.h"
 
 #include <string.h>
 
-/* Release the GIL for a wait; on the main thread, let the wait run Python's signal handlers. */
-#define WAIT_BEGIN(self)                                                     \
-    py_signals sigs_;                                                        \
-    int main_ = PyThread_get_thread_ident() == (self)->main_thread;          \
-    sigs_.ts = PyEval_SaveThread();                                          \
-    if (main_) {                                                             \
-        (self)->engine.check_signals = py_check_signals;                     \
-        (self)->engine.signals_ctx = &sigs_;                                 \
-    }
-#define WAIT_END(self)                       \
-    (self)->engine.check_signals = NULL;     \
-    (self)->engine.signals_ctx = NULL;       \
-    PyEval_RestoreThread(sigs_.ts);
-
-static int usable(EngineObject *self)
+int py_usable(EngineObject *self)
 {
     if (!self->ready || self->closed) {
         PyErr_SetString(PyExc_RuntimeError, "the native engine is closed");
@@ -56,42 +42,6 @@ static int engine_init(EngineObject *self, PyObject *args, PyObject *kw)
     return 0;
 }
 
-/* add_link(peer, channel, fd, segment, tx_offset, rx_offset, capacity): the engine takes the
- * connected socket fd; for shared memory `segment` is the mapping holding both rings. */
-static PyObject *add_link(EngineObject *self, PyObject *args)
-{
-    int peer, ch, fd;
-    PyObject *segment;
-    Py_ssize_t tx_off, rx_off, cap;
-    if (!PyArg_ParseTuple(args, "iiiOnnn", &peer, &ch, &fd, &segment, &tx_off, &rx_off, &cap) || !usable(self))
-        return NULL;
-    uint8_t *tx = NULL, *rx = NULL;
-    if (segment != Py_None) {
-        Py_buffer *more = PyMem_Realloc(self->segments, (self->nsegments + 1) * sizeof *more);
-        if (!more)
-            return PyErr_NoMemory();
-        self->segments = more;
-        Py_buffer *v = &self->segments[self->nsegments];
-        if (PyObject_GetBuffer(segment, v, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS))
-            return NULL;
-        Py_ssize_t need = FC_RING_CONTROL + cap;
-        if (cap <= 0 || tx_off < 0 || rx_off < 0 || tx_off % 8 || rx_off % 8 || tx_off + need > v->len ||
-            rx_off + need > v->len || (tx_off < rx_off + need && rx_off < tx_off + need)) {
-            PyBuffer_Release(v);
-            PyErr_SetString(PyExc_ValueError, "the rings do not fit the segment apart from each other");
-            return NULL;
-        }
-        self->nsegments++;
-        tx = (uint8_t *)v->buf + tx_off;
-        rx = (uint8_t *)v->buf + rx_off;
-    }
-    if (fc_engine_add_link(&self->engine, peer, ch, fd, tx, rx, (size_t)cap)) {
-        PyErr_SetString(PyExc_ValueError, "bad peer or channel, or one added twice");
-        return NULL;
-    }
-    Py_RETURN_NONE;
-}
-
 static PyObject *set_failure_handler(EngineObject *self, PyObject *fn)
 {
     Py_XSETREF(self->on_failure, Py_NewRef(fn));
@@ -102,7 +52,7 @@ static PyObject *set_failure_handler(EngineObject *self, PyObject *fn)
 static PyObject *claim_if_idle(EngineObject *self, PyObject *unused)
 {
     (void)unused;
-    if (!usable(self))
+    if (!py_usable(self))
         return NULL;
     py_reap(self);
     int r = fc_service_try_claim(&self->service);
@@ -128,7 +78,7 @@ static PyObject *run(EngineObject *self, PyObject *const *args, Py_ssize_t nargs
 {
     if (nargs != PY_OP_ARGS)
         return PyErr_Format(PyExc_TypeError, "run takes %d arguments", PY_OP_ARGS);
-    if (!usable(self))
+    if (!py_usable(self))
         return NULL;
     py_op o;
     if (py_op_parse(&o, args, self->engine.size, self->engine.rank)) {
@@ -151,143 +101,17 @@ static PyObject *run(EngineObject *self, PyObject *const *args, Py_ssize_t nargs
 
 static PyObject *run_planned(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    return usable(self) ? py_run_planned(self, args, nargs) : NULL;
+    return py_usable(self) ? py_run_planned(self, args, nargs) : NULL;
 }
 
 static PyObject *submit(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    return usable(self) ? py_submit_op(self, args, nargs) : NULL;
+    return py_usable(self) ? py_submit_op(self, args, nargs) : NULL;
 }
 
 static PyObject *submit_call(EngineObject *self, PyObject *fn)
 {
-    return usable(self) ? py_submit_call(self, fn) : NULL;
-}
-
-/* ----- the message calls (fastcoll/engine/native.py's NativeTransport) ----- */
-
-static int peer_ok(EngineObject *self, int peer, long long chunk)
-{
-    if (peer < 0 || peer >= self->engine.size || peer == self->engine.rank || chunk < 0) {
-        PyErr_SetString(PyExc_ValueError, "bad peer or chunk");
-        return 0;
-    }
-    return 1;
-}
-
-/* send(peer, kind, seq, sig, chunk, payload): queue a frame; the payload (a buffer, or None)
- * must stay alive and unchanged until flush() returns. */
-static PyObject *send(EngineObject *self, PyObject *args)
-{
-    int peer, kind;
-    long long seq, chunk;
-    Py_buffer sig, payload = {0};
-    PyObject *obj;
-    if (!usable(self) || !PyArg_ParseTuple(args, "iiLy*LO", &peer, &kind, &seq, &sig, &chunk, &obj))
-        return NULL;
-    int ok = peer >= 0 && peer < self->engine.size && peer != self->engine.rank && kind >= FC_DATA &&
-             kind <= FC_CLOSE && chunk >= 0;
-    if (ok && obj != Py_None && PyObject_GetBuffer(obj, &payload, PyBUF_C_CONTIGUOUS)) {
-        PyBuffer_Release(&sig);
-        return NULL;
-    }
-    fc_err err;
-    fc_err_set(&err, FC_OK, -1);
-    int rc = !ok ? 1
-                 : fc_engine_send(&self->engine, peer, kind, seq, sig.buf, (size_t)sig.len, chunk, payload.buf,
-                                  (size_t)payload.len, &err);
-    PyBuffer_Release(&sig);
-    if (payload.obj)
-        PyBuffer_Release(&payload);
-    if (rc > 0)
-        return PyErr_Format(PyExc_ValueError, "bad peer, kind or chunk");
-    return rc ? py_raise(&err) : Py_NewRef(Py_None);
-}
-
-/* send_raw(peer, data), for tests: `data` as it is on channel 0 to peer (a frame of a
- * misbehaving peer: malformed, or cut short). */
-static PyObject *send_raw(EngineObject *self, PyObject *args)
-{
-    int peer;
-    Py_buffer data;
-    if (!usable(self) || !PyArg_ParseTuple(args, "iy*", &peer, &data))
-        return NULL;
-    if (!peer_ok(self, peer, 0)) {
-        PyBuffer_Release(&data);
-        return NULL;
-    }
-    fc_link *l = &self->engine.chans[peer * self->engine.channels].link;
-    int rc = l->send_errno ? 0 : fc_link_queue(l, data.buf, (size_t)data.len, NULL, 0);
-    PyBuffer_Release(&data);
-    if (rc)
-        return PyErr_NoMemory();
-    fc_link_push(l);
-    Py_RETURN_NONE;
-}
-
-static PyObject *flush(EngineObject *self, PyObject *arg)
-{
-    double seconds = PyFloat_AsDouble(arg);
-    if ((seconds == -1.0 && PyErr_Occurred()) || !usable(self))
-        return NULL;
-    fc_err err;
-    fc_ns deadline = fc_deadline_in(seconds);
-    WAIT_BEGIN(self)
-    int rc = fc_engine_flush(&self->engine, deadline, &err);
-    WAIT_END(self)
-    return rc ? py_raise(&err) : Py_NewRef(Py_None);
-}
-
-/* next_header(peer, chunk, seconds) -> (kind, seq, sig, chunk, nbytes) */
-static PyObject *next_header(EngineObject *self, PyObject *args)
-{
-    int peer;
-    long long chunk;
-    double seconds;
-    if (!usable(self) || !PyArg_ParseTuple(args, "iLd", &peer, &chunk, &seconds) || !peer_ok(self, peer, chunk))
-        return NULL;
-    fc_err err;
-    fc_header h;
-    fc_ns deadline = fc_deadline_in(seconds);
-    WAIT_BEGIN(self)
-    int rc = fc_engine_next_header(&self->engine, peer, chunk, deadline, &h, &err);
-    WAIT_END(self)
-    if (rc)
-        return py_raise(&err);
-    return Py_BuildValue("(iLy#LL)", h.kind, (long long)h.seq, h.sig, (Py_ssize_t)h.sig_len,
-                         (long long)h.chunk, (long long)h.nbytes);
-}
-
-/* read_payload(peer, chunk, out, seconds): the payload after the header just taken. */
-static PyObject *read_payload(EngineObject *self, PyObject *args)
-{
-    int peer;
-    long long chunk;
-    double seconds;
-    Py_buffer out;
-    if (!usable(self) || !PyArg_ParseTuple(args, "iLw*d", &peer, &chunk, &out, &seconds))
-        return NULL;
-    if (!peer_ok(self, peer, chunk)) {
-        PyBuffer_Release(&out);
-        return NULL;
-    }
-    fc_err err;
-    fc_ns deadline = fc_deadline_in(seconds);
-    WAIT_BEGIN(self)
-    int rc = fc_engine_read_payload(&self->engine, peer, chunk, out.buf, (size_t)out.len, deadline, &err);
-    WAIT_END(self)
-    PyBuffer_Release(&out);
-    return rc ? py_raise(&err) : Py_NewRef(Py_None);
-}
-
-static PyObject *keep_unread(EngineObject *self, PyObject *args)
-{
-    int peer;
-    long long chunk;
-    if (!usable(self) || !PyArg_ParseTuple(args, "iL", &peer, &chunk) || !peer_ok(self, peer, chunk))
-        return NULL;
-    fc_engine_keep_unread(&self->engine, peer, chunk);
-    Py_RETURN_NONE;
+    return py_usable(self) ? py_submit_call(self, fn) : NULL;
 }
 
 /* ----- failure and the end ----- */
@@ -308,7 +132,7 @@ static PyObject *abort_(EngineObject *self, PyObject *args)
 {
     Py_buffer frame;
     double seconds;
-    if (!usable(self) || !PyArg_ParseTuple(args, "y*d", &frame, &seconds))
+    if (!py_usable(self) || !PyArg_ParseTuple(args, "y*d", &frame, &seconds))
         return NULL;
     atomic_store(&self->failed, 1);
     int said = atomic_load(&self->engine.aborted) ? 1 : fc_engine_last_words(&self->engine, frame.buf, (size_t)frame.len);
@@ -408,123 +232,17 @@ static void engine_dealloc(EngineObject *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* ----- the gate ----- */
-
-/* attach_gate(page, arrival, release, status, ack, spin_iters, spin_failed, send_offset,
- * recv_offset, mailbox_bytes, ranks, ok, error, closed, start_seq, profile) */
-static PyObject *attach_gate(EngineObject *self, PyObject *args)
-{
-    fc_gate_layout l;
-    Py_ssize_t w[6], off[3];
-    unsigned int ok, error, closed, start;
-    int ranks, profile;
-    PyObject *page;
-    if (!usable(self) ||
-        !PyArg_ParseTuple(args, "Onnnnnnnnniiiiip", &page, &w[0], &w[1], &w[2], &w[3], &w[4], &w[5], &off[0],
-                          &off[1], &off[2], &ranks, &ok, &error, &closed, &start, &profile))
-        return NULL;
-    if (self->gated)
-        return PyErr_Format(PyExc_RuntimeError, "a gate is attached already");
-    if (PyObject_GetBuffer(page, &self->page, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS))
-        return NULL;
-    Py_ssize_t most = 0;
-    for (int i = 0; i < 6; i++)
-        most = w[i] > most ? w[i] : most;
-    int bad = ranks < 1 || off[2] < 0 || (uintptr_t)self->page.buf % 4 || 4 * most + 4 > self->page.len ||
-              off[0] < 0 || off[0] + off[2] > self->page.len || off[1] < 0 ||
-              off[1] + (Py_ssize_t)ranks * off[2] > self->page.len;
-    for (int i = 0; i < 6; i++)
-        bad |= w[i] < 0;
-    if (bad) {
-        PyBuffer_Release(&self->page);
-        return PyErr_Format(PyExc_ValueError, "the gate's words or mailboxes lie outside its page");
-    }
-    l = (fc_gate_layout){(size_t)w[0], (size_t)w[1], (size_t)w[2], (size_t)w[3], (size_t)w[4], (size_t)w[5],
-                         (size_t)off[0], (size_t)off[1], (size_t)off[2], ranks, ok, error, closed};
-    if (fc_gate_init(&self->gate, self->page.buf, &l, start, profile)) {
-        PyBuffer_Release(&self->page);
-        return PyErr_NoMemory();
-    }
-    self->gated = 1;
-    Py_RETURN_NONE;
-}
-
-static int gated(EngineObject *self)
-{
-    if (!self->gated) {
-        PyErr_SetString(PyExc_RuntimeError, "no gate is attached");
-        return 0;
-    }
-    return usable(self);
-}
-
-/* gate_release(seq, status): store STATUS then RELEASE (sticky, never backwards). */
-static PyObject *gate_release(EngineObject *self, PyObject *args)
-{
-    unsigned int seq, status;
-    if (!PyArg_ParseTuple(args, "II", &seq, &status) || !gated(self))
-        return NULL;
-    fc_gate_release(&self->gate, seq, status);
-    Py_RETURN_NONE;
-}
-
-static PyObject *gate_outstanding(EngineObject *self, PyObject *unused)
-{
-    (void)unused;
-    return PyLong_FromLong(self->gated ? atomic_load(&self->gate.outstanding) : 0);
-}
-
-static PyObject *gate_stop(EngineObject *self, PyObject *unused)
-{
-    (void)unused;
-    if (self->gated)
-        atomic_store(&self->gate.stop, 1);
-    Py_RETURN_NONE;
-}
-
-/* gate_timings() -> [(seq, arrival_us, exchange_us, host_us, release_us, spin_iters), ...] */
-static PyObject *gate_timings(EngineObject *self, PyObject *unused)
-{
-    (void)unused;
-    if (!gated(self))
-        return NULL;
-    PyObject *list = PyList_New(0);
-    fc_gate_timing t[64];
-    size_t n;
-    while (list && (n = fc_gate_take_timings(&self->gate, t, 64)) > 0) {
-        for (size_t i = 0; i < n; i++) {
-            PyObject *row = Py_BuildValue("(IddddI)", t[i].seq, t[i].arrival_us, t[i].exchange_us, t[i].host_us,
-                                          t[i].release_us, t[i].spin_iters);
-            if (!row || PyList_Append(list, row)) {
-                Py_XDECREF(row);
-                Py_CLEAR(list);
-                break;
-            }
-            Py_DECREF(row);
-        }
-    }
-    return list;
-}
-
-static PyObject *gate_submit(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    return gated(self) ? py_submit_gate(self, args, nargs) : NULL;
-}
-
 static PyObject *graph_open(EngineObject *self, PyObject *args)
 {
-    return usable(self) ? py_graph_open(self, args) : NULL;
-}
-
-static PyObject *gate_submit_planned(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    return gated(self) ? py_submit_planned_gate(self, args, nargs) : NULL;
+    return py_usable(self) ? py_graph_open(self, args) : NULL;
 }
 
 #define FASTCALL(f) (PyCFunction)(void (*)(void))(f)
 
 static PyMethodDef engine_methods[] = {
-    {"add_link", (PyCFunction)add_link, METH_VARARGS, "add_link(peer, channel, fd, segment, tx_offset, rx_offset, capacity)"},
+    {"add_link", (PyCFunction)(void (*)(void))py_add_link, METH_VARARGS | METH_KEYWORDS,
+     "add_link(peer, channel, fd, *, kind='tcp', segment=None, tx_offset=0, rx_offset=0, capacity=0, device=None, "
+     "library=None, reliable=False, setup_timeout=10.0)"},
     {"set_failure_handler", (PyCFunction)set_failure_handler, METH_O, "on_failure(task, work, info, waited)"},
     {"claim_if_idle", (PyCFunction)claim_if_idle, METH_NOARGS, "True: run the next call on this thread"},
     {"release", (PyCFunction)release, METH_NOARGS, "give back the run lock claim_if_idle took"},
@@ -532,22 +250,22 @@ static PyMethodDef engine_methods[] = {
     {"run_planned", FASTCALL(run_planned), METH_FASTCALL, "run_planned(plan, seq, src, dst): a planned call, here"},
     {"submit", FASTCALL(submit), METH_FASTCALL, "queue a collective (17 arguments, task, work): a Completion"},
     {"submit_call", (PyCFunction)submit_call, METH_O, "queue a Python function behind the queued calls"},
-    {"send", (PyCFunction)send, METH_VARARGS, "send(peer, kind, seq, sig, chunk, payload)"},
-    {"send_raw", (PyCFunction)send_raw, METH_VARARGS, "send_raw(peer, data): for tests, bytes as they are"},
-    {"flush", (PyCFunction)flush, METH_O, "flush(seconds)"},
-    {"next_header", (PyCFunction)next_header, METH_VARARGS, "next_header(peer, chunk, seconds)"},
-    {"read_payload", (PyCFunction)read_payload, METH_VARARGS, "read_payload(peer, chunk, out, seconds)"},
-    {"keep_unread", (PyCFunction)keep_unread, METH_VARARGS, "keep_unread(peer, chunk)"},
+    {"send", (PyCFunction)py_send, METH_VARARGS, "send(peer, kind, seq, sig, chunk, payload)"},
+    {"send_raw", (PyCFunction)py_send_raw, METH_VARARGS, "send_raw(peer, data): for tests, bytes as they are"},
+    {"flush", (PyCFunction)py_flush, METH_O, "flush(seconds)"},
+    {"next_header", (PyCFunction)py_next_header, METH_VARARGS, "next_header(peer, chunk, seconds)"},
+    {"read_payload", (PyCFunction)py_read_payload, METH_VARARGS, "read_payload(peer, chunk, out, seconds)"},
+    {"keep_unread", (PyCFunction)py_keep_unread, METH_VARARGS, "keep_unread(peer, chunk)"},
     {"abort", (PyCFunction)abort_, METH_VARARGS, "abort(frame, seconds)"},
     {"interrupt", (PyCFunction)interrupt, METH_NOARGS, "end the call under way at its next wait"},
     {"close", (PyCFunction)close_, METH_VARARGS, "close(flush_seconds, linger_seconds)"},
-    {"attach_gate", (PyCFunction)attach_gate, METH_VARARGS, "the gate's control page and layout"},
-    {"gate_release", (PyCFunction)gate_release, METH_VARARGS, "gate_release(seq, status)"},
-    {"gate_stop", (PyCFunction)gate_stop, METH_NOARGS, "stop waiting for arrivals"},
-    {"gate_outstanding", (PyCFunction)gate_outstanding, METH_NOARGS, "gates queued and not yet served"},
-    {"gate_timings", (PyCFunction)gate_timings, METH_NOARGS, "the profile's new records"},
-    {"gate_submit", FASTCALL(gate_submit), METH_FASTCALL, "queue a gate (seq, nbytes, 17 arguments, task, work)"},
-    {"gate_submit_planned", FASTCALL(gate_submit_planned), METH_FASTCALL,
+    {"attach_gate", (PyCFunction)py_attach_gate, METH_VARARGS, "the gate's control page and layout"},
+    {"gate_release", (PyCFunction)py_gate_release, METH_VARARGS, "gate_release(seq, status)"},
+    {"gate_stop", (PyCFunction)py_gate_stop, METH_NOARGS, "stop waiting for arrivals"},
+    {"gate_outstanding", (PyCFunction)py_gate_outstanding, METH_NOARGS, "gates queued and not yet served"},
+    {"gate_timings", (PyCFunction)py_gate_timings, METH_NOARGS, "the profile's new records"},
+    {"gate_submit", FASTCALL(py_gate_submit), METH_FASTCALL, "queue a gate (seq, nbytes, 17 arguments, task, work)"},
+    {"gate_submit_planned", FASTCALL(py_gate_submit_planned), METH_FASTCALL,
      "queue a gate (plan, call_seq, gate_seq, nbytes, task, work): the exchange planned"},
     {"graph_open", (PyCFunction)graph_open, METH_VARARGS,
      "graph_open(prefix, ranks, rank, limit, piece_bytes, all_reduce, all_gather, labels): the graph table"},

@@ -139,6 +139,7 @@ static PyMethodDef methods[] = {
      "reduce(dtype, op, a, b, out): out = a op b, element-wise, as the native engine combines."},
     {"finish_mean", (PyCFunction)(void (*)(void))finish_mean_fn, METH_FASTCALL,
      "finish_mean(dtype, buf, world_size): divide a sum by the world size in place."},
+    {"link_kinds", py_link_kinds, METH_NOARGS, "link_kinds(): the names of the kinds of link this build has."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,0 +1,122 @@
+/* Links handed over from Python (Engine.add_link) and the kinds this build has (link_kinds()). */
+#include "py_common.h"
+
+#include <string.h>
+
+#include "fc_shmring.h"
+
+/* The registry's names as a tuple: what link_kinds() returns. */
+static PyObject *kind_names(void)
+{
+    size_t n = 0;
+    while (fc_link_kind_at(n))
+        n++;
+    PyObject *t = PyTuple_New((Py_ssize_t)n);
+    for (size_t i = 0; t && i < n; i++) {
+        PyObject *s = PyUnicode_FromString(fc_link_kind_at(i)->name);
+        if (!s) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, (Py_ssize_t)i, s);
+    }
+    return t;
+}
+
+PyObject *py_link_kinds(PyObject *module, PyObject *unused)
+{
+    (void)module, (void)unused;
+    return kind_names();
+}
+
+/* The kind named `name`, or NULL with a ValueError naming it and the kinds this build has. */
+static const fc_link_kind *kind_of(const char *name)
+{
+    const fc_link_kind *k = fc_link_kind_named(name);
+    if (k)
+        return k;
+    PyObject *have = kind_names(), *sep = PyUnicode_FromString(", ");
+    PyObject *list = have && sep ? PyUnicode_Join(sep, have) : NULL;
+    if (list)
+        PyErr_Format(PyExc_ValueError, "no link kind '%s' in this build (it has %U)", name, list);
+    Py_XDECREF(list);
+    Py_XDECREF(sep);
+    Py_XDECREF(have);
+    return NULL;
+}
+
+/* Hold `segment` until the engine's end and point p's rings into it: two rings of
+ * FC_RING_CONTROL + cap bytes each, apart. 0, or -1 with a Python error. */
+static int hold_segment(EngineObject *self, PyObject *segment, Py_ssize_t tx_off, Py_ssize_t rx_off,
+                        Py_ssize_t cap, fc_link_params *p)
+{
+    Py_buffer *more = PyMem_Realloc(self->segments, (self->nsegments + 1) * sizeof *more);
+    if (!more) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->segments = more;
+    Py_buffer *v = &self->segments[self->nsegments];
+    if (PyObject_GetBuffer(segment, v, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS))
+        return -1;
+    Py_ssize_t need = FC_RING_CONTROL + cap;
+    if (cap <= 0 || cap > PY_SSIZE_T_MAX / 4 || tx_off < 0 || rx_off < 0 || tx_off % 8 || rx_off % 8 ||
+        tx_off > v->len - need || rx_off > v->len - need || (tx_off < rx_off + need && rx_off < tx_off + need)) {
+        PyBuffer_Release(v);
+        PyErr_SetString(PyExc_ValueError, "the rings do not fit the segment apart from each other");
+        return -1;
+    }
+    self->nsegments++;
+    p->tx_mem = (uint8_t *)v->buf + tx_off;
+    p->rx_mem = (uint8_t *)v->buf + rx_off;
+    p->cap = (size_t)cap;
+    return 0;
+}
+
+/* Open the link without the GIL (a kind's open may wait for its peer); None, or an error: a bad
+ * peer or channel is a ValueError, a failed open a RuntimeError with the kind's reason. */
+static PyObject *open_link(EngineObject *self, int peer, int ch, const fc_link_kind *kind, const fc_link_params *p)
+{
+    char why[256] = "";
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fc_engine_add_link(&self->engine, peer, ch, kind, p, why, sizeof why);
+    Py_END_ALLOW_THREADS
+    if (rc == -1)
+        return PyErr_Format(PyExc_ValueError, "bad peer %d or channel %d, or a link added there twice", peer, ch);
+    if (rc)
+        return PyErr_Format(PyExc_RuntimeError, "the %s link to rank %d could not open: %s", kind->name, peer,
+                            why[0] ? why : "no reason given");
+    Py_RETURN_NONE;
+}
+
+/* add_link(peer, channel, fd, *, kind="tcp", segment=None, tx_offset=0, rx_offset=0, capacity=0,
+ * device=None, library=None, reliable=False, setup_timeout=10.0): the engine takes the connected
+ * socket fd (not on failure); shared memory's `segment` is the mapping that holds both rings. */
+PyObject *py_add_link(EngineObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"peer", "channel", "fd", "kind", "segment", "tx_offset", "rx_offset", "capacity",
+                             "device", "library", "reliable", "setup_timeout", NULL};
+    int peer, ch, reliable = 0;
+    const char *name = "tcp";
+    PyObject *segment = Py_None;
+    Py_ssize_t tx_off = 0, rx_off = 0, cap = 0;
+    double setup = 10.0;
+    fc_link_params p;
+    memset(&p, 0, sizeof p);
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iii|$sOnnnzzpd", kwlist, &peer, &ch, &p.fd, &name, &segment,
+                                     &tx_off, &rx_off, &cap, &p.device, &p.library, &reliable, &setup))
+        return NULL;
+    const fc_link_kind *kind = py_usable(self) ? kind_of(name) : NULL;
+    if (!kind)
+        return NULL;
+    if (!(setup >= 0 && setup <= 86400.0)) {
+        PyErr_SetString(PyExc_ValueError, "setup_timeout must be 0 to 86400 seconds");
+        return NULL;
+    }
+    p.reliable = reliable;
+    p.setup_ns = (int64_t)(setup * 1e9);
+    if (segment != Py_None && hold_segment(self, segment, tx_off, rx_off, cap, &p))
+        return NULL;
+    return open_link(self, peer, ch, kind, &p);
+}
