@@ -92,8 +92,8 @@ def _lost(name: str, peer: int, me: int, errno_: int, said: str) -> FastcollErro
         return PeerLostError(f"rank {peer} closed its connection (it exited or was killed)", peer)
     if name == "closed_mid":
         return PeerLostError(f"rank {peer} closed its connection mid-message", peer)
-    if name in ("conn", "broken"):
-        return PeerLostError(f"connection to rank {peer} failed: {OSError(errno_, os.strerror(errno_))}", peer)
+    if name in ("conn", "broken"):  # `said`: the link's own words, where it says more than an errno
+        return PeerLostError(f"connection to rank {peer} failed: {said or OSError(errno_, os.strerror(errno_))}", peer)
     if name == "finalized":
         return PeerLostError(f"rank {peer} called finalize() while rank {me} still needed it", peer)
     if name == "malformed":

@@ -26,6 +26,13 @@ void fc_err_text(fc_err *err, const void *text, size_t len)
     err->text_len = (uint32_t)len;
 }
 
+/* What the link said of its failure, where it says more than an errno (a frame lost on RDMA). */
+static void link_why(fc_err *err, const fc_link *l)
+{
+    if (l->why[0])
+        fc_err_text(err, l->why, strnlen(l->why, sizeof l->why));
+}
+
 int fc_engine_init(fc_engine *e, int rank, int size, int channels, fc_ns spin_ns, fc_ns yield_ns,
                    fc_ns long_wait_ns)
 {
@@ -162,6 +169,7 @@ int fc_engine_flush(fc_engine *e, fc_ns deadline, fc_err *err)
         if (e->chans[i].link.send_errno) {
             fc_err_set(err, FC_E_BROKEN, fc_chan_peer(e, &e->chans[i]));
             err->sys_errno = e->chans[i].link.send_errno;
+            link_why(err, &e->chans[i].link);
             return -1;
         }
     }
@@ -197,6 +205,7 @@ static void lost(fc_err *err, fc_link *l, int peer, int mid)
     if (l->recv_errno) {
         fc_err_set(err, FC_E_CONN, peer);
         err->sys_errno = l->recv_errno;
+        link_why(err, l);
     } else {
         fc_err_set(err, mid ? FC_E_CLOSED_MID : FC_E_CLOSED, peer);
     }
@@ -228,6 +237,7 @@ int fc_engine_next_header(fc_engine *e, int peer, int64_t chunk, fc_ns deadline,
     if (c->lost) {
         fc_err_set(err, c->lost, peer);
         err->sys_errno = c->lost_errno;
+        link_why(err, &c->link);
         return -1;
     }
     if (c->held) {

@@ -150,9 +150,10 @@ PyObject *py_gate_timings(EngineObject *self, PyObject *unused);
 PyObject *py_gate_submit(EngineObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *py_gate_submit_planned(EngineObject *self, PyObject *const *args, Py_ssize_t nargs);
 
-/* py_links.c: Engine.add_link (keywords; see there) and the module's link_kinds(). */
+/* py_links.c: Engine.add_link (keywords; see there), Engine.link_info and the module's link_kinds(). */
 PyObject *py_add_link(EngineObject *self, PyObject *args, PyObject *kw);
 PyObject *py_link_kinds(PyObject *module, PyObject *unused);
+PyObject *py_link_info(EngineObject *self, PyObject *args);
 
 /* Release the Python references of finished items (holds the GIL). */
 void py_reap(EngineObject *self);

@@ -243,6 +243,8 @@ static PyMethodDef engine_methods[] = {
     {"add_link", (PyCFunction)(void (*)(void))py_add_link, METH_VARARGS | METH_KEYWORDS,
      "add_link(peer, channel, fd, *, kind='tcp', segment=None, tx_offset=0, rx_offset=0, capacity=0, device=None, "
      "library=None, reliable=False, setup_timeout=10.0)"},
+    {"link_info", (PyCFunction)py_link_info, METH_VARARGS,
+     "link_info(peer, channel) -> (kind, detail): what carries that link (detail: e.g. 'mlx5_0, UC, MTU 1024')"},
     {"set_failure_handler", (PyCFunction)set_failure_handler, METH_O, "on_failure(task, work, info, waited)"},
     {"claim_if_idle", (PyCFunction)claim_if_idle, METH_NOARGS, "True: run the next call on this thread"},
     {"release", (PyCFunction)release, METH_NOARGS, "give back the run lock claim_if_idle took"},

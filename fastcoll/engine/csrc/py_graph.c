@@ -67,7 +67,7 @@ static void describe(const py_graph *g, const fc_err *e, char *out, size_t n)
         break;
     case FC_E_CONN:
     case FC_E_BROKEN:
-        snprintf(out, n, "PeerLostError: connection to %s failed: %s", who, strerror(e->sys_errno));
+        snprintf(out, n, "PeerLostError: connection to %s failed: %s", who, len ? e->text : strerror(e->sys_errno));
         break;
     case FC_E_FINALIZED:
         snprintf(out, n, "PeerLostError: %s called finalize() while this rank still needed it", who);

@@ -120,3 +120,25 @@ PyObject *py_add_link(EngineObject *self, PyObject *args, PyObject *kw)
         return NULL;
     return open_link(self, peer, ch, kind, &p);
 }
+
+/* link_info(peer, channel) -> (kind, detail): what carries the link to `peer` on `channel`, for
+ * transport_info() (detail: the kind's own words, e.g. "mlx5_0, UC, MTU 1024"; "" where its name
+ * says it all). */
+PyObject *py_link_info(EngineObject *self, PyObject *args)
+{
+    int peer, ch;
+    if (!PyArg_ParseTuple(args, "ii", &peer, &ch))
+        return NULL;
+    if (!self->ready || self->closed) {
+        PyErr_SetString(PyExc_RuntimeError, "the native engine is closed");
+        return NULL;
+    }
+    fc_engine *e = &self->engine;
+    if (peer < 0 || peer >= e->size || ch < 0 || ch >= e->channels || !e->chans[peer * e->channels + ch].open)
+        return PyErr_Format(PyExc_ValueError, "no link to rank %d on channel %d", peer, ch);
+    fc_link *l = &e->chans[peer * e->channels + ch].link;
+    char detail[FC_LINK_WHY] = "";
+    if (l->kind->describe)
+        l->kind->describe(l, detail, sizeof detail);
+    return Py_BuildValue("(ss)", l->kind->name, detail);
+}
