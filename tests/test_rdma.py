@@ -247,7 +247,7 @@ def test_transport_info_names_the_rdma_links(launch, fabric, reliable):
     assert_ok(results)
     mode = "RC" if reliable == "1" else "UC"
     for r, said in zip(results, rank_lines(results)):
-        assert said["INFO"] == f"rdma (verbs, {mode}, fcfab{r.rank}) on 2 of 2 connections; native engine", said
+        assert said["INFO"] == f"rdma (verbs: fcfab{r.rank}, {mode}, MTU 1024) on 2 of 2 connections; native engine", said
 
 
 def test_rdma_beside_shared_memory(launch, fabric):
@@ -257,7 +257,8 @@ def test_rdma_beside_shared_memory(launch, fabric):
                      per_rank_env=lambda r: {"FASTCOLL_RDMA_DEVICES": json.dumps(lists[r])}).wait(timeout=60)
     assert_ok(results)
     said = rank_lines(results)
-    assert said[0]["INFO"].startswith("tcp, shared memory on 1 of 2 connections, rdma (verbs, UC, fcfab0) on 1 of 2")
+    assert said[0]["INFO"] == ("tcp, shared memory on 1 of 2 connections, rdma (verbs: fcfab0, UC, MTU 1024) on 1 of 2 "
+                               "connections; native engine")
     assert said[2]["INFO"] == "tcp, shared memory on 2 of 2 connections; native engine"
 
 
@@ -347,7 +348,7 @@ def test_an_mlx_hostfile_runs_the_quick_start_example_over_rdma(fabric, tmp_path
     assert code == 0, out + err[-3000:]
     for r in range(3):
         assert f"rank {r}/3: all_reduce(sum) of 4 KiB float32 gave 6 everywhere" in out, out
-        assert re.search(rf"rank {r}/3: transport rdma \(verbs, UC, fcfab[01]\) on 2 of 2 connections; native engine",
+        assert re.search(rf"rank {r}/3: transport rdma \(verbs: fcfab[01], UC, MTU 1024\) on 2 of 2 connections; native",
                          out), out
 
 
@@ -358,7 +359,7 @@ def test_an_mlx_hostfile_runs_an_mx_distributed_program_unchanged(fabric, tmp_pa
     assert code == 0, out + err[-3000:]
     for r in range(2):
         assert f"plain rank {r} of 2: sum 3 via fastcoll.mlx_compat" in out, out
-        assert re.search(rf"rank {r} of 2 joined: rdma \(verbs, UC, fcfab[23]\) on 1 of 1 connections", err), err
+        assert re.search(rf"rank {r} of 2 joined: rdma \(verbs: fcfab[23], UC, MTU 1024\) on 1 of 1 connections", err), err
 
 
 def one_line_errors(out: str) -> set[str]:

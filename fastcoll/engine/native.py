@@ -248,8 +248,9 @@ class NativeEngine(Engine):
             tcp.close_links(links)
             raise
         kinds = [link.kind for ls in links.values() for link in ls]
-        devices = [link.device for ls in links.values() for link in ls if link.kind == "verbs"]
-        described = rdma.describe(kinds, devices, config.rdma_reliable)
+        details = [native.link_info(p, ch)[1] for p, ls in sorted(links.items()) for ch, link in enumerate(ls)
+                   if link.kind == "verbs"]  # the link's own words: its device, UC or RC, its MTU
+        described = rdma.describe(kinds, details)
         transport = NativeTransport(native, config.rank, config.world_size, config.timeout, described, connections)
         return cls(native, transport, config.timeout, min(config.result_cache_mb, 1 << 30) << 20)
 
@@ -400,6 +401,10 @@ class NativeEngine(Engine):
                 op.root, _bounds(op.bounds), _bounds(op.recv_bounds))
 
 
+# The longest a verbs link's set-up may wait for its peer (add_link's bound: a day).
+MAX_SETUP_SECONDS = 86400.0
+
+
 def _add_link(native: Any, config: Any, peer: int, channel: int, link: Any) -> None:
     """Give `link`'s connection to the native engine as a link of its kind; a verbs link that
     cannot be opened is a FastcollError naming the peer and why."""
@@ -409,14 +414,13 @@ def _add_link(native: Any, config: Any, peer: int, channel: int, link: Any) -> N
         options.update(segment=segment, tx_offset=tx, rx_offset=rx, capacity=capacity)
     elif link.kind == "verbs":
         options.update(device=link.device, library=config.verbs_lib, reliable=config.rdma_reliable,
-                       setup_timeout=config.timeout)
+                       setup_timeout=min(config.timeout, MAX_SETUP_SECONDS))
     try:
         native.add_link(peer, channel, link.sock.fileno(), **options)
     except RuntimeError as e:
         if link.kind != "verbs" or isinstance(e, FastcollError):
             raise
-        raise FastcollError(f"rank {config.rank} could not open its RDMA link to rank {peer} "
-                            f"(device {link.device}): {' '.join(str(e).split())}") from None
+        raise FastcollError(f"rank {config.rank} (device {link.device}): {' '.join(str(e).split())}") from None
     link.sock.detach()  # the fd is the engine's now
 
 

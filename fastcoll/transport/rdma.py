@@ -27,8 +27,6 @@ from fastcoll.errors import FastcollError, MismatchError
 
 # The platform's verbs library, loaded only when a job asks for rdma (never at import).
 DEFAULT_LIBRARY = "librdma.dylib" if sys.platform == "darwin" else "libibverbs.so.1"
-# Queue pairs: unreliable-connected by default (what Apple's stack offers), reliable on request.
-MODES = {False: "UC", True: "RC"}
 # The longest reason a rank may give at the rendezvous for not running RDMA (it is printed).
 MAX_PROBLEM = 500
 
@@ -216,11 +214,12 @@ def upgrade(links: dict[int, list[Any]], devices: dict[int, list[str]]) -> dict[
             for p, ls in links.items()}
 
 
-def describe(kinds: list[str], devices: list[str], reliable: bool) -> str:
-    """transport_info()'s words for a job's connections: 'rdma (verbs, UC, rdma_en3) on 3 of 3
-    connections', after 'tcp, shared memory on ...' where some are not RDMA."""
+def describe(kinds: list[str], details: list[str]) -> str:
+    """transport_info()'s words for a job's connections: 'rdma (verbs: rdma_en3, UC, MTU 1024) on
+    3 of 3 connections' (`details`: each verbs link's own description, the distinct ones listed),
+    after 'tcp, shared memory on ...' where some are not RDMA."""
     n, shm, verbs = len(kinds), kinds.count("shm"), kinds.count("verbs")
-    rdma = f"rdma (verbs, {MODES[reliable]}, {', '.join(sorted(set(devices)))}) on {verbs} of {n} connections"
+    rdma = f"rdma (verbs: {'; '.join(dict.fromkeys(details))}) on {verbs} of {n} connections"
     if verbs == n:
         return rdma
     words = ["tcp"] + ([f"shared memory on {shm} of {n} connections"] if shm else []) + ([rdma] if verbs else [])
