@@ -209,6 +209,8 @@ SLOW: dict[str, tuple[str, Callable[[dict], bool] | None]] = {
     "test_real_clients.py": ("real mlx-lm clients (its HTTP server, mlx.nn)", None),
     # Every fault still runs in the default run, on shm (the default transport).
     "test_faults.py": ("the fault matrix on tcp and zmq", lambda params: params.get("transport") in ("tcp", "zmq")),
+    # The short soak (300 collectives) still runs in the default run.
+    "test_rdma.py": ("the 10,000-collective soak over the RDMA test fabric", lambda params: params.get("ops") == 10_000),
 }
 # Fixtures that start an OpenSSH server: their tests are also marked `sshd`.
 SSHD_FIXTURES = ("sshd", "bed")

@@ -81,7 +81,7 @@ def _connect_rdma(config: Any, caps: dict[str, Any], deadline: float) -> tuple[E
     links, table = tcp.establish(config, {**caps, "native": True}, deadline)
     from fastcoll.engine.native import NativeEngine
 
-    return NativeEngine.over(config, links, len(table.same_host(config.rank))), table
+    return NativeEngine.over(config, links, len(table.same_host(config.rank)), deadline), table
 
 
 def _fall_back(why: str) -> None:

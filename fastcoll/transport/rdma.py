@@ -18,7 +18,7 @@ hang: the other ranks would otherwise wait in their link's setup for a peer that
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import errno
 import os
 import sys
 from typing import Any
@@ -59,8 +59,10 @@ def list_devices(library: str | None) -> list[str]:
     devices = get_list(ctypes.byref(count))
     if not devices:
         err = ctypes.get_errno()
+        # rdma-core answers ENOSYS where the kernel has no verbs support at all (no RDMA here).
+        hint = ": this kernel has no RDMA (verbs) support" if err == errno.ENOSYS else ""
         raise OSError(f"the verbs library {name} cannot list RDMA devices"
-                      + (f" ({os.strerror(err)})" if err else ""))
+                      + (f" ({os.strerror(err)}){hint}" if err else ""))
     try:
         # Bounded: a library may report any count; 4096 devices is beyond any host.
         return [get_name(devices[i]).decode("utf-8", "replace") for i in range(min(max(count.value, 0), 4096))
