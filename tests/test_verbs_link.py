@@ -166,6 +166,9 @@ def test_every_collective_is_exact(fabric, fabdir, size, reliable):
         assert f"rank {r.rank}: " in r.out and "checks passed" in r.out, r.out
         links = json.loads(r.out.split("LINKS ", 1)[1].splitlines()[0])
         assert links == [["verbs", f"fcfab{r.rank}, {kind}, MTU 1024"]] * (size - 1), links
+        # A bell that wakes a peer asleep in poll() must not wait behind the last one's
+        # acknowledgement (Nagle's rule): a missing TCP_NODELAY cost a nap (1 ms) a sleeping wait.
+        assert json.loads(r.out.split("NODELAY ", 1)[1].splitlines()[0]) == [1] * (size - 1), r.out
     assert leaks(report) == [], "registrations left open"
 
 
@@ -204,6 +207,25 @@ def test_a_missing_device_is_one_line_naming_those_there_are(fabric, fabdir):
     for r in results:
         assert error_line(r) == (f"ERROR RuntimeError the verbs link to rank {1 - r.rank} could not open: no RDMA "
                                  f"device 'mlx5_9' (the verbs library {fabric} has fcfab0, fcfab1, fcfab2, fcfab3)")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the platform's library is libibverbs.so.1 on Linux")
+def test_without_a_library_named_the_platforms_is_loaded(fabric, fabdir):
+    """FASTCOLL_VERBS_LIB unset: rdma-core's libibverbs.so.1, whatever this machine has of it (no
+    library, no device: one line either way)."""
+    env = {k: v for k, v in jobless_env().items() if k != "FASTCOLL_VERBS_LIB"}
+    env.update(FCFAB_DIR=fabdir, VERBS_DEVICE="fastcoll-no-such-device")
+    job = start(2, "open", env)
+    try:
+        results = job.wait(60)
+    finally:
+        job.kill()
+    for r in results:
+        line = error_line(r)
+        assert line.startswith(f"ERROR RuntimeError the verbs link to rank {1 - r.rank} could not open: "), line
+        assert any(said in line for said in (
+            "could not load the verbs library libibverbs.so.1 (", "the verbs library libibverbs.so.1 lists no RDMA "
+            "device (", "no RDMA device 'fastcoll-no-such-device' (the verbs library libibverbs.so.1 has ")), line
 
 
 def test_both_sides_must_ask_for_the_same_queue_pairs(fabric, fabdir):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -121,9 +122,14 @@ def collectives() -> None:
         point_to_point(g, n)
     fastcoll.barrier(group=g)
     info = [native.link_info(p, 0) for p in sorted(FDS)]
+    nodelay = []
+    for fd in FDS.values():  # (the engine's sockets: asked through a duplicate)
+        with socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM) as s:
+            nodelay.append(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
     g.finalize()
     print(f"rank {RANK}: {count} checks passed")
     print("LINKS", json.dumps(info), flush=True)
+    print("NODELAY", json.dumps(nodelay), flush=True)
 
 
 def fault() -> None:

@@ -1,11 +1,14 @@
 /* The verbs link: an ordered, reliable byte stream over RDMA messages (fc_verbs.h says how), with
- * the TCP socket kept beside it for the job's life. Nothing that arrives over verbs can wake a
- * thread asleep in poll(), so a wait on this link naps 1 ms at most; the socket carries the
- * credits that could not go as frames and, when the peer exits, the end of the stream, which is
- * how its death is seen: an unreliable connection reports nothing when its peer dies. */
+ * the TCP socket kept beside it for the job's life. It carries the credits that could not go as
+ * messages, the bells that wake a side asleep in poll() (which nothing arriving over verbs can
+ * do: a wait on this link naps 1 ms at most where no bell comes), and, when the peer exits, the
+ * end of the stream, which is how its death is seen: an unreliable connection reports nothing
+ * when its peer dies. */
 #include "fc_verbs.h"
 
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +49,8 @@ static int connect_peer(fc_link *l, fc_ns deadline, double secs, char *why, size
 
 static int verbs_open(fc_link *l, const fc_link_params *p, char *why, size_t why_len)
 {
+    int one = 1; /* a bell must leave at once, not wait behind the last one's acknowledgement (Nagle) */
+    (void)setsockopt(l->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* (not TCP: nothing to do) */
     const fc_verbs_lib *lib = fc_verbs_load(p->library, why, why_len);
     if (!lib)
         return -1;
@@ -172,6 +177,10 @@ static int verbs_may_sleep(fc_link *l)
 {
     fc_verbs_drain(l);
     fc_verbs_settle(l);
+    if (st(l)->avail || l->recv_errno)
+        return 0;
+    fc_verbs_announce_sleep(l);
+    fc_verbs_drain(l); /* (what came before the notice reached the peer rings no bell) */
     return st(l)->avail == 0 && !l->recv_errno;
 }
 
@@ -188,7 +197,10 @@ static int verbs_wait_room(fc_link *l)
         return 0;
     if (fc_verbs_read_socket(l) < 0)
         return 0; /* the peer is gone: the next push says so */
-    return !can_send(st(l));
+    if (can_send(st(l)))
+        return 0;
+    fc_verbs_announce_sleep(l); /* (the credits that come back ring) */
+    return 1;
 }
 
 static size_t verbs_in_flight(fc_link *l)
@@ -218,8 +230,8 @@ const fc_link_kind fc_link_verbs = {
     .take = verbs_take,
     .may_sleep = verbs_may_sleep,
     .wait_room = verbs_wait_room,
-    .room_event = POLLIN, /* credits that could not go as frames, and the end of the stream */
-    .nap_ms = 1,          /* arrivals over verbs cannot wake poll(): look again this often */
+    .room_event = POLLIN, /* bells, credits that could not go as messages, the end of the stream */
+    .nap_ms = 1,          /* an arrival whose bell did not come (a notice that crossed it) */
     .in_flight = verbs_in_flight,
     .describe = verbs_describe,
 };

@@ -2,14 +2,20 @@
  *
  * One queue pair per link, unreliable-connected as Apple's RDMA over Thunderbolt offers it (or
  * reliable-connected where asked), carrying the link's byte stream in messages of at most one
- * slot each. Every message starts with a link header: its frame number, its length and the
- * credits it returns. A receive is posted ahead for every slot; a side sends only while it holds
- * a credit for one of the peer's posted receives (an unreliable connection drops a message that
- * finds none, silently), and the peer returns each credit once the engine has taken the slot's
+ * slot each. Every message starts with a link header: its frame number, its length, the
+ * credits it returns, and how many of the peer's frames its sender has had. A receive is posted
+ * ahead for every slot; a side sends only while it holds a credit for one of the peer's posted
+ * receives (an unreliable connection drops a message that finds none, silently), and the peer
+ * returns each credit once the engine has taken the slot's
  * bytes and the slot is posted again: in the header of its next message, in a credit-only
  * message (length 0) when many are owed, or, where no message can go now, over the TCP socket
  * (fc_verbs_credit.c says why that path must exist). A frame number out of order is a lost or a
  * doubled frame: the stream fails with a reason, never with wrong data.
+ *
+ * Nothing that arrives over verbs wakes a thread asleep in poll(): a side about to sleep says so
+ * in a credit-only message's flags, with the frames it has had, and the other side rings the
+ * socket once: at once if it had sent more than that, else when it next sends. A side that could
+ * not say so (no credit) wakes within the link's nap (1 ms) instead.
  */
 #ifndef FC_VERBS_H
 #define FC_VERBS_H
@@ -26,8 +32,8 @@
 #define FC_VERBS_CTL 16             /* small buffers for credit-only messages */
 #define FC_VERBS_CTL_BYTES 64
 #define FC_VERBS_SLOT_BYTES 65536   /* one message, link header included */
-#define FC_VERBS_HEAD 16            /* the link header: frame, length, credits, magic */
-#define FC_VERBS_MAGIC 0x42564346u  /* "FCVB" */
+#define FC_VERBS_HEAD 16            /* the link header: frame, length, credits, flags, frames had */
+#define FC_VERBS_ASLEEP 1u          /* a header's flag: its sender sleeps in poll(); ring its socket */
 #define FC_VERBS_PORT 1
 
 /* The bounds a peer's setup message must keep (fc_verbs_setup.c). */
@@ -81,6 +87,8 @@ typedef struct fc_verbs {
     uint32_t peer_slots, max_payload, credits, seq;
     uint64_t tx_posted, tx_done, cx_posted, cx_done;
     uint32_t tx_len[FC_VERBS_TX_SLOTS];
+    int peer_asleep; /* the peer said it sleeps: ring its socket with the next message */
+    int announced;   /* this side said it sleeps, and nothing has come since */
     /* the socket: credits that came over it (8-byte messages), and what waits to go there */
     uint8_t sock_in[8];
     uint32_t sock_in_len;
@@ -109,6 +117,7 @@ int fc_verbs_ready(int fd, fc_ns deadline, double secs, char *why, size_t why_le
 int fc_verbs_drain(fc_link *l);             /* data slots that arrived, or -1 (the link failed) */
 void fc_verbs_repost(fc_link *l, uint32_t slot); /* a slot taken: post it again, its credit owed */
 void fc_verbs_settle(fc_link *l);           /* return what credits are due */
+void fc_verbs_announce_sleep(fc_link *l);   /* about to sleep in poll(): ask the peer to ring */
 int fc_verbs_read_socket(fc_link *l);       /* credits and the end of the stream: 0, or -1 */
 int fc_verbs_send_data(fc_link *l);         /* 1 if bytes went out, 0 none could, -1 failed */
 void fc_verbs_fail(fc_link *l, int send, int code, const char *fmt, ...)

@@ -27,7 +27,8 @@
 #define POLL_BATCH 16
 #define SOCK_MSG 8
 
-static const uint8_t SOCK_MAGIC[4] = {'F', 'C', 'V', 'C'};
+static const uint8_t CREDIT_MAGIC[4] = {'F', 'C', 'V', 'C'}; /* the socket's messages: credits */
+static const uint8_t BELL_MAGIC[4] = {'F', 'C', 'V', 'W'};   /* ... and a wake-up */
 
 static inline fc_verbs *st(fc_link *l)
 {
@@ -83,44 +84,92 @@ void fc_verbs_repost(fc_link *l, uint32_t slot)
         st(l)->owed++;
 }
 
+/* Write what waits to go over the socket, as much as it takes now (a failure is the peer gone,
+ * which the reads find). */
+static void flush_socket(fc_link *l)
+{
+    fc_verbs *v = st(l);
+    if (!v->sock_out_len)
+        return;
+    ssize_t k = send(l->fd, v->sock_out, v->sock_out_len, SEND_FLAGS);
+    if (k <= 0)
+        return;
+    memmove(v->sock_out, v->sock_out + k, v->sock_out_len - (size_t)k);
+    v->sock_out_len -= (uint32_t)k;
+}
+
+/* Queue one 8-byte message for the socket and write what it takes. 0, or -1 where eight wait
+ * unread already (the peer reads them when it needs them). */
+static int say_on_socket(fc_link *l, const uint8_t magic[4], uint32_t value)
+{
+    fc_verbs *v = st(l);
+    if (v->sock_out_len + SOCK_MSG > sizeof v->sock_out)
+        return -1;
+    memcpy(v->sock_out + v->sock_out_len, magic, 4);
+    fc_put32(v->sock_out + v->sock_out_len + 4, value);
+    v->sock_out_len += SOCK_MSG;
+    flush_socket(l);
+    return 0;
+}
+
+typedef struct frame_head {
+    uint32_t seq, len, credits, flags, ack;
+} frame_head;
+
+/* The link header at h of a message of `bytes`, checked. 0, or -1 (the link failed, saying how). */
+static int check_head(fc_link *l, const uint8_t *h, uint32_t bytes, frame_head *f)
+{
+    fc_verbs *v = st(l);
+    f->seq = fc_get32(h), f->len = fc_get32(h + 4), f->ack = fc_get32(h + 12);
+    f->credits = h[8] | (uint32_t)h[9] << 8, f->flags = h[10] | (uint32_t)h[11] << 8;
+    if (f->len != bytes - FC_VERBS_HEAD || (f->flags & ~FC_VERBS_ASLEEP) || (int32_t)(v->seq - f->ack) < 0) {
+        fc_verbs_fail(l, 0, EPROTO, "a malformed frame came on the RDMA link (%s): frame %u of %u bytes", conn_of(v),
+                      f->seq, bytes);
+        return -1;
+    }
+    if (f->seq != v->expect) {
+        int lost = (int32_t)(f->seq - v->expect) > 0;
+        fc_verbs_fail(l, 0, EPROTO, "a frame %s on the RDMA link (%s): frame %u expected, %u came%s",
+                      lost ? "was lost" : "came twice", conn_of(v), v->expect, f->seq, lost ? "" : " again");
+        return -1;
+    }
+    if (f->credits > v->peer_slots - v->credits) {
+        fc_verbs_fail(l, 0, EPROTO, "the peer returned %u credits on the RDMA link, more than the %u it lacked",
+                      f->credits, v->peer_slots - v->credits);
+        return -1;
+    }
+    return 0;
+}
+
 /* Check the frame that landed in `slot` and add it to the stream. 1: data came; 0: a
  * credit-only frame; -1: it broke the link's protocol (the link failed, saying how). */
 static int frame_in(fc_link *l, uint32_t slot, uint32_t bytes)
 {
     fc_verbs *v = st(l);
+    frame_head f;
     if (slot >= FC_VERBS_RX_SLOTS || bytes < FC_VERBS_HEAD || bytes > FC_VERBS_SLOT_BYTES) {
         fc_verbs_fail(l, 0, EPROTO, "a frame of %u bytes came on the RDMA link (%s), outside %d..%d", bytes,
                       conn_of(v), FC_VERBS_HEAD, FC_VERBS_SLOT_BYTES);
         return -1;
     }
-    const uint8_t *h = v->q.rx_mem + (size_t)slot * FC_VERBS_SLOT_BYTES;
-    uint32_t seq = fc_get32(h), len = fc_get32(h + 4), credits = fc_get32(h + 8);
-    if (fc_get32(h + 12) != FC_VERBS_MAGIC || len != bytes - FC_VERBS_HEAD) {
-        fc_verbs_fail(l, 0, EPROTO, "a malformed frame came on the RDMA link (%s): %u bytes, its header says %u",
-                      conn_of(v), bytes, len + FC_VERBS_HEAD);
+    if (check_head(l, v->q.rx_mem + (size_t)slot * FC_VERBS_SLOT_BYTES, bytes, &f))
         return -1;
-    }
-    if (seq != v->expect) {
-        int lost = (int32_t)(seq - v->expect) > 0;
-        fc_verbs_fail(l, 0, EPROTO, "a frame %s on the RDMA link (%s): frame %u expected, %u came%s",
-                      lost ? "was lost" : "came twice", conn_of(v), v->expect, seq, lost ? "" : " again");
-        return -1;
-    }
-    if (credits > v->peer_slots - v->credits) {
-        fc_verbs_fail(l, 0, EPROTO, "the peer returned %u credits on the RDMA link, more than the %u it lacked",
-                      credits, v->peer_slots - v->credits);
-        return -1;
-    }
     v->expect++;
-    v->credits += credits;
-    if (len == 0) { /* credit-only: its slot goes back at once */
+    v->credits += f.credits;
+    v->announced = 0; /* (the peer has sent since: it rings no more until told again) */
+    if (f.flags & FC_VERBS_ASLEEP) {
+        /* It fell asleep before frames of this side reached it: they wait unseen, so ring now. */
+        if (f.ack == v->seq || say_on_socket(l, BELL_MAGIC, 0) != 0)
+            v->peer_asleep = 1; /* (ring with the next message) */
+    }
+    if (f.len == 0) { /* credit-only: its slot goes back at once */
         fc_verbs_repost(l, slot);
         return 0;
     }
     v->arrived[(v->first + v->count) % FC_VERBS_RX_SLOTS] = slot;
-    v->arrived_len[slot] = len;
+    v->arrived_len[slot] = f.len;
     v->count++;
-    v->avail += len;
+    v->avail += f.len;
     return 1;
 }
 
@@ -162,12 +211,14 @@ int fc_verbs_drain(fc_link *l)
     return l->recv_errno ? -1 : arrived;
 }
 
-static void header(uint8_t *buf, uint32_t seq, uint32_t len, uint32_t credits)
+/* The link header: frame number, length, credits returned and flags, and the frames of the peer
+ * this side has received (what a notice of sleep is checked against). */
+static void header(fc_verbs *v, uint8_t *buf, uint32_t len, uint32_t flags)
 {
-    fc_put32(buf, seq);
+    fc_put32(buf, v->seq);
     fc_put32(buf + 4, len);
-    fc_put32(buf + 8, credits);
-    fc_put32(buf + 12, FC_VERBS_MAGIC);
+    fc_put32(buf + 8, (v->owed & 0xffffu) | flags << 16); /* (owed <= FC_VERBS_RX_SLOTS) */
+    fc_put32(buf + 12, v->expect);
 }
 
 /* Copy up to `room` bytes from the front of the send queue to dst (they are not taken yet). */
@@ -193,6 +244,18 @@ static uint32_t gather(fc_link *l, uint8_t *dst, uint32_t room)
     return n;
 }
 
+/* A message went out: if the peer said it sleeps, wake it (once; it says so again next time).
+ * The completions are taken first: a peer that fell asleep after looking for this message posted
+ * its notice before, so it is seen here (as in the rings' sleep flags, one of the two sides sees
+ * the other: the sleeper looks once more after its notice). */
+static void sent_one(fc_link *l)
+{
+    fc_verbs *v = st(l);
+    fc_verbs_drain(l);
+    if (v->peer_asleep && say_on_socket(l, BELL_MAGIC, 0) == 0)
+        v->peer_asleep = 0;
+}
+
 int fc_verbs_send_data(fc_link *l)
 {
     fc_verbs *v = st(l);
@@ -203,7 +266,7 @@ int fc_verbs_send_data(fc_link *l)
         uint32_t n = gather(l, buf + FC_VERBS_HEAD, v->max_payload);
         if (!n)
             break;
-        header(buf, v->seq, n, v->owed);
+        header(v, buf, n, 0);
         int rc = fc_verbs_post_send(&v->q, buf, FC_VERBS_HEAD + n, (uint64_t)FC_WR_SEND << 32 | idx);
         if (rc) {
             fc_verbs_fail(l, 1, EIO, "posting a send on the RDMA link failed (error %d)", rc);
@@ -215,36 +278,29 @@ int fc_verbs_send_data(fc_link *l)
         fc_link_written(l, n);
         sent = 1;
     }
+    if (sent)
+        sent_one(l);
     return sent;
 }
 
-/* Write what waits to go over the socket, as much as it takes now (a failure is the peer gone,
- * which the reads find). */
-static void flush_socket(fc_link *l)
+/* A credit-only message (with `flags`), if one can go now: 1 sent, 0 not. */
+static int send_credit_frame(fc_link *l, uint32_t flags)
 {
     fc_verbs *v = st(l);
-    if (!v->sock_out_len)
-        return;
-    ssize_t k = send(l->fd, v->sock_out, v->sock_out_len, SEND_FLAGS);
-    if (k <= 0)
-        return;
-    memmove(v->sock_out, v->sock_out + k, v->sock_out_len - (size_t)k);
-    v->sock_out_len -= (uint32_t)k;
-}
-
-static void send_credit_frame(fc_link *l)
-{
-    fc_verbs *v = st(l);
+    if (v->credits < 1 || v->cx_posted - v->cx_done >= FC_VERBS_CTL || l->send_errno)
+        return 0;
     uint32_t idx = (uint32_t)(v->cx_posted % FC_VERBS_CTL);
     uint8_t *buf = v->q.tx_mem + (size_t)FC_VERBS_TX_SLOTS * FC_VERBS_SLOT_BYTES + (size_t)idx * FC_VERBS_CTL_BYTES;
-    header(buf, v->seq, 0, v->owed);
+    header(v, buf, 0, flags);
     int rc = fc_verbs_post_send(&v->q, buf, FC_VERBS_HEAD, (uint64_t)FC_WR_CTL << 32 | idx);
     if (rc) {
         fc_verbs_fail(l, 1, EIO, "posting a send on the RDMA link failed (error %d)", rc);
-        return;
+        return 0;
     }
     v->seq++, v->credits--, v->owed = 0;
     v->cx_posted++;
+    sent_one(l);
+    return 1;
 }
 
 void fc_verbs_settle(fc_link *l)
@@ -256,21 +312,19 @@ void fc_verbs_settle(fc_link *l)
     int starving = v->count + v->owed + 2 > FC_VERBS_RX_SLOTS; /* the peer may hold fewer than 2 */
     if (!starving && v->owed < FC_VERBS_RX_SLOTS / 2)
         return; /* they go with the next frame */
-    if (v->credits >= 1 && v->cx_posted - v->cx_done < FC_VERBS_CTL) {
-        send_credit_frame(l);
-        return;
-    }
-    if (v->sock_out_len + SOCK_MSG > sizeof v->sock_out)
-        return; /* (the socket holds eight unread already: the peer reads them when it needs them) */
-    uint8_t *m = v->sock_out + v->sock_out_len;
-    memcpy(m, SOCK_MAGIC, 4);
-    fc_put32(m + 4, v->owed);
-    v->sock_out_len += SOCK_MSG;
-    v->owed = 0;
-    flush_socket(l);
+    if (!send_credit_frame(l, 0) && say_on_socket(l, CREDIT_MAGIC, v->owed) == 0)
+        v->owed = 0;
 }
 
-/* Bytes read from the socket: whole credit messages are counted. 0, or -1 (the link failed). */
+void fc_verbs_announce_sleep(fc_link *l)
+{
+    fc_verbs *v = st(l);
+    if (!v->announced && send_credit_frame(l, FC_VERBS_ASLEEP))
+        v->announced = 1;
+}
+
+/* Bytes read from the socket: whole messages are taken (credits counted, bells only woke this
+ * side). 0, or -1 (the link failed). */
 static int socket_bytes(fc_link *l, const uint8_t *p, size_t n)
 {
     fc_verbs *v = st(l);
@@ -280,8 +334,10 @@ static int socket_bytes(fc_link *l, const uint8_t *p, size_t n)
             continue;
         v->sock_in_len = 0;
         uint32_t c = fc_get32(v->sock_in + 4);
-        if (memcmp(v->sock_in, SOCK_MAGIC, 4) != 0 || c > v->peer_slots - v->credits) {
-            fc_verbs_fail(l, 0, EPROTO, "the peer sent something other than credits on the RDMA link's socket");
+        int bell = memcmp(v->sock_in, BELL_MAGIC, 4) == 0 && c == 0;
+        if (!bell && (memcmp(v->sock_in, CREDIT_MAGIC, 4) != 0 || c > v->peer_slots - v->credits)) {
+            fc_verbs_fail(l, 0, EPROTO, "the peer sent something other than credits or a bell on the RDMA link's "
+                          "socket");
             return -1;
         }
         v->credits += c;

@@ -38,8 +38,8 @@ static int open_device(fc_verbs_qp *q, const char *name, char *why, size_t why_l
     int n = 0;
     struct ibv_device **list = lib->get_device_list(&n);
     if (!list) {
-        snprintf(why, why_len, "the verbs library %s lists no RDMA device (errno %d: is RDMA enabled?)", lib->path,
-                 errno);
+        snprintf(why, why_len, "the verbs library %s lists no RDMA device (%s: is RDMA enabled on this machine?)",
+                 lib->path, strerror(errno));
         return -1;
     }
     struct ibv_device *dev = NULL;
