@@ -171,6 +171,16 @@ def test_the_users_own_settings_win_over_the_hostfile():
     assert all("FASTCOLL_RDMA_DEVICES" not in r and "FASTCOLL_TRANSPORT" not in r for r in planned(no_devices))
 
 
+def test_the_launcher_refuses_bad_rdma_devices_in_one_line(tmp_path):
+    # As every bad FASTCOLL_* value: init()'s own words, before any rank starts (exit code 2).
+    code, out, err = run_session([sys.executable, "-m", "fastcoll.launch", "-n", "2", "--env", "FASTCOLL_TRANSPORT=rdma",
+                                  "--env", 'FASTCOLL_RDMA_DEVICES=[null, "rdma en3"]', sys.executable, "-c", "pass"],
+                                 jobless_env(), 60, cwd=str(tmp_path))
+    assert code == 2 and out == "", out + err
+    assert err == ('fastcoll-launch: FASTCOLL_RDMA_DEVICES: entry 1 must be null, a device name or a list of device '
+                   'names (letters, digits, _ . : -), not "rdma en3"\n'), err
+
+
 def test_the_check_pairs_every_cable_of_the_lists():
     hosts = parse_hostfile_text(json.dumps(JACCL)).hosts
     pairs = [(p.a.name, p.b.name, p.device_a, p.device_b) for p in rdma_pairs(hosts)]
