@@ -69,8 +69,8 @@ def rank_env(rank: int, size: int, port: int, transport: str = "shm", token: str
     env = dict(os.environ)
     if transport == "shm" and TEST_TRANSPORT == "rdma" and extra.get("FASTCOLL_NATIVE", env.get("FASTCOLL_NATIVE")) != "0":
         transport = "rdma"
-    if transport == "rdma":
-        env["FASTCOLL_VERBS_LIB"] = fabric_library()
+    if transport == "rdma":  # (only the native engine has verbs links, whatever the environment asks)
+        env.update(FASTCOLL_VERBS_LIB=fabric_library(), FASTCOLL_NATIVE="1")
     env.update(
         FASTCOLL_RANK=str(rank),
         FASTCOLL_WORLD_SIZE=str(size),

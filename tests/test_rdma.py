@@ -24,6 +24,8 @@ import sys
 import pytest
 
 from conftest import PROGS, ROOT, assert_ok, fabric_library, fabric_missing, jobless_env, run_session
+from engines import native_missing
+from fastcoll.engine import link_kinds
 from fastcoll.config import Config
 from fastcoll.errors import FastcollError, MismatchError
 from fastcoll.launch.check import rdma_pairs
@@ -208,7 +210,7 @@ def test_the_python_engine_refuses_rdma_on_every_rank(launch, request, python_ra
     # looked for); rank 0 on the native engine uses the fabric's.
     lib = {"FASTCOLL_VERBS_LIB": request.getfixturevalue("fabric")} if len(python_ranks) < 2 else {}
     job = launch(2, "rdma_worker.py", "info", transport="tcp", FASTCOLL_TRANSPORT="rdma", timeout="20", **lib,
-                 per_rank_env=lambda r: {"FASTCOLL_NATIVE": "0"} if r in python_ranks else {})
+                 per_rank_env=lambda r: {"FASTCOLL_NATIVE": "0" if r in python_ranks else "1"})
     results = job.wait(timeout=60)
     for r, said in zip(results, rank_lines(results)):
         assert r.code == 3 and said.get("ERROR", "").startswith("FastcollError"), r.out + r.err
@@ -225,7 +227,9 @@ def test_the_python_engine_refuses_rdma_on_every_rank(launch, request, python_ra
 def fabric() -> str:
     """The test fabric's library, built once; the tests that need it skip, saying why, where it
     cannot be built."""
-    why = fabric_missing()
+    why = fabric_missing() or native_missing()
+    if why is None and "verbs" not in link_kinds():
+        why = "the native engine was built without the verbs link (no <infiniband/verbs.h> where it was compiled)"
     if why is not None:
         pytest.skip(why)
     return fabric_library()
