@@ -92,6 +92,7 @@ typedef struct fc_verbs {
     /* the socket: credits that came over it (8-byte messages), and what waits to go there */
     uint8_t sock_in[8];
     uint32_t sock_in_len;
+    uint64_t sock_credits;    /* credit messages that came over the socket (for tests) */
     uint8_t sock_out[64];
     uint32_t sock_out_len;
     char detail[128];

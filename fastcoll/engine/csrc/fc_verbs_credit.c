@@ -4,7 +4,8 @@
  * Credits. A side sends a data frame only while it holds two credits or more, keeping the last
  * for a credit-only frame, so that two sides that each owe the other can always say so. The
  * receiver returns credits in every frame it sends, and in a credit-only frame once half its
- * slots are owed, or at once when the peer may be down to fewer than two. When no frame can go
+ * slots are owed, or an eighth once the engine has taken everything that came, or at once when
+ * the peer may be down to fewer than two. When no frame can go
  * (no credit left, or every small buffer still in flight) the credits go over the TCP socket:
  * credits must go back as soon as the engine takes the bytes, whatever the engine does next,
  * as a TCP receive window reopens without the reader's help; otherwise a rank that took a
@@ -310,7 +311,10 @@ void fc_verbs_settle(fc_link *l)
     if (!v->owed || l->send_errno)
         return;
     int starving = v->count + v->owed + 2 > FC_VERBS_RX_SLOTS; /* the peer may hold fewer than 2 */
-    if (!starving && v->owed < FC_VERBS_RX_SLOTS / 2)
+    /* Everything taken: the engine may make no call here for long, so the peer's window is left
+     * short by no more than an eighth (a few credits still go with the next frame). */
+    int idle = v->count == 0 && v->owed >= FC_VERBS_RX_SLOTS / 8;
+    if (!starving && !idle && v->owed < FC_VERBS_RX_SLOTS / 2)
         return; /* they go with the next frame */
     if (!send_credit_frame(l, 0) && say_on_socket(l, CREDIT_MAGIC, v->owed) == 0)
         v->owed = 0;
@@ -341,6 +345,7 @@ static int socket_bytes(fc_link *l, const uint8_t *p, size_t n)
             return -1;
         }
         v->credits += c;
+        v->sock_credits += !bell;
     }
     return 0;
 }
