@@ -148,6 +148,13 @@ class Config:
     job: str = ""
     log: str | None = None  # FASTCOLL_LOG: the `fastcoll` logger's level, if set
     host: str = ""  # FASTCOLL_HOST: this rank's host as fastcoll-launch names it ("": the host's own name)
+    # FASTCOLL_TRANSPORT=rdma (fastcoll/transport/rdma.py): the verbs library to load (None: the
+    # platform's), this rank's devices toward each rank (FASTCOLL_RDMA_DEVICES: per rank None, or
+    # the device names, one per cable; None for the whole: every peer over the library's first
+    # device), and reliable-connected queue pairs instead of unreliable ones.
+    verbs_lib: str | None = None
+    rdma_devices: tuple[tuple[str, ...] | None, ...] | None = None
+    rdma_reliable: bool = False
     # Tuning (FASTCOLL_TUNING="name=value,..."): the algorithm choice and the transports' waits.
     direct_max_bytes: int = DEFAULT_DIRECT_MAX_BYTES
     direct_max_bytes_two_ranks: int = DEFAULT_DIRECT_MAX_BYTES_TWO_RANKS
@@ -195,6 +202,7 @@ class Config:
         interface = env.get("FASTCOLL_INTERFACE", "").strip() or None
         addresses = split_interfaces(interface)
         tuning = _tuning(env.get("FASTCOLL_TUNING", ""))
+        rdma = _rdma(env, rank, size) if kind == "rdma" else {}
         return cls(
             rank=rank,
             world_size=size,
@@ -221,6 +229,7 @@ class Config:
             job=job_identity(env, launcher),
             log=log,
             host=_host_name(env),
+            **rdma,
             **tuning,
             tuned=frozenset(tuning),
         )
@@ -274,6 +283,51 @@ def for_host(config: Config, cpus_per_rank: float) -> Config:
 def _with_waits(config: Config, waits: dict) -> Config:
     """`config` with `waits`, but for the knobs FASTCOLL_TUNING set."""
     return dataclasses.replace(config, **{k: v for k, v in waits.items() if k not in config.tuned})
+
+
+# An RDMA device's name as the verbs library lists it (rdma_en3, mlx5_0, rxe0): at most
+# IBV_SYSFS_NAME_MAX (64) bytes, with none of the characters that would make a line unreadable.
+_DEVICE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
+def _rdma(env: Mapping[str, str], rank: int, size: int) -> dict:
+    """The FASTCOLL_TRANSPORT=rdma settings: FASTCOLL_VERBS_LIB, FASTCOLL_RDMA_DEVICES and
+    FASTCOLL_RDMA_RELIABLE, as Config fields (read only under rdma: elsewhere they mean nothing)."""
+    lib = env.get("FASTCOLL_VERBS_LIB", "")
+    if lib and (lib != lib.strip() or "\0" in lib):
+        raise ValueError(f"FASTCOLL_VERBS_LIB must be a library's path or name, not {lib!r}")
+    text = env.get("FASTCOLL_RDMA_DEVICES", "").strip()
+    return {"verbs_lib": lib or None,
+            "rdma_devices": parse_rdma_devices(text, rank, size) if text else None,
+            "rdma_reliable": _flag(env, "FASTCOLL_RDMA_RELIABLE")}
+
+
+def parse_rdma_devices(text: str, rank: int, size: int, what: str = "FASTCOLL_RDMA_DEVICES",
+                       unit: str = "rank") -> tuple[tuple[str, ...] | None, ...]:
+    """'[null, "rdma_en3", ["rdma_en4", "rdma_en5"]]' for rank 0 of 3 -> (None, ("rdma_en3",),
+    ("rdma_en4", "rdma_en5")): one entry per rank, as MLX's hostfile `rdma` lists them: null
+    (this rank itself, or a peer reached over TCP or shared memory), a device name, or a list of
+    names (one per cable: connection k to that peer uses name k modulo their number)."""
+    try:
+        entries = json.loads(text)
+    except ValueError:
+        raise ValueError(f"{what} must be a JSON list such as [null, \"rdma_en3\"], not {text!r}") from None
+    if not isinstance(entries, list) or len(entries) != size:
+        raise ValueError(f"{what} must be a JSON list with one entry per {unit} ({size}), not {text!r}")
+    out = []
+    for i, entry in enumerate(entries):
+        names = [entry] if isinstance(entry, str) else entry
+        if entry is None:
+            out.append(None)
+        elif not isinstance(names, list) or not names or not all(
+                isinstance(n, str) and _DEVICE_NAME.fullmatch(n) for n in names):
+            raise ValueError(f"{what}: entry {i} must be null, a device name or a list of device names "
+                             f"(letters, digits, _ . : -), not {json.dumps(entry)}")
+        elif i == rank:
+            raise ValueError(f"{what}: entry {i} is this {unit} itself and must be null, not {json.dumps(entry)}")
+        else:
+            out.append(tuple(names))
+    return tuple(out)
 
 
 def _tuning(text: str) -> dict:

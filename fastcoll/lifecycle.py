@@ -84,6 +84,7 @@ def _connect(config: Config, gate: Any) -> Group:
     hosts = [str(c.get("name") or str(c.get("host", "")).partition("/")[0])[:MAX_HOST_NAME] for c in table.caps]
     mine = table.caps[config.rank].get("host")
     processes = [c.get("process") if c.get("host") == mine else None for c in table.caps]
+    log.info("rank %d of %d joined: %s", config.rank, config.world_size, eng.describe())
     group = Group(config, eng, gate, hosts, processes)
     if gate is not None:
         try:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,11 +27,50 @@ def free_port() -> int:
     return agent.free_port("127.0.0.1")
 
 
+# FASTCOLL_TEST_TRANSPORT=rdma runs the suites' default jobs ("shm" below) over verbs links on the
+# test fabric (tests/fabric/) instead, wherever they ask for the native engine: CI's "over the
+# fabric" step (.ci/run). The pure-Python engine's jobs stay on shared memory (rdma refuses it).
+TEST_TRANSPORT = os.environ.get("FASTCOLL_TEST_TRANSPORT", "shm").strip() or "shm"
+if TEST_TRANSPORT not in ("shm", "rdma"):
+    raise ValueError(f"FASTCOLL_TEST_TRANSPORT must be shm or rdma, not {TEST_TRANSPORT!r}")
+
+
+@functools.cache
+def fabric_build():
+    """tests/fabric/build.py as a module (loaded by path: tests/fabric is not a package)."""
+    spec = importlib.util.spec_from_file_location("fcfab_build", os.path.join(ROOT, "tests", "fabric", "build.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def fabric_missing() -> str | None:
+    """Why the test fabric cannot be built here (no C compiler, no <infiniband/verbs.h>), or None."""
+    build = fabric_build()
+    cc = build.compiler()
+    if shutil.which(cc) is None:
+        return f"no C compiler ({cc}) to build the test fabric"
+    if not build.have_verbs_h(cc, build.env_flags("CFLAGS")):
+        return build.NO_VERBS
+    return None
+
+
+@functools.cache
+def fabric_library() -> str:
+    """The test fabric's verbs library, built once a session (tests/fabric/build.py)."""
+    return fabric_build().build()
+
+
 def rank_env(rank: int, size: int, port: int, transport: str = "shm", token: str = "test-token", **extra: str) -> dict:
     """The environment of one rank of a local job. `transport`: "shm" (TCP connections, which
-    ranks on one host replace by shared memory: the default), "tcp" (TCP only, FASTCOLL_SHM=0)
-    or "zmq"."""
+    ranks on one host replace by shared memory: the default; under FASTCOLL_TEST_TRANSPORT=rdma,
+    "rdma" where the native engine runs), "tcp" (TCP only, FASTCOLL_SHM=0), "zmq", or "rdma"
+    (FASTCOLL_TRANSPORT=rdma over the test fabric: every peer over a verbs link)."""
     env = dict(os.environ)
+    if transport == "shm" and TEST_TRANSPORT == "rdma" and extra.get("FASTCOLL_NATIVE", env.get("FASTCOLL_NATIVE")) != "0":
+        transport = "rdma"
+    if transport == "rdma":  # (only the native engine has verbs links, whatever the environment asks)
+        env.update(FASTCOLL_VERBS_LIB=fabric_library(), FASTCOLL_NATIVE="1")
     env.update(
         FASTCOLL_RANK=str(rank),
         FASTCOLL_WORLD_SIZE=str(size),
@@ -173,6 +215,8 @@ SLOW: dict[str, tuple[str, Callable[[dict], bool] | None]] = {
                              lambda params: params.get("mode") == "eager"),
     # Every fault still runs in the default run, on shm (the default transport).
     "test_faults.py": ("the fault matrix on tcp and zmq", lambda params: params.get("transport") in ("tcp", "zmq")),
+    # The short soak (300 collectives) still runs in the default run.
+    "test_rdma.py": ("the 10,000-collective soak over the RDMA test fabric", lambda params: params.get("ops") == 10_000),
 }
 # Fixtures that start an OpenSSH server: their tests are also marked `sshd`.
 SSHD_FIXTURES = ("sshd", "bed")

@@ -84,12 +84,12 @@ def test_empty_and_missing_hostfiles(tmp_path):
 
 def test_mlx_json_list(tmp_path):
     data = [{"ssh": "mac1", "ips": ["10.0.0.1", "10.1.0.1"]}, {"ssh": "mac2", "ips": []},
-            {"ssh": "mac2", "ips": ["10.0.0.2"], "rdma": [None, "rdma_en3"]}]
+            {"ssh": "mac2", "ips": ["10.0.0.2"], "rdma": [["rdma_en2", "rdma_en4"], "rdma_en3", None]}]
     hosts = read_hostfile(_write(tmp_path, "hosts.json", json.dumps(data, indent=2)))
     assert hosts.hosts == (
         Host("mac1", 1, ("10.0.0.1", "10.1.0.1")),
         Host("mac2", 1, ()),
-        Host("mac2", 1, ("10.0.0.2",)),
+        Host("mac2", 1, ("10.0.0.2",), (("rdma_en2", "rdma_en4"), ("rdma_en3",), None)),
     )
     assert hosts.envs == ()
 
@@ -112,6 +112,11 @@ def test_mlx_json_object_with_backend_and_envs(tmp_path):
         ('{"hosts": [\n {"ssh": "a"},\n {"ssh": "b", "slots": 0}\n]}', 3, '"slots"'),
         ('{"envs": "A=1",\n "hosts": [{"ssh": "a"}]}', 1, '"envs" must be a list'),
         ('{"backend": "ring"}', 1, 'needs a "hosts" list'),
+        ('[{"ssh": "a", "rdma": [null]},\n {"ssh": "b"}]', 1, '"rdma" must be a JSON list with one entry per host entry (2)'),
+        ('[{"ssh": "a"},\n {"ssh": "b", "rdma": ["rdma_en3", "rdma_en2"]}]', 2, "entry 1 is this host entry itself"),
+        ('[{"ssh": "a", "rdma": [null, "bad name"]},\n {"ssh": "b"}]', 1, "entry 1 must be null, a device name"),
+        ('[{"ssh": "a", "rdma": [null, []]},\n {"ssh": "b"}]', 1, "entry 1 must be null, a device name"),
+        ('[{"ssh": "a", "rdma": "rdma_en3"},\n {"ssh": "b"}]', 1, '"rdma" must be a JSON list'),
     ],
 )
 def test_mlx_json_bad_entry_names_file_and_line(tmp_path, text, line, words):
@@ -124,7 +129,7 @@ def test_mlx_json_bad_entry_names_file_and_line(tmp_path, text, line, words):
 
 def test_example_hostfiles_parse():
     for name, n in [("hostfile-2mac.txt", 2), ("hostfile-4mac.txt", 4),
-                    ("hosts-2mac.json", 2), ("hosts-4mac.json", 4)]:
+                    ("hosts-2mac.json", 2), ("hosts-4mac.json", 4), ("hosts-2mac-rdma.json", 2)]:
         hosts = read_hostfile(str(REPO / "launch" / name))
         assert len(hosts.hosts) == n and all(h.ips for h in hosts.hosts), name
 

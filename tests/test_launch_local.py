@@ -210,7 +210,7 @@ def test_usage_errors(launches, args, message):
 
 
 @pytest.mark.parametrize("name, value, says", [
-    ("FASTCOLL_TRANSPORT", "tpc", "FASTCOLL_TRANSPORT must be one of 'tcp', 'zmq', not 'tpc'"),
+    ("FASTCOLL_TRANSPORT", "tpc", "FASTCOLL_TRANSPORT must be one of 'tcp', 'zmq', 'rdma', not 'tpc'"),
     ("FASTCOLL_TIMEOUT", "abc", "FASTCOLL_TIMEOUT must be a number of seconds, not 'abc'"),
     ("FASTCOLL_SHM", "maybe", "FASTCOLL_SHM must be 0 or 1 (or on/off, true/false, yes/no), not 'maybe'"),
     ("FASTCOLL_CONNECTIONS", "0", "FASTCOLL_CONNECTIONS must be at least 1, not '0'"),

@@ -4,7 +4,9 @@
 connections (fastcoll/transport/), then the engine that owns them. The native engine
 (fastcoll/engine/native.py over the compiled `fastcoll.engine._native`) runs where every rank has
 it and asks for it (FASTCOLL_NATIVE, on by default) over TCP and shared memory; everywhere else
-the pure-Python engine (fastcoll/engine/python.py) does, which is also the reference.
+the pure-Python engine (fastcoll/engine/python.py) does, which is also the reference. RDMA
+(FASTCOLL_TRANSPORT=rdma, fastcoll/transport/rdma.py) runs on the native engine only: where a
+rank cannot run it, every rank says so at init() and none starts.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from fastcoll.engine.python import PythonEngine
 log = logging.getLogger("fastcoll")
 
 # FASTCOLL_TRANSPORT values whose connections the native engine can own.
-NATIVE_TRANSPORTS = ("tcp",)
+NATIVE_TRANSPORTS = ("tcp", "rdma")
 
-__all__ = ["Engine", "Op", "Task", "connect", "native_available"]
+__all__ = ["Engine", "Op", "Task", "connect", "link_kinds", "native_available"]
 
 
 def native_available() -> str | None:
@@ -35,9 +37,22 @@ def native_available() -> str | None:
     return native.unavailable()
 
 
+def link_kinds() -> tuple[str, ...]:
+    """The kinds of link the native engine was compiled with ("tcp", "shm", and "verbs" where
+    its build found <infiniband/verbs.h>); () where it is unavailable."""
+    if native_available() is not None:
+        return ()
+    from fastcoll.engine import _native
+
+    kinds = getattr(_native, "link_kinds", None)
+    return ("tcp", "shm") if kinds is None else tuple(kinds())
+
+
 def connect(config: Any, caps: dict[str, Any], deadline: float) -> tuple[Engine, Any]:
     """Rendezvous with every rank and connect; the job's engine and the rendezvous table. Every
     rank runs the native engine, or none does (each says in its `caps` whether it can)."""
+    if config.transport == "rdma":
+        return _connect_rdma(config, caps, deadline)
     wanted = config.native and config.transport in NATIVE_TRANSPORTS
     why_not = native_available() if wanted else None
     if why_not is not None:
@@ -56,6 +71,17 @@ def connect(config: Any, caps: dict[str, Any], deadline: float) -> tuple[Engine,
     if caps["native"]:
         log.info("rank %d: the pure-Python engine runs: not every rank can run the native one", config.rank)
     return PythonEngine(tcp.over(config, links)), table
+
+
+def _connect_rdma(config: Any, caps: dict[str, Any], deadline: float) -> tuple[Engine, Any]:
+    """An rdma job: the native engine over its links, the verbs ones among them (tcp.establish
+    refuses the job on every rank where any rank cannot run them)."""
+    from fastcoll.transport import tcp
+
+    links, table = tcp.establish(config, {**caps, "native": True}, deadline)
+    from fastcoll.engine.native import NativeEngine
+
+    return NativeEngine.over(config, links, len(table.same_host(config.rank)), deadline), table
 
 
 def _fall_back(why: str) -> None:

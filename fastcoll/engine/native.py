@@ -19,8 +19,10 @@ import dataclasses
 import functools
 import math
 import os
+import socket
 import threading
 import time
+from select import POLLERR, POLLHUP, POLLIN, poll
 from typing import Any
 
 import numpy as np
@@ -32,10 +34,10 @@ from fastcoll.engine import _native
 from fastcoll.engine.base import Engine, Task, finalized_mid_call
 from fastcoll.engine.ops import KINDS, Op
 from fastcoll.engine.python import run_task
-from fastcoll.errors import FastcollError, PeerLostError
+from fastcoll.errors import CollectiveTimeoutError, FastcollError, PeerLostError
 from fastcoll.gate import layout as L
 from fastcoll.service import Work
-from fastcoll.transport import tcp
+from fastcoll.transport import rdma, tcp
 from fastcoll.transport.base import LAST_WORD_SECONDS, Transport, abort_error, other_call, other_chunk
 from fastcoll.wire import ABORT, Header
 
@@ -232,34 +234,34 @@ class NativeEngine(Engine):
         self.release = native.release
 
     @classmethod
-    def over(cls, config: Any, links: dict[int, list[Any]], local_ranks: int = 1) -> "NativeEngine":
+    def over(cls, config: Any, links: dict[int, list[Any]], local_ranks: int = 1,
+             deadline: float | None = None) -> "NativeEngine":
         """Take over `links` (fastcoll.transport.tcp.establish's): their sockets and rings now
-        belong to the native engine. `local_ranks`: how many of the job's ranks share this host."""
+        belong to the native engine. `local_ranks`: how many of the job's ranks share this host;
+        `deadline`: init()'s (time.monotonic()), which bounds the verbs links' set-up (None:
+        FASTCOLL_TIMEOUT from now)."""
         channels = len(next(iter(links.values())))
         config = for_host(config, cpus_per_rank(local_ranks))
         native = _native.Engine(config.rank, config.world_size, channels, spin_us(config, local_ranks),
                                 config.yield_us, threading.main_thread().ident, config.long_wait_us)
-        kinds = [link.kind for ls in links.values() for link in ls]
-        described = "tcp" if "shm" not in kinds else f"tcp, shared memory on {kinds.count('shm')} of {len(kinds)} connections"
         connections = [(p, ch, link.kind) + tcp.ends(link.sock) for p, ls in sorted(links.items())
                        for ch, link in enumerate(ls)]
         try:
             # In ascending (peer, channel) order on every rank: a kind whose open waits for the
             # peer's matching add_link (verbs exchanges its queue pairs) then never waits in a
             # circle, since the lowest pair still pending is open on both of its ranks.
+            deadline = time.monotonic() + config.timeout if deadline is None else deadline
             for p, ls in sorted(links.items()):
                 for ch, link in enumerate(ls):
-                    if link.kind == "shm":
-                        segment, tx, rx, capacity = link.segment
-                        native.add_link(p, ch, link.sock.fileno(), kind="shm", segment=segment, tx_offset=tx,
-                                        rx_offset=rx, capacity=capacity)
-                    else:
-                        native.add_link(p, ch, link.sock.fileno(), kind="tcp")
-                    link.sock.detach()  # the fd is the engine's now
+                    _add_link(native, config, p, ch, link, deadline)
         except BaseException:
             native.close(0.0, 0.0)
             tcp.close_links(links)
             raise
+        kinds = [link.kind for ls in links.values() for link in ls]
+        details = [native.link_info(p, ch)[1] for p, ls in sorted(links.items()) for ch, link in enumerate(ls)
+                   if link.kind == "verbs"]  # the link's own words: its device, UC or RC, its MTU
+        described = rdma.describe(kinds, details)
         transport = NativeTransport(native, config.rank, config.world_size, config.timeout, described, connections)
         return cls(native, transport, config.timeout, min(config.result_cache_mb, 1 << 30) << 20)
 
@@ -421,6 +423,64 @@ class NativeEngine(Engine):
         return (_KIND[kind or op.kind], _ALGORITHM[op.algorithm], task.seq, task.sig.encode(), task.limit, task.rank,
                 task.size, ranks, task.piece_bytes, dtype, _REDUCE[op.reduce or "sum"], itemsize, op.src, op.dst,
                 op.root, _bounds(op.bounds), _bounds(op.recv_bounds))
+
+
+# The longest a verbs link's set-up may wait for its peer (add_link's bound: a day).
+MAX_SETUP_SECONDS = 86400.0
+
+
+def _add_link(native: Any, config: Any, peer: int, channel: int, link: Any, deadline: float) -> None:
+    """Give `link`'s connection to the native engine as a link of its kind. A verbs link's set-up
+    waits for the peer's, until `deadline`; one that fails is the error _setup_failed says."""
+    options: dict[str, Any] = {"kind": link.kind}
+    limit = 0.0
+    if link.kind == "shm":
+        segment, tx, rx, capacity = link.segment
+        options.update(segment=segment, tx_offset=tx, rx_offset=rx, capacity=capacity)
+    elif link.kind == "verbs":
+        limit = min(deadline - time.monotonic(), MAX_SETUP_SECONDS)
+        if limit <= 0:
+            raise CollectiveTimeoutError(f"rank {config.rank} timed out before it could set up its RDMA link to "
+                                         f"rank {peer}")
+        options.update(device=link.device, library=config.verbs_lib, reliable=config.rdma_reliable,
+                       setup_timeout=limit)
+    started = time.monotonic()
+    try:
+        native.add_link(peer, channel, link.sock.fileno(), **options)
+    except RuntimeError as e:
+        if link.kind != "verbs" or isinstance(e, FastcollError):
+            raise
+        raise _setup_failed(config.rank, peer, link, " ".join(str(e).split()), time.monotonic() - started >= limit)
+    link.sock.detach()  # the fd is the engine's now
+
+
+def _setup_failed(me: int, peer: int, link: Any, reason: str, out_of_time: bool) -> FastcollError:
+    """The error of a verbs link whose set-up failed: the peer's, where its end of the connection
+    is gone (it died, or gave up first) or it never answered; else this rank's own (a library or
+    device that would not open), a FastcollError naming the device."""
+    if _ended(link.sock):
+        return PeerLostError(f"rank {peer} closed its connection while rank {me} set up the RDMA link to it "
+                             f"({reason})", peer)
+    if out_of_time:
+        return CollectiveTimeoutError(f"rank {me} timed out setting up its RDMA link to rank {peer} ({reason})")
+    return FastcollError(f"rank {me} (device {link.device}): {reason}")
+
+
+def _ended(sock: Any) -> bool:
+    """Whether the peer's end of a connected socket is gone (closed, reset), without waiting."""
+    poller = poll()
+    poller.register(sock.fileno(), POLLIN)
+    events = poller.poll(0)
+    if not events:
+        return False
+    if events[0][1] & (POLLHUP | POLLERR):
+        return True
+    try:  # readable: the end of the stream, or bytes (then the peer is still there)
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:  # reset, broken: gone
+        return True
 
 
 # The collectives a Plan serves (the small calls a loop repeats).

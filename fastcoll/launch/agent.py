@@ -326,7 +326,12 @@ def check_mode(request: dict) -> int:
     3. Read ``{"measure": [targets], "pings": n, "bytes": n}``; reply ``measured`` after
        measuring each target in turn: the median round trip of `pings` small exchanges and the
        throughput of `bytes` sent one way.
-    4. End at end of input. Request lines are at most `MAX_REQUEST * 16` bytes; JSON only.
+    4. Read ``{"rdma": [targets]}`` (a target as above, with "device", this host's device toward
+       it, and "peer_device", its device toward this host); reply ``rdma_results`` after opening
+       a verbs link to each in turn (`_rdma_link`) and measuring it, as `measured`'s entries.
+       The hello carries ``rdma``: what `fastcoll.launch.rdmalink.probe` says of the devices the
+       request's "rdma_devices" lists, where it lists any.
+    5. End at end of input. Request lines are at most `MAX_REQUEST * 16` bytes; JSON only.
     """
     marker = request["marker"]
 
@@ -345,6 +350,7 @@ def check_mode(request: dict) -> int:
             "mlx": mlx_version,
             "port": listener.getsockname()[1],
             "bind_errors": bind_errors(request.get("addresses", [])),
+            "rdma": _rdma_probe(request.get("rdma_devices")),
         }
     })
     while True:
@@ -362,6 +368,9 @@ def check_mode(request: dict) -> int:
             nbytes = max(1, min(int(msg.get("bytes", 4 << 20)), MAX_PROBE_BYTES))
             timeout = float(msg.get("timeout", 5.0))
             reply({"measured": [_measure(t, pings, nbytes, timeout) for t in msg["measure"]]})
+        elif "rdma" in msg:
+            timeout = min(float(msg.get("timeout", RDMA_TIMEOUT)), MAX_RDMA_TIMEOUT)
+            reply({"rdma_results": [_rdma_link(t, timeout) for t in msg["rdma"]]})
     listener.close()
     return 0
 
@@ -388,6 +397,24 @@ def _versions(env: dict, cwd: str | None) -> tuple[str, str]:
     except Exception:
         mlx_version = "-"
     return fc_version, mlx_version
+
+
+def _rdmalink():
+    """fastcoll's RDMA check (fastcoll/launch/rdmalink.py), imported only where RDMA is asked for:
+    this file runs without fastcoll, and a host without it gets the reason, not a crash."""
+    from fastcoll.launch import rdmalink
+
+    return rdmalink
+
+
+def _rdma_probe(devices: object) -> dict | None:
+    """The hello's `rdma`: whether this host's verbs library lists `devices` (None: none asked)."""
+    if not devices or not isinstance(devices, list):
+        return None
+    try:
+        return _rdmalink().probe([str(d) for d in devices])
+    except Exception as e:  # report any failure (fastcoll missing, a library that crashes politely)
+        return {"error": f"{type(e).__name__}: {e}"}
 
 
 def bind_errors(addresses: list) -> dict:
@@ -453,6 +480,8 @@ def _serve_probe(conn: socket.socket, greeting: bytes) -> None:
                 n = min(int.from_bytes(_recv_exact(conn, 4), "little"), MAX_PINGS)
                 for _ in range(n):
                     conn.sendall(_recv_exact(conn, PING_BYTES))
+            elif kind == b"R":
+                _serve_rdma(conn)
             elif kind == b"T":
                 left = min(int.from_bytes(_recv_exact(conn, 8), "little"), MAX_PROBE_BYTES)
                 while left > 0:
@@ -463,6 +492,57 @@ def _serve_probe(conn: socket.socket, greeting: bytes) -> None:
                 conn.sendall(b"K")
         except (OSError, ValueError):
             pass
+
+
+# An RDMA probe (b"R"): one JSON line of at most MAX_REQUEST bytes, {"device", "timeout"}: the
+# serving host's device toward the asking one. The answer is one JSON line, {"ok": true} once this
+# host can open that device, or {"error": why}; then both ends open a verbs link over this
+# connection (rdmalink.run_link: the serving end is rank 0) and measure it.
+RDMA_TIMEOUT = 10.0
+MAX_RDMA_TIMEOUT = 120.0
+
+
+def _read_line(conn: socket.socket, limit: int) -> bytes:
+    data = bytearray()
+    while not data.endswith(b"\n"):
+        if len(data) >= limit:
+            raise ValueError(f"a line longer than {limit} bytes")
+        chunk = conn.recv(1)
+        if not chunk:
+            raise ConnectionError("closed")
+        data += chunk
+    return bytes(data)
+
+
+def _serve_rdma(conn: socket.socket) -> None:
+    """The serving end of an RDMA probe (see RDMA_TIMEOUT's comment)."""
+    ask = json.loads(_read_line(conn, MAX_REQUEST))
+    device = str(ask.get("device", ""))
+    timeout = min(float(ask.get("timeout", RDMA_TIMEOUT)), MAX_RDMA_TIMEOUT)
+    try:
+        link = _rdmalink()
+        said = link.probe([device])
+    except Exception as e:
+        said = {"error": f"{type(e).__name__}: {e}"}
+    conn.sendall((json.dumps({"ok": True} if "error" not in said else said) + "\n").encode())
+    if "error" not in said:
+        conn.settimeout(None)
+        link.run_link(conn.dup(), 0, device, timeout)
+
+
+def _rdma_link(t: dict, timeout: float) -> dict:
+    """The asking end of an RDMA probe to target `t`: the verbs link's measurement, or why not."""
+    try:
+        s = _open_probe(t, min(timeout, RDMA_TIMEOUT))
+        with s:
+            s.sendall(b"R" + (json.dumps({"device": t["peer_device"], "timeout": timeout}) + "\n").encode())
+            said = json.loads(_read_line(s, MAX_REQUEST))
+            if "error" in said:
+                return {"ok": False, "error": f"on {t['host']}: {said['error']}"}
+            s.settimeout(None)
+            return _rdmalink().run_link(s.dup(), 1, str(t["device"]), timeout)
+    except Exception as e:  # the check reports it, never crashes
+        return {"ok": False, "error": getattr(e, "strerror", None) or str(e) or type(e).__name__}
 
 
 def _open_probe(t: dict, timeout: float) -> socket.socket:

@@ -9,6 +9,11 @@ sent one way) from every host to every address of every other host: the addresse
 uses (each host's `ips`, connection k to address k, else its name, the ssh network). Prints a
 table, and the launcher's warnings about data on the ssh network (`routes.data_warnings`); the
 exit code is 1 on any failure.
+
+Where an MLX hostfile's `rdma` lists name devices: each host says whether its verbs library loads
+and lists the devices named for it, then every pair of hosts that the lists join opens a verbs
+link per cable, as a job would, one at a time, and measures it (`fastcoll/launch/rdmalink.py`);
+each link's row says ok, or the one-line reason it could not be opened.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Sequence, TextIO
 
 import fastcoll
+from fastcoll.launch import rdmalink
+from fastcoll.launch.agent import RDMA_TIMEOUT
 from fastcoll.launch.hostfile import Host, HostList, is_local_host
 from fastcoll.launch.remote import AgentSession, agent_command, explain_ssh_failure
 from fastcoll.launch.routes import data_warnings, ssh_address
@@ -61,7 +68,7 @@ def run_check(
     checks = [HostCheck(h) for h in unique.values()]
     ids = {c.host.name: secrets.token_hex(8) for c in checks}
     try:
-        _open_sessions(checks, ids, ssh=ssh, python=python, cwd=cwd, env=env)
+        _open_sessions(checks, ids, hosts.hosts, ssh=ssh, python=python, cwd=cwd, env=env)
         deadline = time.monotonic() + timeout
         for c in checks:
             _hello(c, deadline, python)
@@ -69,23 +76,27 @@ def run_check(
         _connect(alive, ids, deadline)
         for c in alive:  # one host at a time, each measuring its routes one at a time
             _measure(c, deadline)
+        links = _rdma_links(hosts, {c.host.name: c for c in checks}, ids)
     finally:
         for c in checks:
             if c.session is not None:
                 c.session.close()
     warnings = [] if from_hostfile is None else data_warnings(
         hosts, from_hostfile=from_hostfile, resolve=lambda name: ssh_address(ssh, name))
-    return _report(checks, out, warnings)
+    return _report(checks, out, warnings, links)
 
 
-def _open_sessions(checks: Sequence[HostCheck], ids: dict[str, str], *, ssh: list[str] | None, python: str,
-                   cwd: str, env: dict[str, str] | None) -> None:
+def _open_sessions(checks: Sequence[HostCheck], ids: dict[str, str], hosts: Sequence[Host], *,
+                   ssh: list[str] | None, python: str, cwd: str, env: dict[str, str] | None) -> None:
     """Start the agent in check mode on every host (here, for a local one)."""
     marker = f"\x1efastcoll-check:{secrets.token_hex(8)}:"
+    named: dict[str, list[str]] = {}  # the RDMA devices each host's entries name
+    for h in hosts:
+        named.setdefault(h.name, []).extend(sorted({d for names in h.rdma or () if names for d in names}))
     for c in checks:
         where = None if is_local_host(c.host.name) else c.host.name
         request = {"mode": "check", "marker": marker, "id": ids[c.host.name], "addresses": list(c.host.ips),
-                   "cwd": cwd, "env": env or {}}
+                   "cwd": cwd, "env": env or {}, "rdma_devices": named.get(c.host.name, [])}
         c.session = AgentSession(agent_command(ssh, where, python, "check"), request, marker)
 
 
@@ -144,9 +155,83 @@ def _hello(c: HostCheck, deadline: float, python: str) -> None:
         )
     for addr, err in (c.hello.get("bind_errors") or {}).items():
         c.problems.append(f"listed address {addr} is not this host's ({err})")
+    rdma = c.hello.get("rdma")
+    if isinstance(rdma, dict) and rdma.get("error"):
+        c.problems.append(f"RDMA: {rdma['error']}")
 
 
-def _report(checks: Sequence[HostCheck], out: TextIO, warnings: Sequence[str] = ()) -> int:
+@dataclass
+class RdmaLink:
+    """One verbs link of the hostfile's `rdma` lists: host entry a's cable toward entry b."""
+
+    a: Host
+    b: Host
+    device_a: str | None
+    device_b: str | None
+    result: dict = field(default_factory=dict)  # ok, error, or rtt_s, bytes, seconds
+
+
+def rdma_pairs(hosts: Sequence[Host]) -> list[RdmaLink]:
+    """The verbs links the hosts' `rdma` lists ask for: one per pair of entries and cable (the
+    k-th name of each side's list), and one with a missing side where only one side names any."""
+    links = []
+    for i, a in enumerate(hosts):
+        for j in range(i + 1, len(hosts)):
+            b = hosts[j]
+            ab = a.rdma[j] if a.rdma else None
+            ba = b.rdma[i] if b.rdma else None
+            if ab is None and ba is None:
+                continue
+            if ab is None or ba is None:
+                links.append(RdmaLink(a, b, ab[0] if ab else None, ba[0] if ba else None))
+                continue
+            links.extend(RdmaLink(a, b, ab[k % len(ab)], ba[k % len(ba)]) for k in range(max(len(ab), len(ba))))
+    return links
+
+
+def _rdma_links(hosts: HostList, checks: dict[str, HostCheck], ids: dict[str, str]) -> list[RdmaLink]:
+    """Open and measure every verbs link the hostfile asks for, one at a time (entry b's host
+    opens it toward entry a's, whose agent serves the other end)."""
+    links = rdma_pairs(hosts.hosts)
+    for link in links:
+        ca, cb = checks[link.a.name], checks[link.b.name]
+        if link.device_a is None or link.device_b is None:
+            named, other = (link.a, link.b) if link.device_a else (link.b, link.a)
+            link.result = {"ok": False, "error": f"{named.name} names a device toward {other.name}, "
+                           f"whose list names none toward it (null): both ends of a pair use RDMA, or neither"}
+        elif ca.problems or cb.problems or ca.session is None or cb.session is None or not ca.hello:
+            link.result = {"ok": False, "error": "not tried: see the hosts' table"}
+        else:
+            target = {"host": link.a.name, "addr": link.a.address, "port": ca.hello["port"], "id": ids[link.a.name],
+                      "device": link.device_b, "peer_device": link.device_a}
+            cb.session.send({"rdma": [target], "timeout": RDMA_TIMEOUT})
+            reply = cb.session.reply(RDMA_TIMEOUT * 3) or {}
+            link.result = (reply.get("rdma_results") or [{"ok": False, "error": "no answer"}])[0]
+    return links
+
+
+def _report_rdma(links: Sequence[RdmaLink], out: TextIO) -> bool:
+    """The RDMA links' table; True if every link is ok."""
+    out.write(f"\nRDMA LINKS (host -> host, device -> device, as the hostfile's rdma lists name them; round "
+              f"trip: median of {rdmalink.PINGS} exchanges of {rdmalink.PING_BYTES} B; throughput: "
+              f"{rdmalink.BULK_BYTES >> 20} MiB each way; one link at a time)\n")
+    table = [("FROM -> TO", "DEVICES", "STATUS", "ROUND TRIP", "THROUGHPUT")]
+    for link in links:
+        r = link.result
+        rtt = thr = "-"
+        if r.get("ok"):
+            rtt = f"{r['rtt_s'] * 1e6:.1f} us"
+            thr = f"{2 * r['bytes'] / max(r['seconds'], 1e-9) / 1e9:.3f} GB/s"
+        table.append((f"{link.b.name} -> {link.a.name}", f"{link.device_b or 'null'} -> {link.device_a or 'null'}",
+                      "ok" if r.get("ok") else f"FAIL: {r.get('error', '?')}", rtt, thr))
+    widths = [max(len(row[k]) for row in table) for k in range(4)]
+    for row in table:
+        out.write(("  ".join(v.ljust(w) for v, w in zip(row, widths)) + "  " + row[4]).rstrip() + "\n")
+    return all(link.result.get("ok") for link in links)
+
+
+def _report(checks: Sequence[HostCheck], out: TextIO, warnings: Sequence[str] = (),
+            links: Sequence[RdmaLink] = ()) -> int:
     rows = [("HOST", "SSH", "PYTHON", "FASTCOLL", "MLX", "STATUS")]
     rows.append(
         ("(launcher)", "-", platform.python_version(), fastcoll.__version__, _mlx_version(), "")
@@ -195,6 +280,8 @@ def _report(checks: Sequence[HostCheck], out: TextIO, warnings: Sequence[str] = 
         for r in table:
             line = "  ".join(v.ljust(w) for v, w in zip(r, widths)) + "  " + r[4]
             out.write(line.rstrip() + "\n")
+    if links and not _report_rdma(links, out):
+        failed = True
     for w in warnings:
         out.write(f"\nwarning: {w}\n")
     out.write("\nall hosts ok\n" if not failed else "\nsome hosts FAILED the check\n")

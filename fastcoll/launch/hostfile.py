@@ -9,7 +9,10 @@ mpirun style (Open MPI and MPICH spellings), one host per line::
 
 MLX style (what `mlx.launch` and `mlx.distributed_config` read and write): a JSON list of
 ``{"ssh": "mac1", "ips": ["10.0.0.1"]}`` objects, one rank each, or an object
-``{"backend": ..., "envs": ["K=V"], "hosts": [...]}``.
+``{"backend": ..., "envs": ["K=V"], "hosts": [...]}``. A host's ``"rdma"`` list (as
+`mlx.distributed_config --backend jaccl` writes it) names its RDMA device toward each host entry,
+in entry order: null for itself and for a host it reaches without RDMA, a device name, or a list
+of names (one per cable).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import json
 import re
 import socket
 from dataclasses import dataclass, field
+
+from fastcoll.config import parse_rdma_devices
 
 _SLOTS = re.compile(r"[1-9][0-9]*")
 # ssh targets: [user@]host, where host is a name, an IPv4 address or an IPv6 address.
@@ -36,6 +41,8 @@ class Host:
     name: str
     slots: int = 1
     ips: tuple[str, ...] = ()
+    # MLX's "rdma": this host's device(s) toward each host entry (None: no RDMA to it); None: no list
+    rdma: tuple[tuple[str, ...] | None, ...] | None = None
 
     @property
     def address(self) -> str:
@@ -229,13 +236,13 @@ def _parse_json(text: str, path: str) -> HostList:
     hosts = []
     for i, entry in enumerate(entries):
         try:
-            hosts.append(_json_entry(entry))
+            hosts.append(_json_entry(entry, i, len(entries)))
         except ValueError as e:
             raise HostfileError(f"{path}, line {lines[i]} (host entry {i + 1}): {e}") from None
     return HostList(tuple(hosts), envs)
 
 
-def _json_entry(entry: object) -> Host:
+def _json_entry(entry: object, index: int, count: int) -> Host:
     if not isinstance(entry, dict):
         raise ValueError('each host must be an object like {"ssh": "mac1", "ips": ["10.0.0.1"]}')
     name = entry.get("ssh")
@@ -250,7 +257,25 @@ def _json_entry(entry: object) -> Host:
     slots = entry.get("slots", 1)  # not MLX's; lets one entry take several ranks
     if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
         raise ValueError('"slots" must be a positive integer')
-    return Host(name.strip(), slots, tuple(_checked_ip(ip) for ip in ips))
+    rdma = None
+    if entry.get("rdma") is not None:
+        rdma = parse_rdma_devices(json.dumps(entry["rdma"]), index, count, '"rdma"', "host entry")
+    return Host(name.strip(), slots, tuple(_checked_ip(ip) for ip in ips), rdma)
+
+
+def rdma_devices(hosts: tuple[Host, ...], entry: tuple[int, ...], rank: int) -> list | None:
+    """FASTCOLL_RDMA_DEVICES for `rank` (on host entry entry[rank]), as a JSON-ready list with one
+    item per rank of the job: its host's device(s) toward the peer's host entry, null toward a peer
+    of its own entry (shared memory) and where the list names none; None where its host has no
+    `rdma` list."""
+    mine = hosts[entry[rank]].rdma
+    if mine is None:
+        return None
+    out: list = []
+    for peer_entry in entry:
+        names = None if peer_entry == entry[rank] else mine[peer_entry]
+        out.append(None if names is None else names[0] if len(names) == 1 else list(names))
+    return out
 
 
 def _line_at(text: str, index: int) -> int:

@@ -6,6 +6,7 @@ rules can be tested without launching anything.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -15,7 +16,7 @@ from typing import Callable, Mapping, Sequence
 
 from fastcoll.config import parse_address
 from fastcoll.launch.agent import bind_errors, free_port
-from fastcoll.launch.hostfile import Host, HostList, is_local_host, is_loopback
+from fastcoll.launch.hostfile import Host, HostList, is_local_host, is_loopback, rdma_devices
 
 LOOPBACK = "127.0.0.1"
 BIND_CHOICES = ("none", "cores")  # --bind-to
@@ -129,13 +130,14 @@ def plan_job(
     if links > 1 and "FASTCOLL_CONNECTIONS" not in extra and "FASTCOLL_CONNECTIONS" not in inherited:
         extra["FASTCOLL_CONNECTIONS"] = str(links)
     shared = {"PYTHONUNBUFFERED": "1", **inherited, **extra}  # --env PYTHONUNBUFFERED= turns it off
+    rdma = rdma_settings(hosts.hosts, _entries(hosts, n), shared)
     ranks = []
     for rank, (host, local_rank) in enumerate(placement):
         own = interface or (",".join(host.ips) if len(host.ips) > 1 else LOOPBACK if all_local else host.address)
         if not all_local and not interface:
             _refuse_loopback_name(host, own)
         # FASTCOLL_HOST: the ranks' errors name a host as the launcher's own messages do.
-        env = dict(shared, FASTCOLL_RANK=str(rank), FASTCOLL_WORLD_SIZE=str(n),
+        env = dict(shared, **rdma[rank], FASTCOLL_RANK=str(rank), FASTCOLL_WORLD_SIZE=str(n),
                    FASTCOLL_LOCAL_RANK=str(local_rank), FASTCOLL_COORDINATOR=coordinator,
                    FASTCOLL_TOKEN=token, FASTCOLL_INTERFACE=own, FASTCOLL_HOST=host.name)
         share = (local_rank, per_host[host.name.lower()]) if bind == "cores" else None
@@ -172,6 +174,30 @@ def _placement(hosts: HostList, n: int) -> tuple[list[tuple[Host, int]], dict[st
             placement.append((host, per_host.get(key, 0)))
             per_host[key] = per_host.get(key, 0) + 1
     return placement, per_host
+
+
+def _entries(hosts: HostList, n: int) -> tuple[int, ...]:
+    """The host entry (its index in the hostfile) of each of the first n slots, as _placement fills them."""
+    return tuple(i for i, host in enumerate(hosts.hosts) for _ in range(host.slots))[:n]
+
+
+def rdma_settings(hosts: tuple[Host, ...], entries: tuple[int, ...], shared: Mapping[str, str]) -> list[dict[str, str]]:
+    """Each rank's RDMA variables from its host's MLX `rdma` list: FASTCOLL_RDMA_DEVICES (its device
+    toward each rank: the list's item for the peer's host entry, null toward a rank of its own
+    entry, which shared memory serves), and FASTCOLL_TRANSPORT=rdma where any device is named.
+    What the user set (--env, the hostfile's envs, the launcher's own FASTCOLL_*) wins: with
+    FASTCOLL_TRANSPORT=tcp an MLX jaccl hostfile runs over TCP."""
+    lists = [rdma_devices(hosts, entries, r) for r in range(len(entries))]
+    named = any(item is not None for devices in lists if devices for item in devices)
+    out = []
+    for devices in lists:
+        env: dict[str, str] = {}
+        if named and "FASTCOLL_TRANSPORT" not in shared:
+            env["FASTCOLL_TRANSPORT"] = "rdma"
+        if named and "FASTCOLL_RDMA_DEVICES" not in shared:  # a host without a list: no RDMA
+            env["FASTCOLL_RDMA_DEVICES"] = json.dumps(devices or [None] * len(entries))
+        out.append(env)
+    return out
 
 
 def _has_port(address: str) -> bool:

@@ -25,8 +25,14 @@ def _zmq() -> ModuleType:
     return zmq
 
 
+def _rdma() -> ModuleType:
+    from fastcoll.transport import rdma  # verbs links, which only the native engine drives
+
+    return rdma
+
+
 # FASTCOLL_TRANSPORT value -> what imports the module that implements it.
-TRANSPORTS: dict[str, Callable[[], ModuleType]] = {"tcp": _tcp, "zmq": _zmq}
+TRANSPORTS: dict[str, Callable[[], ModuleType]] = {"tcp": _tcp, "zmq": _zmq, "rdma": _rdma}
 
 
 def connect(config: Any, caps: dict[str, Any], deadline: float) -> tuple[Any, Any]:

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from fastcoll import diagnosis, testhooks, wire
 from fastcoll.errors import CollectiveTimeoutError, FastcollError, PeerLostError
-from fastcoll.transport import rendezvous, shm
+from fastcoll.transport import rdma, rendezvous, shm
 from fastcoll.transport.base import LAST_WORD_SECONDS, Transport, abort_error, log, timeout_notice
 from fastcoll.transport.link import SocketLink
 from fastcoll.transport.listen import AuthListener, bind_hosts
@@ -632,19 +632,26 @@ def over(config: Any, links: dict[int, list[Any]]) -> TcpTransport:
 
 def establish(config: Any, caps: dict[str, Any], deadline: float) -> tuple[dict[int, list[Any]], rendezvous.Table]:
     """The links to every peer (FASTCOLL_CONNECTIONS each; shared memory to the ranks of this
-    host where it can be had) and the rendezvous table; an engine takes the links over."""
+    host where it can be had; under FASTCOLL_TRANSPORT=rdma, verbs links where this rank has a
+    device toward the peer) and the rendezvous table; an engine takes the links over."""
+    verbs = rdma.Setup(config) if config.transport == "rdma" else None
     listener = AuthListener(bind_hosts(config), 0, config.token)
     try:
         caps = {**caps, "connections": config.connections}  # (caps["host"]: lifecycle's host_id())
+        if verbs is not None:
+            caps["rdma"] = verbs.caps()
         table = rendezvous.rendezvous(config, rendezvous.join_addresses(listener.addresses), caps, deadline)
         rendezvous.agree(table.caps, {"transport": "FASTCOLL_TRANSPORT", "connections": "FASTCOLL_CONNECTIONS"})
+        hosts = [str(c.get("host", "")).partition("/")[0] for c in table.caps]
+        devices = {} if verbs is None else verbs.plan(table.caps, hosts)
         socks = _mesh(config, listener, table.addresses, deadline)
     finally:
         listener.close()
     links = {p: [SocketLink(s) for s in ss] for p, ss in socks.items()}
     try:
         testhooks.point("tcp-mesh-done")
-        links = shm.upgrade(config.rank, links, config.shm, deadline, table.same_host(config.rank))
+        here = table.same_host(config.rank) - set(devices)  # a peer over RDMA is not one over shared memory
+        links = rdma.upgrade(shm.upgrade(config.rank, links, config.shm, deadline, here), devices)
         testhooks.point("setup-done")
     except BaseException:  # nothing is kept open when the job cannot start
         close_links(links)

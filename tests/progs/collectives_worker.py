@@ -3,7 +3,9 @@
 Inputs are small integers derived from (rank, case), so every rank can compute every other
 rank's input, and sums and products are exact in every dtype whatever the reduction order.
 Each result is also checked to be bit-identical on every rank (all_gather of its digest).
-Run as one rank of a job; exits non-zero on the first wrong result.
+Run as one rank of a job; exits non-zero on the first wrong result. Its last line gives the
+sha256 of every result it checked, in order, so that two jobs over different transports can be
+compared bit for bit (tests/test_rdma.py).
 """
 
 from __future__ import annotations
@@ -77,8 +79,13 @@ def same_everywhere(y, name: str) -> None:
     assert (every == every[0]).all(), f"ranks got different bits: {every[:, :4]}"
 
 
+RESULTS = hashlib.sha256()  # every checked result's bytes, in order
+
+
 def check(got, want: np.ndarray, name: str, what: str, exact: bool = True) -> None:
     g = to_np(got, name)
+    RESULTS.update(f"{what} {g.dtype} {g.shape}".encode())
+    RESULTS.update(np.ascontiguousarray(g).tobytes())
     assert g.shape == want.shape, f"{what}: shape {g.shape} != {want.shape}"
     if exact:
         ok = np.array_equal(g.astype(np.complex128), want.astype(np.complex128))
@@ -174,7 +181,7 @@ def main() -> int:
             assert np.array_equal(fastcoll.recv(big.shape, np.float32, 0), big)
     fastcoll.barrier()
     fastcoll.finalize()
-    print(f"rank {r}: {count} checks passed")
+    print(f"rank {r}: {count} checks passed; results sha256 {RESULTS.hexdigest()}")
     return 0
 
 
