@@ -28,7 +28,7 @@ DEFAULT_TIMEOUT = 60.0
 # it; far beyond it, time_t and the thread waits overflow.
 MAX_TIMEOUT = 1e9
 DEFAULT_FENCE_MAX_ITERS = 50_000_000
-# 16 KiB: a 64 KiB gate's copy-out alone took ~190 us on an H200 (docs/gate.md).
+# 16 KiB: a 64 KiB gate's copy-out alone took ~190 us on an H200 (bench/records/2026-11-30-h200-gate/).
 DEFAULT_GATE_MAX_BYTES = 16 * 1024
 # The gate's host mode (ranks on several hosts, or no direct mode) moves every gate's bytes on the
 # service thread, which for 64-byte rows cost more than the host path (two ranks on one H200:

@@ -1,4 +1,4 @@
-"""Every example, and every command the README and docs/mlx.md show, eagerly and in graph mode
+"""Every example, and every command the README, docs/mlx.md and docs/macs.md show, eagerly and in graph mode
 (FASTCOLL_MLX_GRAPH=1, where MLX's graph runs the collectives of mx.distributed code).
 
 Each example runs on two ranks under fastcoll-launch (`python -m fastcoll.launch -n 2 ...`) and
@@ -147,12 +147,14 @@ SKIPPED_COMMANDS = ("my_mlx_script.py", "some.module", "--check", "mlx_lm server
 
 
 def documented_commands() -> list[str]:
-    """Every command line of the README's quick start and of docs/mlx.md that runs an example or
-    mlx-lm (placeholders, --check and the server apart)."""
+    """Every command line of the README's quick start, docs/mlx.md and docs/macs.md that runs an
+    example or mlx-lm (placeholders, --check and the server apart)."""
     with open(os.path.join(ROOT, "README.md")) as f:
         readme = f.read()
-    with open(os.path.join(ROOT, "docs", "mlx.md")) as f:
-        texts = [readme[readme.index("## Quick start"):readme.index("## API")], f.read()]
+    texts = [readme[readme.index("## Quick start"):readme.index("## API")]]
+    for page in ("mlx.md", "macs.md"):
+        with open(os.path.join(ROOT, "docs", page)) as f:
+            texts.append(f.read())
     found = []
     for block in re.findall(r"```sh\n(.*?)```", "\n".join(texts), re.S):
         for line in block.replace("\\\n", " ").splitlines():
