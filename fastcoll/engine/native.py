@@ -443,7 +443,7 @@ def _add_link(native: Any, config: Any, peer: int, channel: int, link: Any, dead
             raise CollectiveTimeoutError(f"rank {config.rank} timed out before it could set up its RDMA link to "
                                          f"rank {peer}")
         options.update(device=link.device, library=config.verbs_lib, reliable=config.rdma_reliable,
-                       setup_timeout=limit)
+                       setup_timeout=limit, same_host=link.same_host)
     started = time.monotonic()
     try:
         native.add_link(peer, channel, link.sock.fileno(), **options)

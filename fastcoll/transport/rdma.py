@@ -195,13 +195,16 @@ def _refuse_problems(offers: list[dict], hosts: list[str]) -> None:
 
 class VerbsLink:
     """A connection that the native engine turns into a verbs link (NativeEngine.over): the
-    authenticated socket it exchanges the queue pairs' numbers on, and the device toward the peer."""
+    authenticated socket it exchanges the queue pairs' numbers on, the device toward the peer, and
+    whether the peer runs on this host (then the link tells the engine which CPU it runs on, so
+    that two ranks the scheduler put on one CPU are parted, as over shared memory)."""
 
     kind = "verbs"
 
-    def __init__(self, sock: Any, device: str):
+    def __init__(self, sock: Any, device: str, same_host: bool = False):
         self.sock = sock
         self.device = device
+        self.same_host = same_host
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -210,9 +213,12 @@ class VerbsLink:
         self.sock.close()
 
 
-def upgrade(links: dict[int, list[Any]], devices: dict[int, list[str]]) -> dict[int, list[Any]]:
-    """The links, those to the peers in `devices` (Setup.plan's) as VerbsLinks."""
-    return {p: [VerbsLink(link.sock, devices[p][ch]) if p in devices else link for ch, link in enumerate(ls)]
+def upgrade(links: dict[int, list[Any]], devices: dict[int, list[str]],
+            here: set[int] | frozenset[int] = frozenset()) -> dict[int, list[Any]]:
+    """The links, those to the peers in `devices` (Setup.plan's) as VerbsLinks; `here`: the
+    peers on this host (the rendezvous table's same_host)."""
+    return {p: [VerbsLink(link.sock, devices[p][ch], p in here) if p in devices else link
+                for ch, link in enumerate(ls)]
             for p, ls in links.items()}
 
 

@@ -650,8 +650,9 @@ def establish(config: Any, caps: dict[str, Any], deadline: float) -> tuple[dict[
     links = {p: [SocketLink(s) for s in ss] for p, ss in socks.items()}
     try:
         testhooks.point("tcp-mesh-done")
-        here = table.same_host(config.rank) - set(devices)  # a peer over RDMA is not one over shared memory
-        links = rdma.upgrade(shm.upgrade(config.rank, links, config.shm, deadline, here), devices)
+        near = table.same_host(config.rank)
+        here = near - set(devices)  # a peer over RDMA is not one over shared memory
+        links = rdma.upgrade(shm.upgrade(config.rank, links, config.shm, deadline, here), devices, near)
         testhooks.point("setup-done")
     except BaseException:  # nothing is kept open when the job cannot start
         close_links(links)

@@ -44,6 +44,7 @@ typedef struct fc_link_params {
     const char *device;    /* verbs: the device toward this peer */
     int reliable;          /* verbs: reliable-connected queue pairs instead of unreliable */
     int64_t setup_ns;      /* verbs: how long the exchange of queue-pair numbers may take */
+    int same_host;         /* verbs: the peer runs on this machine (its CPU numbers are this one's) */
 } fc_link_params;
 
 /* A kind of link: its operations. A NULL operation is one the kind does not need. */
@@ -81,8 +82,9 @@ typedef struct fc_link_kind {
      * a rank that exits does not discard its last words; FC_IN_FLIGHT_UNKNOWN where some may be
      * and the kind cannot tell (the engine then waits a moment). NULL: none can be lost so. */
     size_t (*in_flight)(fc_link *l);
-    /* Shared memory: say which CPU this side runs on; the CPU the peer's writer last ran on,
-     * or -1 (fc_wait.c keeps a pair that the scheduler put on one CPU apart). NULL elsewhere. */
+    /* Kinds whose peer may share this machine (shared memory; verbs to a peer on this host): say
+     * which CPU this side runs on; the CPU the peer's writer last ran on, or -1 (fc_wait.c keeps
+     * a pair that the scheduler put on one CPU apart). NULL elsewhere. */
     void (*say_cpu)(fc_link *l, int cpu);
     int (*peer_cpu)(fc_link *l);
     /* What this link is, in a few words, for transport_info() (verbs: its device, UC or RC, the

@@ -65,6 +65,8 @@ static int verbs_open(fc_link *l, const fc_link_params *p, char *why, size_t why
         free(v);
         return -1;
     }
+    v->same_host = p->same_host;
+    v->peer_cpu = -1;
     l->state = v;
     if (connect_peer(l, deadline, (double)budget / 1e9, why, why_len)) {
         fc_verbs_qp_close(&v->q);
@@ -213,6 +215,19 @@ static size_t verbs_in_flight(fc_link *l)
     return n;
 }
 
+/* Only toward a peer on this machine: another machine's CPU 3 is not this one's. */
+static void verbs_say_cpu(fc_link *l, int cpu)
+{
+    fc_verbs *v = st(l);
+    if (v->same_host && cpu >= 0 && (uint32_t)cpu < FC_VERBS_MAX_CPU)
+        v->my_cpu = (uint32_t)cpu + 1;
+}
+
+static int verbs_peer_cpu(fc_link *l)
+{
+    return st(l)->peer_cpu;
+}
+
 static void verbs_describe(fc_link *l, char *out, size_t len)
 {
     snprintf(out, len, "%s", st(l)->detail);
@@ -233,5 +248,7 @@ const fc_link_kind fc_link_verbs = {
     .room_event = POLLIN, /* bells, credits that could not go as messages, the end of the stream */
     .nap_ms = 1,          /* an arrival whose bell did not come (a notice that crossed it) */
     .in_flight = verbs_in_flight,
+    .say_cpu = verbs_say_cpu,
+    .peer_cpu = verbs_peer_cpu,
     .describe = verbs_describe,
 };

@@ -16,6 +16,10 @@
  * in a credit-only message's flags, with the frames it has had, and the other side rings the
  * socket once: at once if it had sent more than that, else when it next sends. A side that could
  * not say so (no credit) wakes within the link's nap (1 ms) instead.
+ *
+ * Where the peer runs on this machine (the test fabric, a loopback device), every header also
+ * says which CPU its sender last waited on, as the shared-memory rings do, so that the engine
+ * can part two ranks that the scheduler put on one CPU (fc_wait.c's step_aside).
  */
 #ifndef FC_VERBS_H
 #define FC_VERBS_H
@@ -32,7 +36,8 @@
 #define FC_VERBS_CTL 16             /* small buffers for credit-only messages */
 #define FC_VERBS_CTL_BYTES 64
 #define FC_VERBS_SLOT_BYTES 65536   /* one message, link header included */
-#define FC_VERBS_HEAD 16            /* the link header: frame, length, credits, flags, frames had */
+#define FC_VERBS_HEAD 20            /* the link header: frame, length, credits, flags, frames had, CPU */
+#define FC_VERBS_MAX_CPU (1u << 20) /* a bound on the CPU number a header may carry */
 #define FC_VERBS_ASLEEP 1u          /* a header's flag: its sender sleeps in poll(); ring its socket */
 #define FC_VERBS_PORT 1
 
@@ -89,6 +94,9 @@ typedef struct fc_verbs {
     uint32_t tx_len[FC_VERBS_TX_SLOTS];
     int peer_asleep; /* the peer said it sleeps: ring its socket with the next message */
     int announced;   /* this side said it sleeps, and nothing has come since */
+    int same_host;   /* the peer is on this machine: the CPUs below mean something */
+    uint32_t my_cpu; /* the CPU this side last waited on, + 1, said in every header (0: not said) */
+    int peer_cpu;    /* the CPU the peer's last header said, or -1 */
     /* the socket: credits that came over it (8-byte messages), and what waits to go there */
     uint8_t sock_in[8];
     uint32_t sock_in_len;

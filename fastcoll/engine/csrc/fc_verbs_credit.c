@@ -114,16 +114,17 @@ static int say_on_socket(fc_link *l, const uint8_t magic[4], uint32_t value)
 }
 
 typedef struct frame_head {
-    uint32_t seq, len, credits, flags, ack;
+    uint32_t seq, len, credits, flags, ack, cpu;
 } frame_head;
 
 /* The link header at h of a message of `bytes`, checked. 0, or -1 (the link failed, saying how). */
 static int check_head(fc_link *l, const uint8_t *h, uint32_t bytes, frame_head *f)
 {
     fc_verbs *v = st(l);
-    f->seq = fc_get32(h), f->len = fc_get32(h + 4), f->ack = fc_get32(h + 12);
+    f->seq = fc_get32(h), f->len = fc_get32(h + 4), f->ack = fc_get32(h + 12), f->cpu = fc_get32(h + 16);
     f->credits = h[8] | (uint32_t)h[9] << 8, f->flags = h[10] | (uint32_t)h[11] << 8;
-    if (f->len != bytes - FC_VERBS_HEAD || (f->flags & ~FC_VERBS_ASLEEP) || (int32_t)(v->seq - f->ack) < 0) {
+    if (f->len != bytes - FC_VERBS_HEAD || (f->flags & ~FC_VERBS_ASLEEP) || (int32_t)(v->seq - f->ack) < 0 ||
+        f->cpu > FC_VERBS_MAX_CPU) {
         fc_verbs_fail(l, 0, EPROTO, "a malformed frame came on the RDMA link (%s): frame %u of %u bytes", conn_of(v),
                       f->seq, bytes);
         return -1;
@@ -157,6 +158,7 @@ static int frame_in(fc_link *l, uint32_t slot, uint32_t bytes)
         return -1;
     v->expect++;
     v->credits += f.credits;
+    v->peer_cpu = v->same_host && f.cpu ? (int)f.cpu - 1 : -1;
     v->announced = 0; /* (the peer has sent since: it rings no more until told again) */
     if (f.flags & FC_VERBS_ASLEEP) {
         /* It fell asleep before frames of this side reached it: they wait unseen, so ring now. */
@@ -212,14 +214,15 @@ int fc_verbs_drain(fc_link *l)
     return l->recv_errno ? -1 : arrived;
 }
 
-/* The link header: frame number, length, credits returned and flags, and the frames of the peer
- * this side has received (what a notice of sleep is checked against). */
+/* The link header: frame number, length, credits returned and flags, the frames of the peer
+ * this side has received (what a notice of sleep is checked against), and this side's CPU + 1. */
 static void header(fc_verbs *v, uint8_t *buf, uint32_t len, uint32_t flags)
 {
     fc_put32(buf, v->seq);
     fc_put32(buf + 4, len);
     fc_put32(buf + 8, (v->owed & 0xffffu) | flags << 16); /* (owed <= FC_VERBS_RX_SLOTS) */
     fc_put32(buf + 12, v->expect);
+    fc_put32(buf + 16, v->my_cpu);
 }
 
 /* Copy up to `room` bytes from the front of the send queue to dst (they are not taken yet). */

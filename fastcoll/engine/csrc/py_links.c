@@ -91,21 +91,23 @@ static PyObject *open_link(EngineObject *self, int peer, int ch, const fc_link_k
 }
 
 /* add_link(peer, channel, fd, *, kind="tcp", segment=None, tx_offset=0, rx_offset=0, capacity=0,
- * device=None, library=None, reliable=False, setup_timeout=10.0): the engine takes the connected
- * socket fd (not on failure); shared memory's `segment` is the mapping that holds both rings. */
+ * device=None, library=None, reliable=False, setup_timeout=10.0, same_host=False): the engine
+ * takes the connected socket fd (not on failure); shared memory's `segment` is the mapping that
+ * holds both rings; a verbs link's `same_host` says its peer runs on this machine. */
 PyObject *py_add_link(EngineObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"peer", "channel", "fd", "kind", "segment", "tx_offset", "rx_offset", "capacity",
-                             "device", "library", "reliable", "setup_timeout", NULL};
-    int peer, ch, reliable = 0;
+                             "device", "library", "reliable", "setup_timeout", "same_host", NULL};
+    int peer, ch, reliable = 0, same_host = 0;
     const char *name = "tcp";
     PyObject *segment = Py_None;
     Py_ssize_t tx_off = 0, rx_off = 0, cap = 0;
     double setup = 10.0;
     fc_link_params p;
     memset(&p, 0, sizeof p);
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iii|$sOnnnzzpd", kwlist, &peer, &ch, &p.fd, &name, &segment,
-                                     &tx_off, &rx_off, &cap, &p.device, &p.library, &reliable, &setup))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iii|$sOnnnzzpdp", kwlist, &peer, &ch, &p.fd, &name, &segment,
+                                     &tx_off, &rx_off, &cap, &p.device, &p.library, &reliable, &setup,
+                                     &same_host))
         return NULL;
     const fc_link_kind *kind = py_usable(self) ? kind_of(name) : NULL;
     if (!kind)
@@ -115,6 +117,7 @@ PyObject *py_add_link(EngineObject *self, PyObject *args, PyObject *kw)
         return NULL;
     }
     p.reliable = reliable;
+    p.same_host = same_host;
     p.setup_ns = (int64_t)(setup * 1e9);
     if (segment != Py_None && hold_segment(self, segment, tx_off, rx_off, cap, &p))
         return NULL;
