@@ -209,14 +209,25 @@ SLOW: dict[str, tuple[str, Callable[[dict], bool] | None]] = {
     "test_soak.py": ("the soak (600 random collectives per transport)", None),
     "test_memory.py": ("the 20,000-call memory soak", lambda params: params.get("calls") == 20000),
     "test_real_clients.py": ("real mlx-lm clients (its HTTP server, mlx.nn)", None),
-    "test_examples.py": ("the documented commands of the examples, verbatim, eagerly and in graph mode",
-                         lambda params: "command" in params),
+    "test_examples.py": ("the documented commands of the examples, verbatim, eagerly and in graph mode, and"
+                         " sharded_generate's other two pairings of split and mode",
+                         lambda params: "command" in params
+                         or (params.get("split"), params.get("mode")) in (("pipeline", "eager"), ("tensor", "graph"))),
     "test_mlx_upstream.py": ("MLX's own test of its MPI backend, eagerly (graph mode's runs by default)",
                              lambda params: params.get("mode") == "eager"),
     # Every fault still runs in the default run, on shm (the default transport).
     "test_faults.py": ("the fault matrix on tcp and zmq", lambda params: params.get("transport") in ("tcp", "zmq")),
-    # The short soak (300 collectives) still runs in the default run.
-    "test_rdma.py": ("the 10,000-collective soak over the RDMA test fabric", lambda params: params.get("ops") == 10_000),
+    # The short soak (300 collectives) and every collective at 2 ranks still run in the default run;
+    # CI's step "over the RDMA test fabric" runs the core suites over it too.
+    "test_rdma.py": ("the 10,000-collective soak over the RDMA test fabric, and its collectives at 3 and 4 ranks",
+                     lambda params: params.get("ops") == 10_000 or params.get("world") in (3, 4)),
+    # Each case still runs in the default run on both engines; the busy one's eight repeats are CI's.
+    "test_finalize_thread.py": ("finalize() beside a busy collective, eight times over",
+                                lambda params: params.get("scenario") == "busy"),
+    # Every bad counter still runs in the default run on the native engine, where it crashed.
+    "test_shm_peer.py": ("a bad shared-memory counter on the pure-Python engine",
+                         lambda params: "scenario" in params and params.get("native") == "0"),
+    "test_diagnosis.py": ("who stopped answering, on zmq", lambda params: params.get("transport") == "zmq"),
 }
 # Fixtures that start an OpenSSH server: their tests are also marked `sshd`.
 SSHD_FIXTURES = ("sshd", "bed")
