@@ -21,6 +21,7 @@ MPI library (fastcoll/mlx_compat/csrc/mpi_abi.c over fastcoll/engine/csrc/py_gra
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -80,11 +81,47 @@ def test_graph_mode_peer_killed_mid_loop_ends_the_job():
     assert took < 10 + 15, (took, out)  # the timeout plus the launcher's start and grace
 
 
-def test_graph_mode_mismatched_calls_end_with_a_mismatch_error():
+def test_graph_mode_mismatched_calls_end_with_a_mismatch_error_in_the_users_terms():
+    """Rank r sums r + 4 float32s on the job's group: a rank ends naming its own call and the
+    other rank's as eager mode names them (op, dtype, shape), not by the engine's codes."""
     code, out, err = run_session(_launch("mismatch"), _env(), 60, merge_stderr=True)
     assert code != 0, out
-    assert "MismatchError" in out, out
     assert "a mismatched call returned" not in out, out
+    call = r"all_reduce\(sum,float32,\((\d),\)\)"
+    if _mode() == "graph":
+        pattern = (rf"rank (\d) \(host [^)]*\): s\d+c\d+/{call} in MLX's graph: MismatchError: "
+                   rf"rank (\d) \(host [^)]*\) called another collective \(s\d+c\d+/{call}\)")
+    else:  # the eager path's own words, the same names
+        pattern = rf"rank (\d) called {call} as collective #\d+ but rank (\d) called {call}"
+    found = re.findall(pattern, out)
+    assert found, out
+    for me, mine, peer, theirs in found:
+        assert (int(mine), int(peer), int(theirs)) == (int(me) + 4, 1 - int(me), 5 - int(me)), out
+
+
+@pytest.mark.skipif(not NATIVE, reason="the graph table is the native engine's (FASTCOLL_NATIVE=0 asks for none)")
+def test_graph_table_takes_the_names_of_fastcoll_dtypes_and_refuses_others():
+    """graph_open takes fastcoll.dtypes' names (one per engine dtype code, one per op), which its
+    signatures use; a table of another length, or a name that is not one, is a ValueError."""
+    import threading
+
+    from fastcoll import dtypes
+    from fastcoll.engine import _native
+
+    e = _native.Engine(0, 2, 1, 0, 0, threading.main_thread().ident, 0)
+    try:
+        ring = _native.ALGORITHMS.index("ring")
+        head = ("s0c0/", (0, 1), 0, 10.0, 1 << 16, (0, ring, ring), (0, ring, ring), ("rank 0", "rank 1"))
+        for names, ops, says in [(dtypes.names()[:-1], dtypes.OPS, "14 dtype names"),
+                                 (dtypes.names(), dtypes.OPS + ("xor",), "5 op names"),
+                                 (dtypes.names(), ("sum", "", "min", "max", "mean"), "a bad op name"),
+                                 (dtypes.names()[:-1] + ("c" * 40,), dtypes.OPS, "a bad dtype name"),
+                                 (dtypes.names()[:-1] + (7,), dtypes.OPS, "a bad dtype name")]:
+            with pytest.raises(ValueError, match=says):
+                e.graph_open(*head, names, ops)
+        assert e.graph_open(*head, dtypes.names(), dtypes.OPS) is not None
+    finally:
+        e.close(0.0, 0.0)
 
 
 def _library_script(body: str) -> subprocess.CompletedProcess:

@@ -294,7 +294,9 @@ class NativeEngine(Engine):
                     labels: tuple[str, ...]) -> Any:
         rules = [(most, _ALGORITHM[small], _ALGORITHM[large]) for most, small, large in (all_reduce, all_gather)]
         try:
-            return self._n.graph_open(prefix, tuple(ranks), rank, limit, piece_bytes, *rules, tuple(labels))
+            # the signatures name dtypes and ops as the eager path does, from fastcoll.dtypes
+            return self._n.graph_open(prefix, tuple(ranks), rank, limit, piece_bytes, *rules, tuple(labels),
+                                      dtypes.names(), dtypes.OPS)
         except _native.NativeError as e:  # closed: finalize() ran
             raise error_from(e.args, self.transport.rank) from None
 

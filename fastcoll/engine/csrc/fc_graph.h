@@ -13,7 +13,7 @@
 
 #include <stddef.h>
 
-#define FC_GRAPH_VERSION 1
+#define FC_GRAPH_VERSION 2
 
 /* MPI_User_function's shape: inout[i] = in[i] op inout[i] for i < *len (commutative). */
 typedef void (*fc_graph_user_op)(void *in, void *inout, int *len, void **type);
@@ -24,11 +24,14 @@ typedef struct fc_graph_api {
     int rank, size; /* this rank in the graph's group, and its size */
     /* dst = the sum/min/max (redop: fc_reduce.h's FC_SUM, FC_MIN, FC_MAX) of every rank's
      * src (count elements of dtype, fc_reduce.h's codes), or through `user` when it is set
-     * (dtype then only gives the element size). src may be dst. */
+     * (dtype then only gives the element size). src may be dst. name_dtype, name_op: the
+     * dtype and op as the user made the call (fc_reduce.h's codes, -1 where not known), which
+     * its signature names, so that a mismatch reads in the user's terms. */
     int (*all_reduce)(void *ctx, const void *src, void *dst, size_t count, int dtype, int redop,
-                      fc_graph_user_op user, void *user_type);
-    /* dst = every rank's nbytes of src, in rank order. */
-    int (*all_gather)(void *ctx, const void *src, void *dst, size_t nbytes);
+                      fc_graph_user_op user, void *user_type, int name_dtype, int name_op);
+    /* dst = every rank's nbytes of src, in rank order; name_dtype as for all_reduce (its
+     * elements must be of that size). */
+    int (*all_gather)(void *ctx, const void *src, void *dst, size_t nbytes, int name_dtype);
     int (*send)(void *ctx, const void *src, size_t nbytes, int peer);
     int (*recv)(void *ctx, void *dst, size_t nbytes, int peer);
 } fc_graph_api;

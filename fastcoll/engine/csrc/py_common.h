@@ -10,6 +10,7 @@
  *                 last words; completions; the references released later with the GIL
  *   py_args.c     a collective's arguments from Python, checked, as an fc_op
  *   py_graph.c    the graph table: collectives MLX's evaluation thread calls without Python
+ *   py_graph_names.c  the graph table's signatures, in the user's terms (fastcoll.dtypes' names)
  *   py_results.c  the ResultCache type: memory for large results, kept between calls
  *
  * The GIL is released around every wait. The service thread never takes it to run a native
@@ -24,6 +25,7 @@
 #include "fc_algo.h"
 #include "fc_engine.h"
 #include "fc_gate.h"
+#include "fc_reduce.h"
 #include "fc_service.h"
 
 typedef struct py_item py_item;
@@ -118,11 +120,29 @@ PyObject *py_submit_gate(EngineObject *self, PyObject *const *args, Py_ssize_t n
 PyObject *py_submit_planned_gate(EngineObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 /* py_graph.c: graph_open(prefix, ranks, rank, limit, piece_bytes, (small_max, small_algo,
- * large_algo) for all_reduce, the same for all_gather, labels) -> a capsule of fc_graph_api;
- * close refuses later calls (after the one under way); free at the engine's end. */
+ * large_algo) for all_reduce, the same for all_gather, labels, dtype names, op names) -> a
+ * capsule of fc_graph_api; close refuses later calls (after the one under way); free at the
+ * engine's end. */
 PyObject *py_graph_open(EngineObject *self, PyObject *args);
 void py_graph_close(EngineObject *self);
 void py_graph_free(EngineObject *self);
+
+/* py_graph_names.c: the names of fastcoll.dtypes (names() in fc_reduce.h's code order, OPS),
+ * which the graph table's signatures use. */
+#define PY_GRAPH_NAME_MAX 16
+typedef struct py_graph_names {
+    char dtypes[FC_DTYPE_COUNT][PY_GRAPH_NAME_MAX];
+    char ops[FC_OP_COUNT][PY_GRAPH_NAME_MAX];
+} py_graph_names;
+/* Take the tuples Python passes (one name per code); 0, or -1 with a ValueError. */
+int py_graph_names_take(py_graph_names *n, PyObject *dtypes, PyObject *ops);
+/* "<prefix>all_reduce(sum,float32,(64,))": the op and dtype as the user named them where known
+ * (name_dtype, name_op: -1 where not), else the engine's ("custom" for an op MLX made). */
+void py_graph_sig_all_reduce(const py_graph_names *n, char *out, size_t size, const char *prefix, size_t count,
+                             int dtype, int redop, int user, int name_dtype, int name_op);
+/* "<prefix>all_gather(float32,(4,))"; uint8 and the byte count where the dtype is not known. */
+void py_graph_sig_all_gather(const py_graph_names *n, char *out, size_t size, const char *prefix, size_t nbytes,
+                             int name_dtype);
 
 /* py_engine.c: release the GIL for a wait; on the main thread, let the wait run Python's signal handlers. */
 #define WAIT_BEGIN(self)                                                     \

@@ -183,7 +183,8 @@ static PyMethodDef engine_methods[] = {
     {"gate_submit_planned", FASTCALL(py_gate_submit_planned), METH_FASTCALL,
      "queue a gate (plan, call_seq, gate_seq, nbytes, task, work): the exchange planned"},
     {"graph_open", (PyCFunction)graph_open, METH_VARARGS,
-     "graph_open(prefix, ranks, rank, limit, piece_bytes, all_reduce, all_gather, labels): the graph table"},
+     "graph_open(prefix, ranks, rank, limit, piece_bytes, all_reduce, all_gather, labels, dtype_names, op_names): "
+     "the graph table"},
     {NULL, NULL, 0, NULL},
 };
 

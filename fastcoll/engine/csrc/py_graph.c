@@ -15,7 +15,7 @@
 
 #define PREFIX_MAX 96
 #define LABEL_MAX 96
-#define SIG_MAX 160
+#define SIG_MAX 192 /* a prefix, two names and a count */
 
 enum { G_ALL_REDUCE, G_ALL_GATHER, G_KINDS };
 
@@ -25,6 +25,7 @@ struct py_graph {
     pthread_mutex_t lock; /* one call at a time (MLX may evaluate on several CPU streams) */
     int open;             /* under lock: 0 once the engine closes */
     char prefix[PREFIX_MAX];
+    py_graph_names names; /* fastcoll.dtypes', for the signatures */
     int rank, size;
     int32_t *ranks;       /* the job's rank of each group rank */
     char (*labels)[LABEL_MAX];
@@ -178,20 +179,23 @@ static int64_t *even_bounds(py_graph *g, size_t count)
 }
 
 static int graph_all_reduce(void *ctx, const void *src, void *dst, size_t count, int dtype, int redop,
-                            fc_graph_user_op user, void *user_type)
+                            fc_graph_user_op user, void *user_type, int name_dtype, int name_op)
 {
     py_graph *g = ctx;
     size_t size = fc_itemsize(dtype);
+    char sig[SIG_MAX];
+    py_graph_sig_all_reduce(&g->names, sig, sizeof sig, g->prefix, count, dtype, redop, user != NULL, name_dtype,
+                            name_op);
     pthread_mutex_lock(&g->lock);
     if (!size || (!user && !fc_reduction_valid(dtype, redop)) || count > SIZE_MAX / size)
-        fatal(g, "all_reduce", "FastcollError: no such reduction of this dtype");
+        fatal(g, sig, "FastcollError: no such reduction of this dtype");
     size_t nbytes = count * size;
     if (src == dst && nbytes) { /* the algorithms read src while dst fills */
         if (g->scratch_bytes < nbytes) {
             fc_scratch_free(g->scratch);
             g->scratch_bytes = 0;
             if (!(g->scratch = fc_scratch_alloc(nbytes)))
-                fatal(g, "all_reduce", "FastcollError: out of memory");
+                fatal(g, sig, "FastcollError: out of memory");
             g->scratch_bytes = nbytes;
         }
         memcpy(g->scratch, src, nbytes);
@@ -200,26 +204,24 @@ static int graph_all_reduce(void *ctx, const void *src, void *dst, size_t count,
     fc_op op = {.kind = FC_K_ALL_REDUCE, .algo = algorithm(g, G_ALL_REDUCE, nbytes), .dtype = dtype, .redop = redop,
                 .user = user, .user_type = user_type, .itemsize = size, .src = src, .src_count = count,
                 .dst = dst, .dst_count = count};
-    char sig[SIG_MAX];
-    snprintf(sig, sizeof sig, "%sall_reduce(%d,%d,%d,%zu)", g->prefix, dtype, redop, user != NULL, count);
-    run(g, "all_reduce", g->seq++, sig, &op);
+    run(g, sig, g->seq++, sig, &op);
     pthread_mutex_unlock(&g->lock);
     return 0;
 }
 
-static int graph_all_gather(void *ctx, const void *src, void *dst, size_t nbytes)
+static int graph_all_gather(void *ctx, const void *src, void *dst, size_t nbytes, int name_dtype)
 {
     py_graph *g = ctx;
+    char sig[SIG_MAX];
+    py_graph_sig_all_gather(&g->names, sig, sizeof sig, g->prefix, nbytes, name_dtype);
     pthread_mutex_lock(&g->lock);
     if (nbytes > SIZE_MAX / (size_t)g->size)
-        fatal(g, "all_gather", "FastcollError: the result does not fit in memory");
+        fatal(g, sig, "FastcollError: the result does not fit in memory");
     int64_t *bounds = even_bounds(g, nbytes);
     fc_op op = {.kind = FC_K_ALL_GATHER, .algo = algorithm(g, G_ALL_GATHER, nbytes * (size_t)g->size),
                 .dtype = FC_UINT8, .itemsize = 1, .src = src, .src_count = nbytes, .dst = dst,
                 .dst_count = nbytes * (size_t)g->size, .bounds = bounds};
-    char sig[SIG_MAX];
-    snprintf(sig, sizeof sig, "%sall_gather(%zu)", g->prefix, nbytes);
-    run(g, "all_gather", g->seq++, sig, &op);
+    run(g, sig, g->seq++, sig, &op);
     free(bounds);
     pthread_mutex_unlock(&g->lock);
     return 0;
@@ -283,15 +285,17 @@ static void capsule_free(PyObject *capsule)
 }
 
 /* Fill g from (prefix, ranks, rank, limit, piece_bytes, all_reduce (small_max, small_algo,
- * large_algo), all_gather (the same), labels); 0, or -1 with a Python error. */
+ * large_algo), all_gather (the same), labels, dtype names, op names); 0, or -1 with a Python
+ * error. */
 static int graph_fill(py_graph *g, PyObject *args, int job_size)
 {
     const char *prefix;
-    PyObject *ranks, *labels;
+    PyObject *ranks, *labels, *dtypes, *ops;
     long long sm[G_KINDS];
-    if (!PyArg_ParseTuple(args, "sO!idn(Lii)(Lii)O!", &prefix, &PyTuple_Type, &ranks, &g->rank, &g->limit,
+    if (!PyArg_ParseTuple(args, "sO!idn(Lii)(Lii)O!OO", &prefix, &PyTuple_Type, &ranks, &g->rank, &g->limit,
                           &g->piece_bytes, &sm[0], &g->small_algo[0], &g->large_algo[0], &sm[1],
-                          &g->small_algo[1], &g->large_algo[1], &PyTuple_Type, &labels))
+                          &g->small_algo[1], &g->large_algo[1], &PyTuple_Type, &labels, &dtypes, &ops) ||
+        py_graph_names_take(&g->names, dtypes, ops))
         return -1;
     g->size = (int)PyTuple_GET_SIZE(ranks);
     if (strlen(prefix) >= PREFIX_MAX || g->size < 1 || g->size > job_size || PyTuple_GET_SIZE(labels) != g->size ||

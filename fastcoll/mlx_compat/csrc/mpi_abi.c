@@ -260,6 +260,13 @@ static int calling(const char *call, struct mpi_call *c, void *comm, int count, 
     return MPI_SUCCESS;
 }
 
+/* The dtype the user knows t as (fc_reduce.h's code), for the table's signatures; -1 where
+ * not known, or not of t's size. */
+static int user_dtype(const struct mpi_type *t)
+{
+    return t->name >= 0 && t->name < FC_DTYPE_COUNT && fc_itemsize(t->name) == t->size ? t->name : -1;
+}
+
 static int finish(int slot, int rc)
 {
     mpi_leave(slot);
@@ -285,14 +292,13 @@ EXPORT int MPI_Allreduce(const void *src, void *dst, int count, void *type, void
         dtype = FC_UINT8;
         redop = redop == FC_MIN ? FC_MIN : FC_MAX;
     }
-    /* A user op reduces by itself, and the engine reads only the element size from dtype: the
-     * user's dtype (float16, not uint16), where known, is what the call's signature then names. */
-    if (o->fn && t->name < FC_DTYPE_COUNT && fc_itemsize(t->name) == t->size)
-        dtype = t->name;
+    /* A user op reduces by itself (dtype gives only the element size); the table's signature
+     * names the call as the user made it (a sum of bool, not a max of uint8). */
     int slot = mpi_enter(&c);
     struct mpi_comm *m = comm;
     if (m->world)
-        rc = a->all_reduce(a->ctx, src == IN_PLACE ? dst : src, dst, (size_t)count, dtype, redop, o->fn, type);
+        rc = a->all_reduce(a->ctx, src == IN_PLACE ? dst : src, dst, (size_t)count, dtype, redop, o->fn, type,
+                           user_dtype(t), o->name);
     else
         rc = mpi_sub_all_reduce(a, m, &c, src, dst, dtype, redop, o, type, t->size);
     return finish(slot, rc);
@@ -313,7 +319,7 @@ EXPORT int MPI_Allgather(const void *src, int count, void *type, void *dst, int 
     int slot = mpi_enter(&c);
     struct mpi_comm *m = comm;
     if (m->world)
-        rc = a->all_gather(a->ctx, src, dst, (size_t)count * t->size);
+        rc = a->all_gather(a->ctx, src, dst, (size_t)count * t->size, user_dtype(t));
     else
         rc = mpi_sub_all_gather(a, m, &c, src, dst, (size_t)count * t->size);
     return finish(slot, rc);
