@@ -42,6 +42,16 @@ def signature(kind: str, *parts: Any) -> str:
     return kind + "(" + ",".join(map(str, parts)) + ")"
 
 
+def pair_signature(sig: str, rank: int, peer: int, sends: int, receives: int) -> str:
+    """The `sig` of the agreement message between job ranks `rank` and `peer` in a call whose
+    counts nothing else checked (all_to_all_v's given recv_counts): the call's signature and the
+    elements the pair exchanges each way, as `rank` sends and expects them, written alike from
+    either end (lower rank first), so that both ranks of a pair that disagrees raise a
+    MismatchError naming both views before any data moves (fc_agree.c writes the same)."""
+    lo, hi, up, down = (rank, peer, sends, receives) if rank < peer else (peer, rank, receives, sends)
+    return f"{sig} [elements rank {lo} -> rank {hi}: {up}, rank {hi} -> rank {lo}: {down}]"
+
+
 def pack(h: Header) -> bytes:
     """Header -> length-prefixed bytes."""
     body = msgpack.packb((h.kind, h.seq, h.sig, h.chunk, h.nbytes))

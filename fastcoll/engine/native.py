@@ -79,6 +79,8 @@ def error_from(info: tuple, me: int, seq: int = -1, sig: str = "", why: str | No
     if name == "abort":
         return abort_error(Header(ABORT, -1, said, n0, 0), peer, None if waiting_for < 0 else waiting_for)
     if name == "mismatch_call":
+        if n1 > 0:  # an all_to_all_v pair's agreement (fc_agree.c): what this rank sends and expects
+            sig = wire.pair_signature(sig, me, peer, n2 - 1, n1 - 1)
         return other_call(me, peer, seq, sig, n0, said)
     if name == "mismatch_chunk":
         return other_chunk(me, peer, seq, sig, n0, n1, n2, n3)
@@ -409,7 +411,7 @@ class NativeEngine(Engine):
         return err
 
     def _arguments(self, task: Task, kind: str | None = None) -> tuple:
-        """The 17 arguments of _native.Engine.run and submit (py_common.h) for task's Op (as a
+        """The 18 arguments of _native.Engine.run and submit (py_common.h) for task's Op (as a
         collective of `kind`, if given)."""
         op: Op = task.body
         buf = op.src if op.src is not None else op.dst
@@ -420,7 +422,7 @@ class NativeEngine(Engine):
             ranks = self._ranks[task.ranks] = np.asarray(task.ranks, dtype=np.int32).tobytes()
         return (_KIND[kind or op.kind], _ALGORITHM[op.algorithm], task.seq, task.sig.encode(), task.limit, task.rank,
                 task.size, ranks, task.piece_bytes, dtype, _REDUCE[op.reduce or "sum"], itemsize, op.src, op.dst,
-                op.root, _bounds(op.bounds), _bounds(op.recv_bounds))
+                op.root, _bounds(op.bounds), _bounds(op.recv_bounds), op.agree_counts)
 
 
 # The collectives a Plan serves (the small calls a loop repeats).

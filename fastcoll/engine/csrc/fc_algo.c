@@ -48,7 +48,10 @@ int fc_run(fc_call *c, const fc_op *op)
         local.dst_count = op->src_count;
     }
     fc_engine_call_begin(c->e, op->kind, op_bytes(&local));
-    int rc = ALGORITHMS[op->algo]->run[op->kind](c, &local);
+    int agreeing = fc_agree_needed(op);
+    int rc = agreeing && fc_agree_begin(c, &local) ? -1 : ALGORITHMS[op->algo]->run[op->kind](c, &local);
+    if (agreeing && fc_agree_end(c, !rc))
+        rc = -1;
     fc_engine_call_end(c->e);
     if (rc)
         return -1;
@@ -66,12 +69,18 @@ int fc_send(fc_call *c, int peer, int64_t chunk, const uint8_t *p, size_t count)
 
 int fc_recv(fc_call *c, int peer, int64_t chunk, uint8_t *p, size_t count)
 {
+    if (c->owed && c->owed[peer] && fc_agree_take(c, peer)) /* sent ahead of everything else of the call */
+        return -1;
     return fc_engine_recv(c->e, c->ranks[peer], c->seq, c->sig, c->sig_len, chunk, p, count * c->itemsize,
                           c->deadline, c->err);
 }
 
 int fc_flush(fc_call *c)
 {
+    /* every peer's agreement first: two ranks that both think themselves a broadcast's root
+     * would otherwise wait for each other to take more than a link holds */
+    if (c->owed && fc_agree_take_all(c))
+        return -1;
     return fc_engine_flush(c->e, c->deadline, c->err);
 }
 

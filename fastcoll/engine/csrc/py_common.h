@@ -70,7 +70,7 @@ typedef struct py_op {
     int64_t *even[2]; /* bounds computed here (None from Python: even blocks) */
 } py_op;
 
-#define PY_OP_ARGS 17
+#define PY_OP_ARGS 18
 
 /* The 13 fixed arguments (kind, algorithm, seq, sig, limit, rank, size, ranks, piece_bytes,
  * dtype, reduce, itemsize, root); 0, or -1 with a Python error. */
@@ -79,7 +79,7 @@ int py_op_fix(py_op *o, PyObject *const *args, int job_size, int job_rank);
  * blocks), checked against the fixed part; 0, or -1 with a Python error. */
 int py_op_bind(py_op *o, PyObject *src, PyObject *dst, PyObject *bounds, PyObject *recv_bounds);
 /* All PY_OP_ARGS arguments (kind, algorithm, seq, sig, limit, rank, size, ranks, piece_bytes,
- * dtype, reduce, itemsize, src, dst, root, bounds, recv_bounds). */
+ * dtype, reduce, itemsize, src, dst, root, bounds, recv_bounds, agree_counts). */
 /* Bind the engine's own memory (a gate's receive mailbox) as the destination, no source, even
  * bounds; 0, or -1 with a Python error. */
 int py_op_bind_into(py_op *o, uint8_t *dst, size_t nbytes);
