@@ -16,6 +16,8 @@ through fastcoll.testhooks (a delay or a death at a named point of the set-up), 
 7. A late rank gets the same error class as the rank that gave up, after a large message too.
 8. Calls of two threads on one group never pair up across ranks.
 9. reduce_scatter allocates 1/n of its input, not a full-size scratch buffer.
+10. A child forked after init() cannot use its parent's job: its calls raise at once, and its
+    finalize() and exit leave the parent's links alone.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import numpy as np
 import pytest
 
 from conftest import PROGS, ROOT, Job, free_port
+from engines import engines
 from fastcoll import dtypes, wire
 from fastcoll.algorithms import Call, blocks, ring
 from fastcoll.config import MAX_TIMEOUT, Config
@@ -393,6 +396,25 @@ def test_a_forked_child_that_exits_leaves_the_job_alone(launch, transport):
     results = outcome(launch(2, WORKER, "fork-exit", transport=transport, timeout="30"), 60)
     for r, (code, lines, out, err) in enumerate(results):
         assert code == 0 and "OK" in lines and "CHILD-HUNG" not in lines, f"rank {r}\n{show(results)}"
+
+
+@pytest.mark.parametrize("engine", engines())
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_forked_childs_collective_raises_and_leaves_the_job_alone(launch, transport, engine):
+    # A child forked after init() whose all_reduce went out on its parent's links made rank 1's
+    # next all_reduce return 102 (the child's 100 plus its own 2), with no error anywhere.
+    results = outcome(launch(2, WORKER, "fork-call", transport=transport, timeout="30",
+                             FASTCOLL_NATIVE=engine), 60)
+    for r, (code, lines, out, err) in enumerate(results):
+        assert code == 0 and "OK" in lines and lines["RESULT"] == "3.0", f"rank {r}\n{show(results)}"
+    code, lines, out, err = results[0]
+    assert lines["CHILD-EXIT"] == "0", show(results)
+    errors = [line for line in out.splitlines() if line.startswith("CHILD-ERROR ")]
+    assert len(errors) == 2, show(results)  # all_reduce (planned in the parent), then broadcast
+    for line in errors:
+        _, cls, took, message = line.split(" ", 3)
+        assert cls == "FastcollError" and float(took) < 0.5, line
+        assert "was forked from rank 0's process" in message, line
 
 
 # --- 4. Ctrl-C reaches the caller, and the peers raise at once ---------------------------------

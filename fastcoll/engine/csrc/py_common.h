@@ -51,7 +51,18 @@ typedef struct {
     pthread_mutex_t dead_lock;
     py_item *dead; /* finished items whose Python references wait for the GIL */
     py_graph *graph; /* the graph table, once opened (py_graph.c) */
+    unsigned long generation; /* py_fork_generation when it was made */
 } EngineObject;
+
+/* How many times this process is a fork's child (py_module.c counts them, pthread_atfork): an
+ * engine made before the last fork is its parent's, whose links, threads and locks a child must
+ * never touch, nor end. */
+extern unsigned long py_fork_generation;
+
+static inline int py_forked(const EngineObject *self)
+{
+    return self->generation != py_fork_generation;
+}
 
 /* A collective as Python hands it over (py_args.c): its fixed part (the fc_op's collective,
  * algorithm, dtype and root; its call's sequence number, signature, group and time limit), and

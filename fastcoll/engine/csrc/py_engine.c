@@ -13,6 +13,10 @@ int py_usable(EngineObject *self)
         PyErr_SetString(PyExc_RuntimeError, "the native engine is not set up");
         return 0;
     }
+    if (py_forked(self)) {
+        PyErr_SetString(PyExc_RuntimeError, "the native engine belongs to the process this one was forked from");
+        return 0;
+    }
     if (atomic_load(&self->closed)) {
         fc_err err;
         fc_err_set(&err, FC_E_SHUT, -1);
@@ -47,6 +51,7 @@ static int engine_init(EngineObject *self, PyObject *args, PyObject *kw)
         return -1;
     }
     self->main_thread = main_thread;
+    self->generation = py_fork_generation;
     self->ready = 1;
     return 0;
 }
