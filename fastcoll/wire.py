@@ -13,6 +13,10 @@ from typing import Any, NamedTuple
 
 import msgpack
 
+# The version of the frames and of the rendezvous, which every rank sends at init(): ranks that
+# speak another refuse each other there (a MismatchError naming both versions), rather than meet
+# in frames they read differently.
+PROTOCOL = 2
 MAX_HEADER = 4096
 PREFIX = struct.Struct("<I")
 # Ordinary data messages are cut to at most this many bytes (the ZeroMQ message bound follows).

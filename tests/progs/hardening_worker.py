@@ -106,6 +106,8 @@ def fork_call() -> int:
 def main() -> int:
     if SCENARIO == "fork-call":
         return fork_call()
+    if SCENARIO == "init":  # (tests/test_rendezvous.py plays another rank)
+        return init_expecting_error()
     if SCENARIO == "setup-sleep":
         # Rank 0 stalls at a point of the set-up until its deadline has passed: the rank that
         # arrives just before rank 0's FASTCOLL_TIMEOUT runs out, as a deterministic case.
