@@ -88,6 +88,10 @@ class Job:
         return self.error
 
     def _explained(self, error: CollectiveTimeoutError, limit: float, waited: float | None) -> CollectiveTimeoutError:
+        if getattr(error, "moving", False):  # data still moved: nobody to look for
+            return diagnosis.timed_out(
+                f"{error}; no rank stopped answering: data still moved between the ranks when the "
+                "limit ran out, so this call needs a longer one", getattr(error, "waiting_for", None), True)
         me = self.config.rank
         # Told of a peer's timeout within half its limit of entering the call: this rank did not
         # wait long for anyone, so a chain of waits that ends at it says it came too late.
@@ -116,7 +120,7 @@ class Job:
                 setting = f"FASTCOLL_TIMEOUT={limit:g}" if from_env else f"timeout={limit:g}"
                 e = diagnosis.timed_out(
                     f"{e} (it waited {limit:g} s, the call's limit: {setting}; raise it to wait longer)",
-                    getattr(e, "waiting_for", None))
+                    getattr(e, "waiting_for", None), getattr(e, "moving", False))
             raise self.fail(e, limit, waited=time.monotonic() - started) from None
         if isinstance(e, Exception):
             # Arguments were checked before the call was queued, so this is a bug; the peers may

@@ -62,11 +62,16 @@ def pack(h: Header) -> bytes:
     return PREFIX.pack(len(body)) + body
 
 
-def unpack(body: bytes | memoryview) -> Header:
-    """msgpack bytes -> Header; ValueError for anything malformed."""
+_INT64 = range(-(1 << 63), 1 << 63)
+
+
+def unpack(body: bytes | memoryview, size: int | None = None) -> Header:
+    """msgpack bytes -> Header; ValueError for anything malformed: a field of the wrong type, an
+    integer outside int64, a signature that is not UTF-8, and (given the job's `size`) an ABORT
+    whose chunk names no rank of the job. The native engine refuses the same (fc_wire.c)."""
     try:
         items = msgpack.unpackb(
-            body, max_str_len=MAX_HEADER, max_bin_len=0, max_array_len=8, max_map_len=0
+            body, raw=True, max_str_len=MAX_HEADER, max_bin_len=0, max_array_len=8, max_map_len=0
         )
     except Exception as e:  # msgpack raises several unrelated types for garbage
         raise ValueError(f"malformed header: {e}") from None
@@ -74,15 +79,21 @@ def unpack(body: bytes | memoryview) -> Header:
         raise ValueError("malformed header: not a 5-field array")
     kind, seq, sig, chunk, nbytes = items
     if not (
-        kind in (DATA, ABORT, CLOSE)
-        and isinstance(seq, int)
-        and isinstance(sig, str)
-        and isinstance(chunk, int)
-        and isinstance(nbytes, int)
+        type(kind) is int and kind in (DATA, ABORT, CLOSE)
+        and type(seq) is int and seq in _INT64
+        and isinstance(sig, bytes)
+        and type(chunk) is int and chunk in _INT64
+        and type(nbytes) is int and nbytes in _INT64
         and nbytes >= 0
     ):
         raise ValueError("malformed header: field of the wrong type")
-    return Header(kind, seq, sig, chunk, nbytes)
+    try:
+        text = sig.decode()
+    except UnicodeDecodeError:
+        raise ValueError("malformed header: the signature is not UTF-8") from None
+    if kind == ABORT and size is not None and not 0 <= chunk <= size:  # chunk: 1 + whom it waited for
+        raise ValueError("malformed header: an ABORT that names no rank of the job")
+    return Header(kind, seq, text, chunk, nbytes)
 
 
 def header_length(prefix: bytes | memoryview) -> int:

@@ -320,6 +320,23 @@ def test_per_call_timeout_bounds_a_stall_mid_payload(launch, transport, world, e
             assert "rank 1" in message, message
 
 
+@pytest.mark.parametrize("engine", engines())
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_limit_too_short_for_the_call_is_named_so_not_a_stopped_peer(launch, transport, engine):
+    # A 256 MiB all_reduce with timeout=0.05, every rank running: each rank's error used to say
+    # its peer "stopped sending in the middle of a message" (or "stopped taking data", "did not
+    # answer"), and the comparison of waits then found a rank that was "gone" or a cycle.
+    results = outcome(launch(2, WORKER, "short-limit", transport=transport, timeout="30",
+                             FASTCOLL_NATIVE=engine), 60)
+    for r, (code, lines, _, _) in enumerate(results):
+        assert code == 3, f"rank {r}\n{show(results)}"
+        cls, _, message = error_of(lines)
+        assert cls == "CollectiveTimeoutError" and "the call's time limit ran out while" in message, message
+        assert "no rank stopped answering: data still moved" in message, message
+        for wrong in ("which stopped", "did not answer", "is gone", "in a cycle"):
+            assert wrong not in message, message
+
+
 @pytest.mark.parametrize("transport", ["tcp", "zmq", "shm"])
 def test_a_receiver_told_of_the_roots_timeout_raises_it_at_once(launch, transport):
     # The window the test above can land in, held open: rank 2's own limit (5 s) is far behind

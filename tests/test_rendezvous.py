@@ -37,8 +37,8 @@ def message(**change) -> dict:
 
 MALFORMED = {
     "not-a-map": ([1, 2, 3], "it is a list, not a map"),
-    "no-address": (message(address=None), "its 'address' is missing, not a list of host:port"),
-    "address-not-host-port": (message(address="nowhere"), "rank 1's address must be host:port, not 'nowhere'"),
+    "no-address": (message(address=None), "its 'address' is missing, not an address"),
+    "address-a-number": (message(address=5), "its 'address' is an int, not an address"),
     "no-caps": (message(caps=None), "its 'caps' is missing, not a map"),
     "caps-a-list": (message(caps=["tcp"]), "its 'caps' is a list, not a map"),
     "caps-of-the-wrong-type": (message(caps={"transport": 5}), "its capability 'transport' is an int, not str"),

@@ -42,7 +42,7 @@ class Call:
     tracer: Any = None  # a fastcoll.trace.Tracer when FASTCOLL_TRACE is set
     sent: int = 0  # messages sent to the ring's right neighbour so far
     received: int = 0  # messages received from the left one
-    owed: list[bool] | None = None  # per group rank: its agreement message is still to be read (agree)
+    owed: list[bool] | None = None  # per group rank: its agreement message is to be read (agree)
     expected: list[str] | None = None  # per group rank: the signature its agreement message must carry
 
     def agree(self, sends: Sequence[int] | None = None, receives: Sequence[int] | None = None) -> None:
@@ -64,15 +64,11 @@ class Call:
         self.owed = [p != me for p in range(n)]
 
     def agreed(self) -> None:
-        """Read every peer's agreement message not read yet (see `agree`)."""
+        """Read every peer's agreement message (see `agree`), once."""
+        owed, self.owed = self.owed, None
         for p in range(self.size):
-            if self.owed[p]:
-                self._take_agreement(p)
-        self.owed = None
-
-    def _take_agreement(self, peer: int) -> None:
-        self.owed[peer] = False
-        self.t.recv(self.ranks[peer], self.seq, self.expected[peer], 0, None, self.deadline, self.tracer)
+            if owed[p]:
+                self.t.recv(self.ranks[p], self.seq, self.expected[p], 0, None, self.deadline, self.tracer)
 
     def send(self, peer: int, chunk: int, payload: np.ndarray | None) -> None:
         """Send `payload` (a contiguous array or None) as message `chunk` of this collective."""
@@ -86,8 +82,11 @@ class Call:
 
     def recv(self, peer: int, chunk: int, out: np.ndarray | None) -> None:
         """Receive message `chunk` of this collective from `peer` into `out`."""
-        if self.owed is not None and self.owed[peer]:
-            self._take_agreement(peer)  # sent ahead of everything else of the call
+        if self.owed is not None:
+            # Every peer's, before this rank waits on any (each is sent before anything else of the
+            # call): one left unread would be held ahead of what that peer says next, a timeout's
+            # notice included, while this rank waits on another.
+            self.agreed()
         mv = None if out is None else memoryview(out).cast("B")
         self.t.recv(self.ranks[peer], self.seq, self.sig, chunk, mv, self.deadline, self.tracer)
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from fastcoll import diagnosis, dtypes, wire
+from fastcoll import dtypes, wire
 from fastcoll.algorithms import select
 from fastcoll.config import AUTO_SPIN_US, for_host
 from fastcoll.engine import _native
@@ -68,14 +68,12 @@ def error_from(info: tuple, me: int, seq: int = -1, sig: str = "", why: str | No
     code, peer, waiting_for, errno_, n0, n1, n2, n3, text = info
     name = _CODES[code] if 0 <= code < len(_CODES) else "internal"
     said = text.decode("utf-8", "replace")
-    if name == "timeout_wait":
-        return diagnosis.timed_out(f"rank {me} timed out waiting for rank {peer}, which did not answer", peer)
-    if name == "timeout_payload":
-        return diagnosis.timed_out(
-            f"rank {me} timed out receiving from rank {peer}, which stopped sending in the middle of a "
-            f"message ({n0} of {n1} bytes arrived)", peer)
-    if name == "timeout_send":
-        return tcp.send_timeout(me, None if peer < 0 else peer)
+    if name == "timeout_wait":  # n0: how long since its payload last moved, in us (-1: never)
+        return tcp.wait_timeout(me, peer, None if n0 < 0 else n0 / 1e6)
+    if name == "timeout_payload":  # n2: how long nothing had arrived, in us
+        return tcp.receive_timeout(me, peer, n0, n1, n2 / 1e6)
+    if name == "timeout_send":  # n0: how long the link had taken nothing, in us (-1: it took none)
+        return tcp.send_timeout(me, None if peer < 0 else peer, None if n0 < 0 else n0 / 1e6)
     if name == "abort":
         return abort_error(Header(ABORT, -1, said, n0, 0), peer, None if waiting_for < 0 else waiting_for)
     if name == "mismatch_call":

@@ -42,6 +42,11 @@ _ERRORS = {
 }
 
 
+# What a timeout's message says when the call's limit ran out while data still moved (no rank
+# stopped: fastcoll/transport/tcp.py words it), which a peer that hears of it reads too.
+STILL_MOVING = "the call's time limit ran out while"
+
+
 def describe(seq: int, sig: str) -> str:
     """'all_reduce(sum, float32, (4,)) as collective #3' for error messages."""
     return f"{sig} as collective #{seq}"
@@ -276,6 +281,7 @@ def abort_error(header: Header, sender: int | None = None, waiting_for: int | No
     err.sender = sender
     err.sender_waits = header.chunk - 1 if header.chunk > 0 else None  # whom the sender waited for
     err.waiting_for = waiting_for
+    err.moving = STILL_MOVING in message  # the sender's limit ran out while data still moved
     return err
 
 

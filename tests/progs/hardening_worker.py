@@ -103,7 +103,25 @@ def fork_call() -> int:
     return 0
 
 
+def short_limit() -> int:
+    """short-limit: a 256 MiB all_reduce with timeout=0.05 on every rank, nobody stopped: each
+    rank's error must say that the limit ran out while the data still moved."""
+    g = fastcoll.init()
+    x = np.ones((256 << 20) // 4, np.float32)
+    fastcoll.barrier()
+    start = time.monotonic()
+    try:
+        fastcoll.all_reduce(x, timeout=0.05)
+    except fastcoll.FastcollError as e:
+        error(e, start)
+        return 3
+    say("NOERROR", g.rank())
+    return 4
+
+
 def main() -> int:
+    if SCENARIO == "short-limit":
+        return short_limit()
     if SCENARIO == "fork-call":
         return fork_call()
     if SCENARIO == "init":  # (tests/test_rendezvous.py plays another rank)

@@ -1,9 +1,11 @@
 /* The agreement of a call in which some ranks only send (fastcoll/algorithms/__init__.py's
  * Call.agree, message for message): every rank first tells every peer what it calls, a
- * header-only message of the call's signature, and reads each peer's before that peer's first
- * message and before the call returns. So ranks that disagree on an argument that only some of
- * them would otherwise check (a broadcast's root: the root receives nothing; the counts of an
- * all_to_all_v pair) all raise a MismatchError, and no rank returns a result meanwhile. */
+ * header-only message of the call's signature, and reads every peer's before it first waits
+ * (its first receive, or flush) and before the call returns. So ranks that disagree on an
+ * argument that only some of them would otherwise check (a broadcast's root: the root receives
+ * nothing; the counts of an all_to_all_v pair) all raise a MismatchError, and no rank returns a
+ * result meanwhile. All are read before the first wait: one left unread would be held ahead of
+ * what its peer says next (a timeout's notice) while this rank waits on another. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,7 +80,7 @@ int fc_agree_begin(fc_call *c, const fc_op *op)
     return 0;
 }
 
-int fc_agree_take(fc_call *c, int peer)
+static int take(fc_call *c, int peer)
 {
     size_t len;
     const uint8_t *sig = signature_of(c, peer, &len);
@@ -98,7 +100,7 @@ int fc_agree_take(fc_call *c, int peer)
 int fc_agree_take_all(fc_call *c)
 {
     for (int p = 0; p < c->size; p++)
-        if (c->owed[p] && fc_agree_take(c, p))
+        if (c->owed[p] && take(c, p))
             return -1;
     return 0;
 }

@@ -69,7 +69,9 @@ int fc_send(fc_call *c, int peer, int64_t chunk, const uint8_t *p, size_t count)
 
 int fc_recv(fc_call *c, int peer, int64_t chunk, uint8_t *p, size_t count)
 {
-    if (c->owed && c->owed[peer] && fc_agree_take(c, peer)) /* sent ahead of everything else of the call */
+    /* every peer's agreement before this rank waits on any: one left unread would be held ahead of
+     * what that peer says next, a timeout's notice included, while this rank waits on another */
+    if (c->owed && fc_agree_take_all(c))
         return -1;
     return fc_engine_recv(c->e, c->ranks[peer], c->seq, c->sig, c->sig_len, chunk, p, count * c->itemsize,
                           c->deadline, c->err);

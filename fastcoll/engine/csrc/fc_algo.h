@@ -78,12 +78,11 @@ extern const fc_algorithm fc_algo_direct, fc_algo_doubling, fc_algo_ring, fc_alg
 
 /* The agreement (fc_agree.c, fastcoll/algorithms/__init__.py's Call.agree): whether op has one;
  * tell every peer this rank's signature (an all_to_all with agree_counts: each pair's own); read
- * one peer's (fc_recv does, before that peer's first message); read every one still owed
- * (fc_flush does, before it waits); read the rest and free what the agreement held (called
- * once begun, failed or not, `ok` if the call went well: 0, or -1 with c->err set). */
+ * every one still owed (fc_recv and fc_flush do, before this rank first waits); read the rest
+ * and free what the agreement held (called once begun, failed or not, `ok` if the call went
+ * well: 0, or -1 with c->err set). */
 int fc_agree_needed(const fc_op *op);
 int fc_agree_begin(fc_call *c, const fc_op *op);
-int fc_agree_take(fc_call *c, int peer);
 int fc_agree_take_all(fc_call *c);
 int fc_agree_end(fc_call *c, int ok);
 
