@@ -88,10 +88,6 @@ class Job:
         return self.error
 
     def _explained(self, error: CollectiveTimeoutError, limit: float, waited: float | None) -> CollectiveTimeoutError:
-        if getattr(error, "moving", False):  # data still moved: nobody to look for
-            return diagnosis.timed_out(
-                f"{error}; no rank stopped answering: data still moved between the ranks when the "
-                "limit ran out, so this call needs a longer one", getattr(error, "waiting_for", None), True)
         me = self.config.rank
         # Told of a peer's timeout within half its limit of entering the call: this rank did not
         # wait long for anyone, so a chain of waits that ends at it says it came too late.
@@ -101,10 +97,18 @@ class Job:
         if getattr(error, "from_peer", False) and sender is not None:
             reports[sender] = getattr(error, "sender_waits", None)
         lost: set[int] = set()
+        # (collected even where nobody stopped: reading them also takes in what the peers were
+        # still sending, so that their notices get through before this rank's finalize() closes)
         self.engine.notices(time.monotonic() + diagnosis.window(limit), reports, lost)
-        _, why = diagnosis.explain(me, self.config.world_size, reports, lost, self.hosts, late, self._process_state)
-        explained = CollectiveTimeoutError(f"{error}; whom the ranks that can still talk wait for: {why}")
+        if getattr(error, "moving", False):  # the data still moved: nobody to look for
+            explained = CollectiveTimeoutError(
+                f"{error}; no rank stopped answering: data still moved between the ranks when the "
+                "limit ran out, so this call needs a longer one")
+        else:
+            _, why = diagnosis.explain(me, self.config.world_size, reports, lost, self.hosts, late, self._process_state)
+            explained = CollectiveTimeoutError(f"{error}; whom the ranks that can still talk wait for: {why}")
         explained.from_peer = getattr(error, "from_peer", False)
+        explained.moving = getattr(error, "moving", False)
         return explained
 
     def _process_state(self, rank: int) -> str | None:
