@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from fastcoll.dtypes import Combine
+from fastcoll.errors import CollectiveTimeoutError
 from fastcoll.transport.base import Transport, data_header
 from fastcoll.wire import MAX_PIECE_BYTES, pair_signature
 
@@ -95,7 +96,15 @@ class Call:
         first: two ranks that both think themselves a broadcast's root would otherwise wait
         for each other to take more than a link holds)."""
         if self.owed is not None:
-            self.agreed()
+            try:
+                self.agreed()
+            except CollectiveTimeoutError as e:
+                if getattr(e, "from_peer", False):
+                    raise
+                # A peer that neither said what it calls nor took this rank's data: the stuck
+                # send is the news (a broadcast's root with a receiver that stopped).
+                self.t.flush(self.deadline)
+                raise
         if self.tracer is None:
             self.t.flush(self.deadline)
         else:

@@ -81,8 +81,19 @@ int fc_flush(fc_call *c)
 {
     /* every peer's agreement first: two ranks that both think themselves a broadcast's root
      * would otherwise wait for each other to take more than a link holds */
-    if (c->owed && fc_agree_take_all(c))
+    if (c->owed && fc_agree_take_all(c)) {
+        /* a peer that neither said what it calls nor took this rank's data: the stuck send is
+         * the news (a broadcast's root with a receiver that stopped) */
+        if (c->err->code == FC_E_TIMEOUT_WAIT) {
+            int peer = c->err->peer;
+            int64_t idle = c->err->n[0];
+            if (!fc_engine_flush(c->e, c->deadline, c->err)) {
+                fc_err_set(c->err, FC_E_TIMEOUT_WAIT, peer);
+                c->err->n[0] = idle;
+            }
+        }
         return -1;
+    }
     return fc_engine_flush(c->e, c->deadline, c->err);
 }
 
