@@ -151,7 +151,7 @@ def caps_problem(caps: object) -> str | None:
 
 
 def message_problem(info: dict) -> str | None:
-    """What is wrong with rank `rank`'s rendezvous message (a map of this protocol), or None."""
+    """What is wrong with a rank's rendezvous message (a map of this protocol), or None."""
     size, address = info.get("size"), info.get("address")
     if not isinstance(size, int) or isinstance(size, bool) or size < 1:
         return f"its 'size' is {_kind(size)}, not a world size"
@@ -168,6 +168,25 @@ def _kind(value: object) -> str:
     name = type(value).__name__
     return {"dict": "a map", "list": "a list", "str": "a string", "bytes": "bytes"}.get(
         name, f"an {name}" if name[0] in "aeiou" else f"a {name}")
+
+
+def _malformed(info: object, rank: int) -> FastcollError | None:
+    """The error that fails the rendezvous for rank `rank`'s message, if it breaks a rule: not a
+    map, another protocol (MismatchError naming both versions), a field of the wrong type."""
+    if not isinstance(info, dict):
+        why: str | None = f"it is {_kind(info)}, not a map"
+    elif not isinstance(info.get("job", ""), str):
+        why = f"its 'job' is {_kind(info.get('job'))}, not a string"
+    else:
+        try:
+            check_version(info, f"rank {rank}")
+        except MismatchError as e:
+            return e
+        if info.get("rank") != rank:
+            why = f"it names rank {str(info.get('rank'))[:32]}"
+        else:
+            why = message_problem(info)
+    return None if why is None else FastcollError(f"rank {rank} sent a malformed rendezvous message: {why}")
 
 
 def _job(job: object) -> str:
@@ -237,27 +256,16 @@ def _coordinate(config: Any, me: dict, deadline: float) -> Table:
         it comes from another job; the error that fails the rendezvous if it is malformed or of
         another fastcoll (a rank that knows the token takes its place, and every rank is told)."""
         info = recv_message(sock, MESSAGE_LIMIT, min(deadline, handshake_deadline), f"rank {rank}")
-        if not isinstance(info, dict):
-            return FastcollError(f"rank {rank} sent a malformed rendezvous message: it is {_kind(info)}, not a map")
-        if not isinstance(info.get("job", ""), str):
-            return FastcollError(f"rank {rank} sent a malformed rendezvous message: its 'job' is "
-                                 f"{_kind(info.get('job'))}, not a string")
+        if not isinstance(info, dict) or not isinstance(info.get("job", ""), str):
+            return _malformed(info, rank)
         if info.get("job", "") != config.job:
             error = MismatchError(
                 f"a rank {rank} of another job reached this job's coordinator {host}:{port}: its job is "
-                f"{_job(info.get('job'))}, this job's is {_job(config.job)}; give each job its own "
-                "coordinator port (FASTCOLL_COORDINATOR) or its own FASTCOLL_TOKEN")
+                f"{_job(str(info.get('job'))[:_TEXT_MAX])}, this job's is {_job(config.job)}; give each "
+                "job its own coordinator port (FASTCOLL_COORDINATOR) or its own FASTCOLL_TOKEN")
             _tell(sock, error)
             raise error
-        try:
-            check_version(info, f"rank {rank}")
-        except MismatchError as e:
-            return e
-        if info.get("rank") != rank:
-            return FastcollError(f"rank {rank} sent a malformed rendezvous message: it names rank "
-                                 f"{str(info.get('rank'))[:32]}")
-        why = message_problem(info)
-        return info if why is None else FastcollError(f"rank {rank} sent a malformed rendezvous message: {why}")
+        return _malformed(info, rank) or info
 
     listener = AuthListener(host, port, config.token, vet=vet)
     try:
