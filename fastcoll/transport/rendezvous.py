@@ -20,9 +20,10 @@ from fastcoll.wire import PROTOCOL
 log = logging.getLogger("fastcoll.rendezvous")
 
 MESSAGE_LIMIT = 1 << 20
-# What a rendezvous message's fields may hold: each capability's type (others: any scalar), and
-# the longest string anywhere in it (an address list, a host id, a job's name).
-_CAPS = {"transport": str, "gate": bool, "host": str, "native": bool, "connections": int}
+# What a rendezvous message's fields may hold: each capability's type (others: a scalar, or a
+# map of names to scalars), and the longest string anywhere in it (an address list, a host id).
+_CAPS = {"transport": str, "gate": bool, "host": str, "name": str, "native": bool, "connections": int,
+         "process": dict}
 _TEXT_MAX = 4096
 
 
@@ -133,8 +134,8 @@ def check_version(info: dict, who: str, me: str = "rank 0") -> None:
 
 
 def caps_problem(caps: object) -> str | None:
-    """What is wrong with a rank's capabilities, or None: a map of names to scalars, the known
-    ones of their type."""
+    """What is wrong with a rank's capabilities, or None: a map of names to scalars or to maps of
+    names to scalars, the known ones of their type."""
     if not isinstance(caps, dict):
         return f"its 'caps' is {_kind(caps)}, not a map"
     for key, value in caps.items():
@@ -142,12 +143,19 @@ def caps_problem(caps: object) -> str | None:
             return f"its 'caps' has a key that is {_kind(key)}, not a string"
         want = _CAPS.get(key)
         if want is not None and (not isinstance(value, want) or (want is int and isinstance(value, bool))):
-            return f"its capability {key[:64]!r} is {_kind(value)}, not {want.__name__}"
-        if not isinstance(value, (str, bool, int, float)) and value is not None:
-            return f"its capability {key[:64]!r} is {_kind(value)}, not a scalar"
-        if isinstance(value, str) and len(value) > _TEXT_MAX:
-            return f"its capability {key[:64]!r} is longer than {_TEXT_MAX} characters"
+            return f"its capability {key[:64]!r} is {_kind(value)}, not {_kind(want())}"
+        inner = value.items() if isinstance(value, dict) else [(key, value)]
+        for name, v in inner:
+            if not (isinstance(name, str) and _scalar(v)):
+                return f"its capability {key[:64]!r} is {_kind(value)}, not a scalar or a map of them"
     return None
+
+
+def _scalar(value: object) -> bool:
+    """A value a capability may hold: None, a bool, a number, or a string of at most _TEXT_MAX."""
+    if isinstance(value, str):
+        return len(value) <= _TEXT_MAX
+    return value is None or isinstance(value, (bool, int, float))
 
 
 def message_problem(info: dict) -> str | None:
@@ -166,8 +174,8 @@ def _kind(value: object) -> str:
     if value is None:
         return "missing"
     name = type(value).__name__
-    return {"dict": "a map", "list": "a list", "str": "a string", "bytes": "bytes"}.get(
-        name, f"an {name}" if name[0] in "aeiou" else f"a {name}")
+    return {"dict": "a map", "list": "a list", "str": "a string", "bytes": "bytes", "int": "an int"}.get(
+        name, f"a {name}")
 
 
 def _malformed(info: object, rank: int) -> FastcollError | None:
