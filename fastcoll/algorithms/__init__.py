@@ -95,7 +95,7 @@ class Call:
         """Wait until this rank's sends have left its buffers (every peer's agreement read
         first: two ranks that both think themselves a broadcast's root would otherwise wait
         for each other to take more than a link holds)."""
-        if self.owed is not None:
+        if self.owed is not None and not self.t.send_failed():  # (else flush() says why first)
             try:
                 self.agreed()
             except CollectiveTimeoutError as e:

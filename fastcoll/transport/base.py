@@ -94,6 +94,11 @@ class Transport(abc.ABC):
     def close(self) -> None:
         """Release every socket."""
 
+    def send_failed(self) -> bool:
+        """Whether a send to some peer has failed already (`flush` reports it): a transport whose
+        sends can fail before flush() says so here."""
+        return False
+
     def end_at_exit(self) -> None:
         """The interpreter is exiting and nothing closed this transport, nor uses it now: stop
         what would run on past the objects it reads (a transport with I/O threads of its own)."""

@@ -459,6 +459,9 @@ class TcpTransport(Transport):
             # its receives. Waiting here could hang a ring of ranks each writing to the next.
             sender.put(peer, sock, *_rest(frame, payload, sent), rest=sent > 0)
 
+    def send_failed(self) -> bool:
+        return bool(self._broken) or any(sender.broken for sender in self._senders)
+
     def flush(self, deadline: float | None = None) -> None:
         for sender in self._senders:
             sender.flush(math.inf if deadline is None else deadline)
