@@ -30,10 +30,12 @@ def window(limit: float) -> float:
     return min(WINDOW_MAX_S, max(0.05, limit / 4))
 
 
-def timed_out(message: str, waiting_for: int | None) -> CollectiveTimeoutError:
-    """A CollectiveTimeoutError that knows which rank the wait was for."""
+def timed_out(message: str, waiting_for: int | None, moving: bool = False) -> CollectiveTimeoutError:
+    """A CollectiveTimeoutError that knows which rank the wait was for, and whether data still
+    moved on that rank's link when the call's limit ran out (then no rank stopped)."""
     err = CollectiveTimeoutError(message)
     err.waiting_for = waiting_for
+    err.moving = moving
     return err
 
 

@@ -14,6 +14,7 @@ at a time in its call order; the n-th send from a to b meets b's n-th receive fr
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any, Sequence
 
@@ -106,17 +107,32 @@ def all_gather_v(
     if n == 1:
         y = (x, [h.shape[0]])
         return Done(y) if async_op else y
+    sig = signature("all_gather_v", h.name, rest)
     if known is None:
         known = [int(v) for v in g.gather_ints("all_gather_v.sizes", [h.shape[0]], timeout)[:, 0]]
         if min(known) < 0:
             raise MismatchError(f"all_gather_v: a rank reported a negative size: {known}")
+    else:  # sizes the ranks were given: part of what every message is checked against
+        sig = signature("all_gather_v", h.name, rest, _sizes_tag(known))
     check_bound("all_gather_v", sum(known), row, dtypes.host_dtype(h.name).itemsize)
     out, buf = arrays.output(h.name, (sum(known),) + rest, h.mlx, g.empty)
     bounds = cut(known, row)
     a, b = bounds[g.rank()]
     buf[a:b] = h.flat
     step = Op("all_gather", g.choose("all_gather", buf.nbytes), dst=buf, bounds=bounds, result=(out, list(known)))
-    return g.run(signature("all_gather_v", h.name, rest), step, timeout, async_op)
+    return g.run(sig, step, timeout, async_op)
+
+
+# A list of sizes longer than this goes into a signature as a digest (a header holds 4096 bytes).
+_SIZES_TAG_MAX = 256
+
+
+def _sizes_tag(sizes: list[int]) -> str:
+    """`sizes=[2, 3]` as a signature carries it: the list, or for a long one its digest."""
+    text = repr(sizes)
+    if len(text) > _SIZES_TAG_MAX:
+        text = "#" + hashlib.sha256(text.encode()).hexdigest()[:16]
+    return f"sizes={text}"
 
 
 def all_to_all_v(
@@ -153,12 +169,13 @@ def all_to_all_v(
     rest = tuple(h.shape[1:])
     if n == 1:
         return Done((x, send)) if async_op else (x, send)
+    given = known is not None  # the senders' counts never checked: each pair confirms its own first
     if known is None:
         known = _exchange_counts(g, send, timeout)
     check_bound("all_to_all_v", sum(known), row, dtypes.host_dtype(h.name).itemsize)
     out, buf = arrays.output(h.name, (sum(known),) + rest, h.mlx, g.empty)
     step = Op("all_to_all", g.choose("all_to_all", h.flat.nbytes), h.flat, buf, bounds=cut(send, row),
-              recv_bounds=cut(known, row), result=(out, list(known)))
+              recv_bounds=cut(known, row), agree_counts=given, result=(out, list(known)))
     return g.run(signature("all_to_all_v", h.name, rest), step, timeout, async_op)
 
 

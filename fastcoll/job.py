@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from typing import Any
 
 from fastcoll import diagnosis, testhooks
@@ -46,11 +47,27 @@ class Job:
             # Registered after the transport's modules were imported, so it runs before their
             # own exit hooks (atexit runs the last registered first).
             atexit.register(self._end_at_exit)
+            _LIVE.add(self)
         if config.trace and engine is not None:
             from fastcoll.trace import Tracer
 
             self.tracer = Tracer(config.trace, config.rank)
             atexit.register(self.write_trace)
+
+    def forked(self) -> bool:
+        """Whether this process is a child forked from the one that joined the job."""
+        return os.getpid() != self._pid
+
+    def _disown(self) -> None:
+        """In a child forked from this job's process (os.register_at_fork): every call of every
+        group raises at once, before it could touch a connection, and the child's finalize()
+        and exit leave the links, the gate and the trace alone: they are the parent's."""
+        self.error = FastcollError(
+            f"this process (pid {os.getpid()}) was forked from rank {self.config.rank}'s process "
+            f"(pid {self._pid}) after that joined the job: a forked child cannot use its "
+            "parent's job, whose connections are the parent's; call collectives in the parent, "
+            "or give the child a job of its own (a process started with the 'spawn' method "
+            "that calls fastcoll.init())")
 
     def fail(self, error: FastcollError, limit: float | None = None, waited: float | None = None) -> FastcollError:
         """Record the job's first error, release every gated GPU wait, and tell the peers; the
@@ -80,10 +97,18 @@ class Job:
         if getattr(error, "from_peer", False) and sender is not None:
             reports[sender] = getattr(error, "sender_waits", None)
         lost: set[int] = set()
+        # (collected even where nobody stopped: reading them also takes in what the peers were
+        # still sending, so that their notices get through before this rank's finalize() closes)
         self.engine.notices(time.monotonic() + diagnosis.window(limit), reports, lost)
-        _, why = diagnosis.explain(me, self.config.world_size, reports, lost, self.hosts, late, self._process_state)
-        explained = CollectiveTimeoutError(f"{error}; whom the ranks that can still talk wait for: {why}")
+        if getattr(error, "moving", False):  # the data still moved: nobody to look for
+            explained = CollectiveTimeoutError(
+                f"{error}; no rank stopped answering: data still moved between the ranks when the "
+                "limit ran out, so this call needs a longer one")
+        else:
+            _, why = diagnosis.explain(me, self.config.world_size, reports, lost, self.hosts, late, self._process_state)
+            explained = CollectiveTimeoutError(f"{error}; whom the ranks that can still talk wait for: {why}")
         explained.from_peer = getattr(error, "from_peer", False)
+        explained.moving = getattr(error, "moving", False)
         return explained
 
     def _process_state(self, rank: int) -> str | None:
@@ -99,7 +124,7 @@ class Job:
                 setting = f"FASTCOLL_TIMEOUT={limit:g}" if from_env else f"timeout={limit:g}"
                 e = diagnosis.timed_out(
                     f"{e} (it waited {limit:g} s, the call's limit: {setting}; raise it to wait longer)",
-                    getattr(e, "waiting_for", None))
+                    getattr(e, "waiting_for", None), getattr(e, "moving", False))
             raise self.fail(e, limit, waited=time.monotonic() - started) from None
         if isinstance(e, Exception):
             # Arguments were checked before the call was queued, so this is a bug; the peers may
@@ -119,6 +144,8 @@ class Job:
         if self.closed:
             return
         self.closed = True
+        if self.forked():
+            return  # the parent's connections, gate and trace: the parent ends them
         if self.gate is not None:
             # Evaluate what was gated while the peers still answer, then release the rest, so
             # that the service thread is never left waiting on a GPU nobody will run.
@@ -140,6 +167,18 @@ class Job:
 
     def write_trace(self) -> None:
         """Write the tracer's file (FASTCOLL_TRACE), if the job traces."""
-        if self.tracer is not None:
+        if self.tracer is not None and not self.forked():
             path = self.tracer.write()
             log.info("rank %d: wrote the trace %s", self.config.rank, path)
+
+
+# The jobs with connections that this process holds: a child forked from it disowns them.
+_LIVE: "weakref.WeakSet[Job]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for job in list(_LIVE):
+        job._disown()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -13,6 +13,10 @@ from typing import Any, NamedTuple
 
 import msgpack
 
+# The version of the frames and of the rendezvous, which every rank sends at init(): ranks that
+# speak another refuse each other there (a MismatchError naming both versions), rather than meet
+# in frames they read differently.
+PROTOCOL = 2
 MAX_HEADER = 4096
 PREFIX = struct.Struct("<I")
 # Ordinary data messages are cut to at most this many bytes (the ZeroMQ message bound follows).
@@ -42,17 +46,32 @@ def signature(kind: str, *parts: Any) -> str:
     return kind + "(" + ",".join(map(str, parts)) + ")"
 
 
+def pair_signature(sig: str, rank: int, peer: int, sends: int, receives: int) -> str:
+    """The `sig` of the agreement message between job ranks `rank` and `peer` in a call whose
+    counts nothing else checked (all_to_all_v's given recv_counts): the call's signature and the
+    elements the pair exchanges each way, as `rank` sends and expects them, written alike from
+    either end (lower rank first), so that both ranks of a pair that disagrees raise a
+    MismatchError naming both views before any data moves (fc_agree.c writes the same)."""
+    lo, hi, up, down = (rank, peer, sends, receives) if rank < peer else (peer, rank, receives, sends)
+    return f"{sig} [elements rank {lo} -> rank {hi}: {up}, rank {hi} -> rank {lo}: {down}]"
+
+
 def pack(h: Header) -> bytes:
     """Header -> length-prefixed bytes."""
     body = msgpack.packb((h.kind, h.seq, h.sig, h.chunk, h.nbytes))
     return PREFIX.pack(len(body)) + body
 
 
-def unpack(body: bytes | memoryview) -> Header:
-    """msgpack bytes -> Header; ValueError for anything malformed."""
+_INT64 = range(-(1 << 63), 1 << 63)
+
+
+def unpack(body: bytes | memoryview, size: int | None = None) -> Header:
+    """msgpack bytes -> Header; ValueError for anything malformed: a field of the wrong type, an
+    integer outside int64, a signature that is not UTF-8, and (given the job's `size`) an ABORT
+    whose chunk names no rank of the job. The native engine refuses the same (fc_wire.c)."""
     try:
         items = msgpack.unpackb(
-            body, max_str_len=MAX_HEADER, max_bin_len=0, max_array_len=8, max_map_len=0
+            body, raw=True, max_str_len=MAX_HEADER, max_bin_len=0, max_array_len=8, max_map_len=0
         )
     except Exception as e:  # msgpack raises several unrelated types for garbage
         raise ValueError(f"malformed header: {e}") from None
@@ -60,15 +79,21 @@ def unpack(body: bytes | memoryview) -> Header:
         raise ValueError("malformed header: not a 5-field array")
     kind, seq, sig, chunk, nbytes = items
     if not (
-        kind in (DATA, ABORT, CLOSE)
-        and isinstance(seq, int)
-        and isinstance(sig, str)
-        and isinstance(chunk, int)
-        and isinstance(nbytes, int)
+        type(kind) is int and kind in (DATA, ABORT, CLOSE)
+        and type(seq) is int and seq in _INT64
+        and isinstance(sig, bytes)
+        and type(chunk) is int and chunk in _INT64
+        and type(nbytes) is int and nbytes in _INT64
         and nbytes >= 0
     ):
         raise ValueError("malformed header: field of the wrong type")
-    return Header(kind, seq, sig, chunk, nbytes)
+    try:
+        text = sig.decode()
+    except UnicodeDecodeError:
+        raise ValueError("malformed header: the signature is not UTF-8") from None
+    if kind == ABORT and size is not None and not 0 <= chunk <= size:  # chunk: 1 + whom it waited for
+        raise ValueError("malformed header: an ABORT that names no rank of the job")
+    return Header(kind, seq, text, chunk, nbytes)
 
 
 def header_length(prefix: bytes | memoryview) -> int:

@@ -16,6 +16,13 @@ CASES = {
     "negative-size": ("PeerLostError", "malformed frame (malformed header"),
     "huge-payload": ("MismatchError", "expected chunk 0 of 16 bytes of all_reduce(sum,float32,(4,)) as collective #0 "
                                       "from rank 1, which sent chunk 0 of 4611686018427387904 bytes"),
+    # The engines once told these apart (the native one took a signature of bad UTF-8 for another
+    # call, the Python one a size past int64 for another message); a forged timeout notice named
+    # "rank 4611686018427387903" as the rank that stopped answering.
+    "bad-utf8-signature": ("PeerLostError", "malformed frame (malformed header: the signature is not UTF-8)"),
+    "uint64-size": ("PeerLostError", "malformed frame (malformed header: field of the wrong type)"),
+    "abort-naming-no-rank": ("PeerLostError", "malformed frame (malformed header: an ABORT that names no rank of "
+                                              "the job)"),
     # Rank 1 exits with rank 0's data unread, so its kernel may reset the connection (which can
     # drop what was in flight) rather than end it: either way the loss is named.
     "truncated-header": ("PeerLostError", ("rank 1 closed its connection", "connection to rank 1 failed")),

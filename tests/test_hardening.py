@@ -16,6 +16,8 @@ through fastcoll.testhooks (a delay or a death at a named point of the set-up), 
 7. A late rank gets the same error class as the rank that gave up, after a large message too.
 8. Calls of two threads on one group never pair up across ranks.
 9. reduce_scatter allocates 1/n of its input, not a full-size scratch buffer.
+10. A child forked after init() cannot use its parent's job: its calls raise at once, and its
+    finalize() and exit leave the parent's links alone.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import numpy as np
 import pytest
 
 from conftest import PROGS, ROOT, Job, free_port
+from engines import engines
 from fastcoll import dtypes, wire
 from fastcoll.algorithms import Call, blocks, ring
 from fastcoll.config import MAX_TIMEOUT, Config
@@ -317,6 +320,26 @@ def test_per_call_timeout_bounds_a_stall_mid_payload(launch, transport, world, e
             assert "rank 1" in message, message
 
 
+@pytest.mark.parametrize("engine", engines())
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_limit_too_short_for_the_call_is_named_so_not_a_stopped_peer(launch, transport, engine):
+    # A 256 MiB all_reduce with timeout=0.05, every rank running: each rank's error used to say
+    # its peer "stopped sending in the middle of a message" (or "stopped taking data", "did not
+    # answer"), and the comparison of waits then found a rank that was "gone" or a cycle.
+    results = outcome(launch(2, WORKER, "short-limit", transport=transport, timeout="30",
+                             FASTCOLL_NATIVE=engine), 60)
+    errors = [error_of(lines) for _, lines, _, _ in results]
+    moving = ["the call's time limit ran out while" in message for _, _, message in errors]
+    for r, (cls, _, message) in enumerate(errors):
+        assert results[r][0] == 3 and cls == "CollectiveTimeoutError", f"rank {r}\n{show(results)}"
+        for wrong in ("stopped taking data", "did not answer", "is gone", "in a cycle"):
+            assert wrong not in message, message
+        if moving[r]:
+            assert "no rank stopped answering: data still moved" in message, message
+        else:  # (a loaded host) its peer gave up first, its data still moving, and so stopped sending
+            assert moving[1 - r] and "stopped sending in the middle of a message" in message, show(results)
+
+
 @pytest.mark.parametrize("transport", ["tcp", "zmq", "shm"])
 def test_a_receiver_told_of_the_roots_timeout_raises_it_at_once(launch, transport):
     # The window the test above can land in, held open: rank 2's own limit (5 s) is far behind
@@ -393,6 +416,25 @@ def test_a_forked_child_that_exits_leaves_the_job_alone(launch, transport):
     results = outcome(launch(2, WORKER, "fork-exit", transport=transport, timeout="30"), 60)
     for r, (code, lines, out, err) in enumerate(results):
         assert code == 0 and "OK" in lines and "CHILD-HUNG" not in lines, f"rank {r}\n{show(results)}"
+
+
+@pytest.mark.parametrize("engine", engines())
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_forked_childs_collective_raises_and_leaves_the_job_alone(launch, transport, engine):
+    # A child forked after init() whose all_reduce went out on its parent's links made rank 1's
+    # next all_reduce return 102 (the child's 100 plus its own 2), with no error anywhere.
+    results = outcome(launch(2, WORKER, "fork-call", transport=transport, timeout="30",
+                             FASTCOLL_NATIVE=engine), 60)
+    for r, (code, lines, out, err) in enumerate(results):
+        assert code == 0 and "OK" in lines and lines["RESULT"] == "3.0", f"rank {r}\n{show(results)}"
+    code, lines, out, err = results[0]
+    assert lines["CHILD-EXIT"] == "0", show(results)
+    errors = [line for line in out.splitlines() if line.startswith("CHILD-ERROR ")]
+    assert len(errors) == 2, show(results)  # all_reduce (planned in the parent), then broadcast
+    for line in errors:
+        _, cls, took, message = line.split(" ", 3)
+        assert cls == "FastcollError" and float(took) < 0.5, line
+        assert "was forked from rank 0's process" in message, line
 
 
 # --- 4. Ctrl-C reaches the caller, and the peers raise at once ---------------------------------

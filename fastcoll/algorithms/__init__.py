@@ -20,8 +20,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from fastcoll.dtypes import Combine
+from fastcoll.errors import CollectiveTimeoutError
 from fastcoll.transport.base import Transport, data_header
-from fastcoll.wire import MAX_PIECE_BYTES
+from fastcoll.wire import MAX_PIECE_BYTES, pair_signature
 
 
 @dataclass(slots=True)  # (attribute reads and writes of a slot are the cheapest: every message makes a few)
@@ -42,6 +43,33 @@ class Call:
     tracer: Any = None  # a fastcoll.trace.Tracer when FASTCOLL_TRACE is set
     sent: int = 0  # messages sent to the ring's right neighbour so far
     received: int = 0  # messages received from the left one
+    owed: list[bool] | None = None  # per group rank: its agreement message is to be read (agree)
+    expected: list[str] | None = None  # per group rank: the signature its agreement message must carry
+
+    def agree(self, sends: Sequence[int] | None = None, receives: Sequence[int] | None = None) -> None:
+        """Begin the call by telling every peer what this rank calls: a header-only message of
+        the call's signature (with `sends`, the number of elements this rank sends each group
+        rank, and each pair's own signature: wire.pair_signature). Every peer's is read, and must
+        match (with `receives`, the elements this rank expects from each), before anything else
+        from that peer and before the call returns (`agreed`): so a call in which some ranks
+        only send (a broadcast's root) still learns of every rank that disagrees with it."""
+        n, me, ranks = self.size, self.rank, self.ranks
+        expected = [self.sig] * n
+        for p in range(n):
+            if p == me:
+                continue
+            if sends is not None:  # a pair's message reads the same from both ends when they agree
+                expected[p] = pair_signature(self.sig, ranks[me], ranks[p], sends[p], receives[p])
+            self.t.send(ranks[p], data_header(self.seq, expected[p], 0, 0), None, self.deadline)
+        self.expected = expected
+        self.owed = [p != me for p in range(n)]
+
+    def agreed(self) -> None:
+        """Read every peer's agreement message (see `agree`), once."""
+        owed, self.owed = self.owed, None
+        for p in range(self.size):
+            if owed[p]:
+                self.t.recv(self.ranks[p], self.seq, self.expected[p], 0, None, self.deadline, self.tracer)
 
     def send(self, peer: int, chunk: int, payload: np.ndarray | None) -> None:
         """Send `payload` (a contiguous array or None) as message `chunk` of this collective."""
@@ -55,11 +83,28 @@ class Call:
 
     def recv(self, peer: int, chunk: int, out: np.ndarray | None) -> None:
         """Receive message `chunk` of this collective from `peer` into `out`."""
+        if self.owed is not None:
+            # Every peer's, before this rank waits on any (each is sent before anything else of the
+            # call): one left unread would be held ahead of what that peer says next, a timeout's
+            # notice included, while this rank waits on another.
+            self.agreed()
         mv = None if out is None else memoryview(out).cast("B")
         self.t.recv(self.ranks[peer], self.seq, self.sig, chunk, mv, self.deadline, self.tracer)
 
     def flush(self) -> None:
-        """Wait until this rank's sends have left its buffers."""
+        """Wait until this rank's sends have left its buffers (every peer's agreement read
+        first: two ranks that both think themselves a broadcast's root would otherwise wait
+        for each other to take more than a link holds)."""
+        if self.owed is not None and not self.t.send_failed():  # (else flush() says why first)
+            try:
+                self.agreed()
+            except CollectiveTimeoutError as e:
+                if getattr(e, "from_peer", False):
+                    raise
+                # A peer that neither said what it calls nor took this rank's data: the stuck
+                # send is the news (a broadcast's root with a receiver that stopped).
+                self.t.flush(self.deadline)
+                raise
         if self.tracer is None:
             self.t.flush(self.deadline)
         else:

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from fastcoll import diagnosis, dtypes, wire
+from fastcoll import dtypes, wire
 from fastcoll.algorithms import select
 from fastcoll.config import AUTO_SPIN_US, for_host
 from fastcoll.engine import _native
@@ -70,17 +70,17 @@ def error_from(info: tuple, me: int, seq: int = -1, sig: str = "", why: str | No
     code, peer, waiting_for, errno_, n0, n1, n2, n3, text = info
     name = _CODES[code] if 0 <= code < len(_CODES) else "internal"
     said = text.decode("utf-8", "replace")
-    if name == "timeout_wait":
-        return diagnosis.timed_out(f"rank {me} timed out waiting for rank {peer}, which did not answer", peer)
-    if name == "timeout_payload":
-        return diagnosis.timed_out(
-            f"rank {me} timed out receiving from rank {peer}, which stopped sending in the middle of a "
-            f"message ({n0} of {n1} bytes arrived)", peer)
-    if name == "timeout_send":
-        return tcp.send_timeout(me, None if peer < 0 else peer)
+    if name == "timeout_wait":  # n0: how long since its payload last moved, in us (-1: never)
+        return tcp.wait_timeout(me, peer, None if n0 < 0 else n0 / 1e6)
+    if name == "timeout_payload":  # n2: how long nothing had arrived, in us
+        return tcp.receive_timeout(me, peer, n0, n1, n2 / 1e6)
+    if name == "timeout_send":  # n0: how long the link had taken nothing, in us (-1: it took none)
+        return tcp.send_timeout(me, None if peer < 0 else peer, None if n0 < 0 else n0 / 1e6)
     if name == "abort":
         return abort_error(Header(ABORT, -1, said, n0, 0), peer, None if waiting_for < 0 else waiting_for)
     if name == "mismatch_call":
+        if n1 > 0:  # an all_to_all_v pair's agreement (fc_agree.c): what this rank sends and expects
+            sig = wire.pair_signature(sig, me, peer, n2 - 1, n1 - 1)
         return other_call(me, peer, seq, sig, n0, said)
     if name == "mismatch_chunk":
         return other_chunk(me, peer, seq, sig, n0, n1, n2, n3)
@@ -413,7 +413,7 @@ class NativeEngine(Engine):
         return err
 
     def _arguments(self, task: Task, kind: str | None = None) -> tuple:
-        """The 17 arguments of _native.Engine.run and submit (py_common.h) for task's Op (as a
+        """The 18 arguments of _native.Engine.run and submit (py_common.h) for task's Op (as a
         collective of `kind`, if given)."""
         op: Op = task.body
         buf = op.src if op.src is not None else op.dst
@@ -424,7 +424,7 @@ class NativeEngine(Engine):
             ranks = self._ranks[task.ranks] = np.asarray(task.ranks, dtype=np.int32).tobytes()
         return (_KIND[kind or op.kind], _ALGORITHM[op.algorithm], task.seq, task.sig.encode(), task.limit, task.rank,
                 task.size, ranks, task.piece_bytes, dtype, _REDUCE[op.reduce or "sum"], itemsize, op.src, op.dst,
-                op.root, _bounds(op.bounds), _bounds(op.recv_bounds))
+                op.root, _bounds(op.bounds), _bounds(op.recv_bounds), op.agree_counts)
 
 
 # The longest a verbs link's set-up may wait for its peer (add_link's bound: a day).

@@ -21,6 +21,12 @@ KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "
 
 Bounds = list[tuple[int, int]]
 
+# The collectives in which some ranks only send (a broadcast's root, a gather's other ranks): every
+# rank first tells every other its signature, and reads every peer's before it returns
+# (fastcoll.algorithms.Call.agree; fc_agree.c), so a rank that disagrees on the root is a
+# MismatchError on every rank, not a result some ranks never checked.
+AGREEING = frozenset(("broadcast", "scatter", "gather", "reduce"))
+
 
 @dataclass(slots=True)
 class Op:
@@ -35,6 +41,9 @@ class Op:
     bounds          each rank's block (all_gather, reduce_scatter, gather, scatter; the blocks
                     sent to each rank for all_to_all); None: even blocks (`bounds_of`)
     recv_bounds     all_to_all: where the block received from each rank goes; None: even
+    agree_counts    all_to_all: every pair of ranks first confirms how many elements it
+                    exchanges (all_to_all_v with recv_counts given, which no exchange of counts
+                    checked). Rooted collectives always confirm their signature so (AGREEING)
     result          what the call returns once the Op has run
     after           a check on this rank's result, run as part of the call (a failure breaks the
                     job as a failure of the exchange does); synchronous calls only
@@ -52,6 +61,7 @@ class Op:
     root: int = 0
     bounds: Bounds | None = None
     recv_bounds: Bounds | None = None
+    agree_counts: bool = False
     result: Any = None
     after: Callable[[], None] | None = None
     gate: Any = None

@@ -16,7 +16,7 @@ import numpy as np
 from fastcoll import dtypes
 from fastcoll.algorithms import Call, direct, select
 from fastcoll.engine.base import LET_GO_SECONDS, Engine, Task, finalized_mid_call
-from fastcoll.engine.ops import Op, bounds_of
+from fastcoll.engine.ops import AGREEING, Op, bounds_of
 from fastcoll.errors import FastcollError
 from fastcoll.service import Service, Work
 from fastcoll.transport.base import Transport
@@ -129,6 +129,20 @@ def run_op(call: Call, op: Op) -> None:
     algorithm = select.ALGORITHMS[op.algorithm]
     kind = op.kind
     bounds, recv_bounds = bounds_of(op, call.size)
+    agreeing = kind in AGREEING or op.agree_counts
+    if agreeing:  # every peer's agreement is read before the call returns (Call.agree)
+        if op.agree_counts:
+            call.agree([b - a for a, b in bounds], [b - a for a, b in recv_bounds])
+        else:
+            call.agree()
+    _dispatch(call, op, algorithm, bounds, recv_bounds)
+    if call.owed is not None:  # (a schedule that ends with flush() has read them all)
+        call.agreed()
+
+
+def _dispatch(call: Call, op: Op, algorithm: Any, bounds: Any, recv_bounds: Any) -> None:
+    """op's schedule: the algorithm module's function for its kind."""
+    kind = op.kind
     if kind in _REDUCING:
         combine = call.traced(dtypes.reducer(op.dtype, op.reduce))
         if kind == "all_reduce":

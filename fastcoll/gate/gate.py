@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 from typing import Any, Callable
 
 from fastcoll.config import Config
@@ -58,6 +59,7 @@ class Gate:
         self._gather = None  # the direct mode's segment (fastcoll/gate/direct_mode.py), once set up
         self._watcher = None
         self._closed = False
+        self._pid = os.getpid()  # a child forked from this process leaves the gate to it
         self._log_handler: logging.Handler | None = None
         if self._profile is not None:
             self._show_profile_logs()
@@ -205,7 +207,7 @@ class Gate:
         return self._profile
 
     def _at_exit(self) -> None:
-        if not self._closed and self._profile is not None:
+        if not self._closed and self._profile is not None and os.getpid() == self._pid:
             self._host.record_native_timings()
             self._profile.log_summary()
 

@@ -42,6 +42,11 @@ _ERRORS = {
 }
 
 
+# What a timeout's message says when the call's limit ran out while data still moved (no rank
+# stopped: fastcoll/transport/tcp.py words it), which a peer that hears of it reads too.
+STILL_MOVING = "the call's time limit ran out while"
+
+
 def describe(seq: int, sig: str) -> str:
     """'all_reduce(sum, float32, (4,)) as collective #3' for error messages."""
     return f"{sig} as collective #{seq}"
@@ -88,6 +93,11 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release every socket."""
+
+    def send_failed(self) -> bool:
+        """Whether a send to some peer has failed already (`flush` reports it): a transport whose
+        sends can fail before flush() says so here."""
+        return False
 
     def end_at_exit(self) -> None:
         """The interpreter is exiting and nothing closed this transport, nor uses it now: stop
@@ -276,6 +286,7 @@ def abort_error(header: Header, sender: int | None = None, waiting_for: int | No
     err.sender = sender
     err.sender_waits = header.chunk - 1 if header.chunk > 0 else None  # whom the sender waited for
     err.waiting_for = waiting_for
+    err.moving = STILL_MOVING in message  # the sender's limit ran out while data still moved
     return err
 
 

@@ -66,8 +66,9 @@ class AuthListener:
     It listens on each of `hosts` (one address per network link, say one per Thunderbolt cable),
     each on its own port unless `port` is given. `vet(rank, conn, deadline)`, if given, runs on
     the connection's own thread once it has authenticated: what it returns is kept in
-    `notes[rank]` when `accept` takes the connection; a FastcollError refuses it (vet tells the
-    connector why) before it can take a rank's place."""
+    `notes[rank]` when `accept` takes the connection; a FastcollError it raises refuses it (vet
+    tells the connector why) before it can take a rank's place, and one it returns takes the
+    rank's place and fails `accept` once every rank is in (or the deadline passed)."""
 
     def __init__(self, hosts: str | list[str], port: int, token: bytes, handshake_seconds: float = HANDSHAKE_SECONDS,
                  vet=None):
@@ -142,20 +143,19 @@ class AuthListener:
     def accept(self, ranks: set[int], deadline: float, notify=None) -> dict[int, socket.socket]:
         """Authenticated sockets from exactly `ranks`, each once, before `deadline`.
 
-        On timeout, notify(sock, error) tells each rank already connected why (if given)."""
+        On timeout, or once every rank is in if `vet` returned an error for one (the first
+        such), notify(sock, error) tells each rank already connected why (if given), and the
+        error is raised."""
         got: dict[int, socket.socket] = {}
+        failure: FastcollError | None = None
         while len(got) < len(ranks):
             try:
                 rank, conn, note = self._ready.get(timeout=max(0.001, remaining(deadline)))
             except queue.Empty:
                 missing = sorted(ranks - set(got))
-                error = CollectiveTimeoutError(
-                    f"ranks {missing} did not connect to {self.address[0]}:{self.address[1]} in time"
-                )
-                for c in got.values():
-                    if notify is not None:
-                        notify(c, error)
-                    c.close()
+                error = failure or CollectiveTimeoutError(
+                    f"ranks {missing} did not connect to {self.address[0]}:{self.address[1]} in time")
+                self._fail(got, error, notify)
                 raise error from None
             if rank not in ranks or rank in got:
                 log.warning("refused an authenticated connection claiming rank %d twice or unexpectedly", rank)
@@ -163,7 +163,19 @@ class AuthListener:
                 continue
             got[rank] = conn
             self.notes[rank] = note
+            if isinstance(note, FastcollError) and failure is None:
+                failure = note
+        if failure is not None:
+            self._fail(got, failure, notify)
+            raise failure
         return got
+
+    @staticmethod
+    def _fail(got: dict[int, socket.socket], error: FastcollError, notify) -> None:
+        for c in got.values():
+            if notify is not None:
+                notify(c, error)
+            c.close()
 
     def close(self) -> None:
         """Stop accepting; connections already handed out stay open, the others are closed."""

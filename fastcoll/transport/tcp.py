@@ -29,7 +29,7 @@ from typing import Any, Callable
 from fastcoll import diagnosis, testhooks, wire
 from fastcoll.errors import CollectiveTimeoutError, FastcollError, PeerLostError
 from fastcoll.transport import rdma, rendezvous, shm
-from fastcoll.transport.base import LAST_WORD_SECONDS, Transport, abort_error, log, timeout_notice
+from fastcoll.transport.base import LAST_WORD_SECONDS, STILL_MOVING, Transport, abort_error, log, timeout_notice
 from fastcoll.transport.link import SocketLink
 from fastcoll.transport.listen import AuthListener, bind_hosts
 from fastcoll.transport.stream import DONTWAIT, remaining, yield_cpu
@@ -44,6 +44,10 @@ _CHANNEL_STRIDE = 1 << 16
 # a peer that stalls in the middle of a message ends the call at its deadline, not at some
 # FASTCOLL_TIMEOUT later. Costs nothing while data flows.
 SLICE_SECONDS = 0.05
+# A link whose bytes moved within this long before a wait ran out was still moving: the call's
+# limit was too short for it, and no rank stopped (a live peer on a loaded host can pause for tens
+# of milliseconds; one that stopped has moved nothing since, a slice at least).
+STILL_MOVING_SECONDS = 0.1
 # Linux: the bytes a TCP socket holds that its peer has not acknowledged yet.
 _OUTQ = getattr(termios, "TIOCOUTQ", None)
 
@@ -56,26 +60,62 @@ def _lost(peer: int, e: BaseException) -> FastcollError:
     return PeerLostError(f"connection to rank {peer} failed: {e}", peer)
 
 
-def send_timeout(me: int, peer: int | None) -> CollectiveTimeoutError:
+def send_timeout(me: int, peer: int | None, idle: float | None = None) -> CollectiveTimeoutError:
+    """A send's wait ran out; `idle`: how long before that the link last took bytes (None: it
+    took none). A link that took some within STILL_MOVING_SECONDS was still taking data: the call's
+    limit was too short for it, and no rank stopped."""
     who = "a peer" if peer is None else f"rank {peer}"
+    if idle is not None and idle < STILL_MOVING_SECONDS:
+        return diagnosis.timed_out(
+            f"rank {me} timed out sending to {who}: {STILL_MOVING} its data was still going out "
+            f"(the last bytes left {idle:.3f} s before)", peer, moving=True)
     return diagnosis.timed_out(f"rank {me} timed out sending to {who}, which stopped taking data", peer)
 
 
+def wait_timeout(me: int, peer: int, idle: float | None) -> CollectiveTimeoutError:
+    """A wait for peer's next message ran out, `idle` seconds after a payload of that link last
+    moved (None: none has): within STILL_MOVING_SECONDS its data was still arriving."""
+    if idle is not None and idle < STILL_MOVING_SECONDS:
+        return diagnosis.timed_out(
+            f"rank {me} timed out waiting for rank {peer}'s next message: {STILL_MOVING} its data "
+            f"was still arriving (the last bytes came {idle:.3f} s before)", peer, moving=True)
+    return diagnosis.timed_out(f"rank {me} timed out waiting for rank {peer}, which did not answer", peer)
+
+
+def receive_timeout(me: int, peer: int, got: int, total: int, idle: float) -> CollectiveTimeoutError:
+    """A payload's wait ran out with `got` of `total` bytes here, the last `idle` seconds before:
+    within STILL_MOVING_SECONDS the message was still arriving (the limit was too short for it);
+    otherwise the sender stopped in the middle of it."""
+    if idle < STILL_MOVING_SECONDS:
+        return diagnosis.timed_out(
+            f"rank {me} timed out receiving from rank {peer}: {STILL_MOVING} its message was still "
+            f"arriving ({got} of {total} bytes arrived, the last {idle:.3f} s before)",
+            peer, moving=True)
+    return diagnosis.timed_out(
+        f"rank {me} timed out receiving from rank {peer}, which stopped sending in the middle of a "
+        f"message ({got} of {total} bytes arrived)", peer)
+
+
 def _write(link: Any, data: Any, deadline: Callable[[], float], me: int, peer: int,
-           between: Callable[[], None] | None = None) -> None:
+           between: Callable[[], None] | None = None, moved: Callable[[], None] | None = None) -> None:
     """All of `data` on `link`, however slowly the peer reads, until deadline() passes (read
     again after each slice that saw no room); then CollectiveTimeoutError, with the stream cut
-    in the middle of the message. `between()` runs after each slice that saw no room."""
+    in the middle of the message. `between()` runs after each slice that saw no room, `moved()`
+    after each that wrote bytes."""
     view = data if isinstance(data, memoryview) else memoryview(data)
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
-    done, n = 0, view.nbytes
+    done, n, moved_at = 0, view.nbytes, time.monotonic()
     while done < n:
         try:
             done += link.send(view[done:])
+            moved_at = time.monotonic()
+            if moved is not None:
+                moved()
         except (BlockingIOError, socket.timeout):  # a slice went by without room
-            if time.monotonic() >= deadline():
-                raise send_timeout(me, peer) from None
+            now = time.monotonic()
+            if now >= deadline():
+                raise send_timeout(me, peer, now - moved_at) from None
             if between is not None:
                 between()
 
@@ -91,10 +131,12 @@ def _rest(frame: bytes, payload: memoryview | None, sent: int) -> tuple[bytes, m
 class _Reader:
     """Per-peer receive buffer: headers and small payloads arrive in as few recv calls as possible."""
 
-    def __init__(self, sock: Any, peer: int, me: int = 0):
+    def __init__(self, sock: Any, peer: int, me: int = 0, size: int | None = None):
         self.sock = sock  # a link
         self.peer = peer
         self.me = me
+        self.size = size  # the job's: an ABORT naming a rank past it is malformed
+        self.moved_at: float | None = None  # when payload bytes last arrived (read_into)
         self.buf = bytearray(READ_BUFFER)
         self.view = memoryview(self.buf)
         self.start = 0
@@ -148,7 +190,7 @@ class _Reader:
                     self._compact()
                 return None
             body = self.view[self.start + wire.PREFIX.size : self.start + wire.PREFIX.size + n]
-            h = wire.unpack(body)
+            h = wire.unpack(body, self.size)
         except ValueError as e:
             raise PeerLostError(f"rank {self.peer} sent a malformed frame ({e}); dropping it", self.peer) from None
         self.start += wire.PREFIX.size + n
@@ -165,14 +207,14 @@ class _Reader:
         self.start += k
         if self.start == self.end:
             self.start = self.end = 0
+        moved_at = time.monotonic()
         while k < n:
             try:
                 got = self.sock.recv_into(out[k:])
             except (BlockingIOError, socket.timeout):  # a slice went by without data
-                if time.monotonic() >= deadline:
-                    raise diagnosis.timed_out(
-                        f"rank {self.me} timed out receiving from rank {self.peer}, which stopped "
-                        f"sending in the middle of a message ({k} of {n} bytes arrived)", self.peer) from None
+                now = time.monotonic()
+                if now >= deadline:
+                    raise receive_timeout(self.me, self.peer, k, n, now - moved_at) from None
                 if idle is not None:
                     idle()
                 continue
@@ -181,6 +223,7 @@ class _Reader:
             if got == 0:
                 raise PeerLostError(f"rank {self.peer} closed its connection mid-message", self.peer)
             k += got
+            moved_at = self.moved_at = time.monotonic()
 
 
 class _Sender:
@@ -207,6 +250,7 @@ class _Sender:
         self._last: tuple[bytes, list[tuple[int, Any]]] | None = None  # see abort()
         self._told: set = set()  # links that heard the last words already (_tell_the_others)
         self._aborted = False
+        self._moved_at: float | None = None  # when the message going out now last moved bytes
         self._thread = threading.Thread(target=self._loop, name="fastcoll-sender", daemon=True)
         self._thread.start()
 
@@ -243,11 +287,16 @@ class _Sender:
             while self._outstanding:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise send_timeout(self._me, self._current_peer)
+                    moved = self._moved_at
+                    idle = None if moved is None else time.monotonic() - moved
+                    raise send_timeout(self._me, self._current_peer, idle)
                 self._cond.wait(left)
 
     def _bound(self) -> float:
         return self._stop_at
+
+    def _moved(self) -> None:
+        self._moved_at = time.monotonic()
 
     def _loop(self) -> None:
         while True:
@@ -262,6 +311,7 @@ class _Sender:
                 else:
                     item = self._items.popleft()
                     self._current_peer = item[0]
+                    self._moved_at = None
             if item is None:
                 self._say_last_words(*last)
                 continue
@@ -269,9 +319,9 @@ class _Sender:
             between = functools.partial(self._tell_the_others, sock)
             try:
                 if peer not in self.broken:
-                    _write(sock, frame, self._bound, self._me, peer, between)
+                    _write(sock, frame, self._bound, self._me, peer, between, self._moved)
                     if payload is not None:
-                        _write(sock, payload, self._bound, self._me, peer, between)
+                        _write(sock, payload, self._bound, self._me, peer, between, self._moved)
             except CollectiveTimeoutError:  # given up after an abort: the stream is cut here
                 self._cut.add(sock)
             except OSError as e:  # reported by TcpTransport.flush, after what the peer sent is read
@@ -341,7 +391,7 @@ class TcpTransport(Transport):
         self._timeout = timeout
         self._spin_reads = spin_reads
         self._yield_reads = yield_reads
-        self._readers = {key: _Reader(link, key[0], rank) for key, link in self._links.items()}
+        self._readers = {key: _Reader(link, key[0], rank, size) for key, link in self._links.items()}
         # each link's idle() for a stalled payload read, made once: a small message reads one too
         self._heed = {key: functools.partial(self._heed_notices, key) for key in self._links}
         self._pending: dict[Link, Header | FastcollError] = {}
@@ -408,6 +458,9 @@ class TcpTransport(Transport):
             # No room for the rest now: the sender thread writes it, and this rank goes on to
             # its receives. Waiting here could hang a ring of ranks each writing to the next.
             sender.put(peer, sock, *_rest(frame, payload, sent), rest=sent > 0)
+
+    def send_failed(self) -> bool:
+        return bool(self._broken) or any(sender.broken for sender in self._senders)
 
     def flush(self, deadline: float | None = None) -> None:
         for sender in self._senders:
@@ -485,8 +538,8 @@ class TcpTransport(Transport):
         while True:
             left = remaining(deadline)
             if left <= 0:
-                raise diagnosis.timed_out(
-                    f"rank {self.rank} timed out waiting for rank {peer}, which did not answer", peer)
+                moved = reader.moved_at
+                raise wait_timeout(self.rank, peer, None if moved is None else time.monotonic() - moved)
             events = self._wait(min(left, 0.2))
             if self.interrupted:
                 raise FastcollError(self.interrupted)

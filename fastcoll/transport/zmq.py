@@ -343,7 +343,7 @@ class ZmqTransport(Transport):
                 raise ValueError("wrong frame count")
             raw = parts[1].buffer
             n = wire.header_length(raw[: wire.PREFIX.size])
-            h = wire.unpack(raw[wire.PREFIX.size : wire.PREFIX.size + n])
+            h = wire.unpack(raw[wire.PREFIX.size : wire.PREFIX.size + n], self.size)
             # Small payloads share the header's frame; large ones come as a frame of their own.
             payload = parts[2].buffer if len(parts) == 3 else raw[wire.PREFIX.size + n :]
             if payload.nbytes != h.nbytes:

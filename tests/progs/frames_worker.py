@@ -27,6 +27,10 @@ def body(items: object) -> bytes:
     return wire.PREFIX.pack(len(packed)) + packed
 
 
+def raw(packed: bytes) -> bytes:
+    return wire.PREFIX.pack(len(packed)) + packed
+
+
 FRAMES = {
     "zero-length": struct.pack("<I", 0),
     "huge-length": struct.pack("<I", 1 << 30),
@@ -34,6 +38,10 @@ FRAMES = {
     "not-an-array": body(12345),
     "negative-size": body([wire.DATA, 0, SIG, 0, -5]),
     "huge-payload": wire.pack(wire.Header(wire.DATA, 0, SIG, 0, 1 << 62)),
+    "bad-utf8-signature": raw(b"\x95\x00\x00\xa2\xff\xfe\x00\x10"),  # [0, 0, a 2-byte str of no UTF-8, 0, 16]
+    "uint64-size": body([wire.DATA, 0, SIG, 0, (1 << 64) - 1]),
+    "abort-naming-no-rank": wire.pack(wire.Header(wire.ABORT, -1, "rank 1: CollectiveTimeoutError: forged",
+                                                  1 << 62, 0)),
     "truncated-header": struct.pack("<I", 50) + b"\x95\x00",
     "truncated-payload": wire.pack(wire.Header(wire.DATA, 0, SIG, 0, 16)) + b"\0" * 5,
 }

@@ -28,7 +28,7 @@ import fastcoll
 from fastcoll import testhooks
 
 SCENARIO = sys.argv[1]
-if SCENARIO != "fork-exit":  # its watchdog thread is not in a forked child, whose exit then hangs
+if not SCENARIO.startswith("fork-"):  # its watchdog thread is not in a forked child, whose exit then hangs
     faulthandler.dump_traceback_later(60, exit=True)  # a hang shows its stack (the tests allow far less)
 # What Ctrl-C does is under test: a shell that starts the suite in the background leaves SIGINT
 # ignored for its children, and Python then installs no handler of its own (every Ctrl-C test
@@ -65,7 +65,67 @@ def init_expecting_error() -> int:
     return 4
 
 
+def fork_call() -> int:
+    """fork-call: rank 0 forks a child after init() and two planned all_reduces; the child's
+    all_reduce (the planned kind, then a broadcast) must raise FastcollError at once and touch no
+    link, and its finalize() and exit (atexit) must leave the parent's job alone: the parent's
+    next all_reduce is exact on every rank. Lines: CHILD-ERROR <class> <seconds> <message> (from
+    the child), CHILD-EXIT <code>, RESULT <value>, OK."""
+    g = fastcoll.init()
+    r, n = g.rank(), g.size()
+    for _ in range(2):  # planned from the second call on (the native engine)
+        fastcoll.all_reduce(np.full(4, r + 1.0, np.float32))
+    fastcoll.barrier()
+    if r == 0:
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            for call in (lambda: fastcoll.all_reduce(np.full(4, 100.0, np.float32)),
+                         lambda: fastcoll.broadcast(np.full(4, 100.0, np.float32), root=0)):
+                start = time.monotonic()
+                try:
+                    call()
+                    code = 5
+                except fastcoll.FastcollError as e:
+                    say("CHILD-ERROR", type(e).__name__, f"{time.monotonic() - start:.4f}", str(e))
+            fastcoll.finalize()
+            return code  # sys.exit: the child's atexit hooks run
+        _, status = os.waitpid(pid, 0)
+        say("CHILD-EXIT", os.waitstatus_to_exitcode(status))
+    else:
+        time.sleep(0.5)  # the child's calls, had they gone out, would be what this rank reads next
+    y = fastcoll.all_reduce(np.full(4, r + 1.0, np.float32))
+    say("RESULT", float(y[0]))
+    assert np.all(y == n * (n + 1) / 2), y
+    fastcoll.barrier()
+    fastcoll.finalize()
+    say("OK")
+    return 0
+
+
+def short_limit() -> int:
+    """short-limit: a 256 MiB all_reduce with timeout=0.05 on every rank, nobody stopped: each
+    rank's error must say that the limit ran out while the data still moved."""
+    g = fastcoll.init()
+    x = np.ones((256 << 20) // 4, np.float32)
+    fastcoll.barrier()
+    start = time.monotonic()
+    try:
+        fastcoll.all_reduce(x, timeout=0.05)
+    except fastcoll.FastcollError as e:
+        error(e, start)
+        return 3
+    say("NOERROR", g.rank())
+    return 4
+
+
 def main() -> int:
+    if SCENARIO == "short-limit":
+        return short_limit()
+    if SCENARIO == "fork-call":
+        return fork_call()
+    if SCENARIO == "init":  # (tests/test_rendezvous.py plays another rank)
+        return init_expecting_error()
     if SCENARIO == "setup-sleep":
         # Rank 0 stalls at a point of the set-up until its deadline has passed: the rank that
         # arrives just before rank 0's FASTCOLL_TIMEOUT runs out, as a deterministic case.

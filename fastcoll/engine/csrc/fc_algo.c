@@ -48,7 +48,10 @@ int fc_run(fc_call *c, const fc_op *op)
         local.dst_count = op->src_count;
     }
     fc_engine_call_begin(c->e, op->kind, op_bytes(&local));
-    int rc = ALGORITHMS[op->algo]->run[op->kind](c, &local);
+    int agreeing = fc_agree_needed(op);
+    int rc = agreeing && fc_agree_begin(c, &local) ? -1 : ALGORITHMS[op->algo]->run[op->kind](c, &local);
+    if (agreeing && fc_agree_end(c, !rc))
+        rc = -1;
     fc_engine_call_end(c->e);
     if (rc)
         return -1;
@@ -66,12 +69,31 @@ int fc_send(fc_call *c, int peer, int64_t chunk, const uint8_t *p, size_t count)
 
 int fc_recv(fc_call *c, int peer, int64_t chunk, uint8_t *p, size_t count)
 {
+    /* every peer's agreement before this rank waits on any: one left unread would be held ahead of
+     * what that peer says next, a timeout's notice included, while this rank waits on another */
+    if (c->owed && fc_agree_take_all(c))
+        return -1;
     return fc_engine_recv(c->e, c->ranks[peer], c->seq, c->sig, c->sig_len, chunk, p, count * c->itemsize,
                           c->deadline, c->err);
 }
 
 int fc_flush(fc_call *c)
 {
+    /* every peer's agreement first: two ranks that both think themselves a broadcast's root
+     * would otherwise wait for each other to take more than a link holds */
+    if (c->owed && fc_agree_take_all(c)) {
+        /* a peer that neither said what it calls nor took this rank's data: the stuck send is
+         * the news (a broadcast's root with a receiver that stopped) */
+        if (c->err->code == FC_E_TIMEOUT_WAIT) {
+            int peer = c->err->peer;
+            int64_t idle = c->err->n[0];
+            if (!fc_engine_flush(c->e, c->deadline, c->err)) {
+                fc_err_set(c->err, FC_E_TIMEOUT_WAIT, peer);
+                c->err->n[0] = idle;
+            }
+        }
+        return -1;
+    }
     return fc_engine_flush(c->e, c->deadline, c->err);
 }
 

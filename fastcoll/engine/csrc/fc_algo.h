@@ -44,6 +44,7 @@ typedef struct fc_op {
     size_t dst_count;
     const int64_t *bounds;      /* (start, end) per rank */
     const int64_t *recv_bounds; /* all_to_all: where each rank's block lands */
+    int agree_counts; /* all_to_all: each pair first confirms how many elements it exchanges */
 } fc_op;
 
 /* One call as the algorithms see it. */
@@ -59,6 +60,11 @@ typedef struct fc_call {
     size_t itemsize;
     int64_t sent, received; /* the ring's messages to its right and from its left */
     fc_err *err;
+    /* The agreement (fc_agree.c): per group rank, its agreement message is still to be read
+     * (NULL: the call has none, or it has been read from everyone). */
+    uint8_t *owed;
+    const fc_op *agreeing; /* the op it is about (an all_to_all's counts) */
+    uint8_t *pair_sig;     /* scratch for an agreement message's signature */
 } fc_call;
 
 typedef int (*fc_run_fn)(fc_call *c, const fc_op *op);
@@ -69,6 +75,16 @@ typedef struct fc_algorithm {
 } fc_algorithm;
 
 extern const fc_algorithm fc_algo_direct, fc_algo_doubling, fc_algo_ring, fc_algo_pairwise, fc_algo_chain;
+
+/* The agreement (fc_agree.c, fastcoll/algorithms/__init__.py's Call.agree): whether op has one;
+ * tell every peer this rank's signature (an all_to_all with agree_counts: each pair's own); read
+ * every one still owed (fc_recv and fc_flush do, before this rank first waits); read the rest
+ * and free what the agreement held (called once begun, failed or not, `ok` if the call went
+ * well: 0, or -1 with c->err set). */
+int fc_agree_needed(const fc_op *op);
+int fc_agree_begin(fc_call *c, const fc_op *op);
+int fc_agree_take_all(fc_call *c);
+int fc_agree_end(fc_call *c, int ok);
 
 /* Run `op` through its algorithm (and finish a mean). 0, or -1 with c->err set. */
 int fc_run(fc_call *c, const fc_op *op);

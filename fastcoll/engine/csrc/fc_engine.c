@@ -112,8 +112,12 @@ int fc_chan_parse(fc_engine *e, fc_chan *c, fc_err *err)
             return 0;
         fc_link_peek(l, c->store, body, FC_PREFIX);
         fc_link_take(l, NULL, FC_PREFIX + (size_t)body);
-        if (!fc_wire_unpack(c->store, body, &c->header, &why))
-            return 1;
+        if (!fc_wire_unpack(c->store, body, &c->header, &why)) {
+            fc_header *h = &c->header; /* an ABORT's chunk is 1 + the rank its sender waited for */
+            if (h->kind != FC_ABORT || (h->chunk >= 0 && h->chunk <= e->size))
+                return 1;
+            why = FC_WIRE_ABORT_RANK;
+        }
     }
     fc_err_set(err, FC_E_MALFORMED, fc_chan_peer(e, c));
     fc_err_text(err, why, strlen(why));
@@ -170,11 +174,12 @@ int fc_engine_flush(fc_engine *e, fc_ns deadline, fc_err *err)
         return -1;
     int n = e->size * e->channels;
     if (r > 0) {
-        int stuck = -1;
-        for (int i = 0; i < n && stuck < 0; i++)
+        fc_chan *stuck = NULL;
+        for (int i = 0; i < n && !stuck; i++)
             if (e->chans[i].link.out_count)
-                stuck = fc_chan_peer(e, &e->chans[i]);
-        fc_err_set(err, FC_E_TIMEOUT_SEND, stuck);
+                stuck = &e->chans[i];
+        fc_err_set(err, FC_E_TIMEOUT_SEND, stuck ? fc_chan_peer(e, stuck) : -1);
+        err->n[0] = stuck && stuck->sent_at ? (fc_now() - stuck->sent_at) / 1000 : -1; /* idle, in us */
         return -1;
     }
     for (int i = 0; i < n; i++) {
@@ -258,6 +263,7 @@ int fc_engine_next_header(fc_engine *e, int peer, int64_t chunk, fc_ns deadline,
     int r = fc_engine_wait(e, header_step, c, c, deadline, err);
     if (r > 0) {
         fc_err_set(err, FC_E_TIMEOUT_WAIT, peer);
+        err->n[0] = c->recv_at ? (fc_now() - c->recv_at) / 1000 : -1; /* since a payload last moved, in us */
         return -1;
     }
     return r < 0 ? -1 : take(e, c, h, err);
@@ -267,6 +273,7 @@ typedef struct {
     fc_chan *c;
     uint8_t *dst;
     size_t n, done;
+    fc_ns moved_at; /* when payload bytes last arrived (or the read began) */
 } payload_read;
 
 /* Below this many bytes a payload's rest is read through the buffer (with the next header, in
@@ -281,6 +288,7 @@ static int payload_step(fc_engine *e, void *ctx, int *moved, fc_err *err)
         size_t k = fc_link_take(l, p->dst + p->done, p->n - p->done);
         if (k) {
             p->done += k;
+            p->moved_at = p->c->recv_at = fc_now();
             *moved = 1;
             continue;
         }
@@ -301,6 +309,7 @@ static int payload_step(fc_engine *e, void *ctx, int *moved, fc_err *err)
             return -1;
         }
         p->done += (size_t)got;
+        p->moved_at = p->c->recv_at = fc_now();
         *moved = 1;
     }
     return 1;
@@ -308,12 +317,13 @@ static int payload_step(fc_engine *e, void *ctx, int *moved, fc_err *err)
 
 int fc_engine_read_payload(fc_engine *e, int peer, int64_t chunk, void *dst, size_t n, fc_ns deadline, fc_err *err)
 {
-    payload_read p = {fc_chan_of(e, peer, chunk), dst, n, 0};
+    payload_read p = {fc_chan_of(e, peer, chunk), dst, n, 0, fc_now()};
     int r = fc_engine_wait(e, payload_step, &p, p.c, deadline, err);
     if (r > 0) {
         fc_err_set(err, FC_E_TIMEOUT_PAYLOAD, peer);
         err->n[0] = (int64_t)p.done;
         err->n[1] = (int64_t)n;
+        err->n[2] = (fc_now() - p.moved_at) / 1000; /* how long nothing had arrived, in us */
         return -1;
     }
     return r;

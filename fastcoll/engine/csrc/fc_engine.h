@@ -24,9 +24,9 @@
 /* What went wrong; fastcoll/engine/native.py turns each into the pure-Python engine's error. */
 enum fc_code {
     FC_OK = 0,
-    FC_E_TIMEOUT_WAIT,    /* peer: who did not answer */
-    FC_E_TIMEOUT_PAYLOAD, /* peer; n[0] of n[1] bytes arrived */
-    FC_E_TIMEOUT_SEND,    /* peer (or -1): who stopped taking data */
+    FC_E_TIMEOUT_WAIT,    /* peer: who did not answer; n[0] us since its payload last moved (-1: never) */
+    FC_E_TIMEOUT_PAYLOAD, /* peer; n[0] of n[1] bytes arrived, none for n[2] us */
+    FC_E_TIMEOUT_SEND,    /* peer (or -1): whose link took nothing for n[0] us (-1: never) */
     FC_E_CLOSED,          /* peer closed its connection */
     FC_E_CLOSED_MID,      /* ... in the middle of a message */
     FC_E_CONN,            /* a receive from peer failed: sys_errno */
@@ -75,6 +75,8 @@ typedef struct fc_chan {
     int lost;     /* an fc_code: lost while the engine waited on another link (fc_chan_lost says how) */
     int cut;      /* a frame was given up half-written: no last words on it */
     int words;    /* the last words: 0 none due, 1 due, 2 queued, 3 said (fc_close.c) */
+    fc_ns sent_at; /* when a wait last wrote bytes on the link (0: never) */
+    fc_ns recv_at; /* when payload bytes last arrived on it (0: never) */
     fc_header header;
     uint8_t store[FC_MAX_HEADER]; /* the last header read (its signature points here) */
 } fc_chan;

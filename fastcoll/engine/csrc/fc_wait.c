@@ -155,10 +155,13 @@ int fc_engine_push_all(fc_engine *e)
         return 0; /* only the last words go out now (fc_close.c) */
     int moved = 0;
     int n = e->size * e->channels;
+    fc_ns now = 0;
     for (int i = 0; i < n; i++) {
         fc_chan *c = &e->chans[i];
-        if (c->open && c->link.out_count && fc_link_push(&c->link) > 0)
+        if (c->open && c->link.out_count && fc_link_push(&c->link) > 0) {
             moved = 1;
+            c->sent_at = now ? now : (now = fc_now()); /* a send timeout says whether it still moved */
+        }
     }
     return moved;
 }

@@ -152,6 +152,28 @@ static int read_str(cursor *c, const uint8_t **s, uint32_t *len)
     return 0;
 }
 
+/* Whether s[0..n) is well-formed UTF-8 (no overlong forms, no surrogates, nothing past
+ * U+10FFFF): what Python's strict decoder takes, so both engines refuse the same signatures. */
+static int utf8_valid(const uint8_t *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        uint8_t b = s[i];
+        size_t len = b < 0x80 ? 1 : (b & 0xe0) == 0xc0 ? 2 : (b & 0xf0) == 0xe0 ? 3 : (b & 0xf8) == 0xf0 ? 4 : 0;
+        if (!len || b == 0xc0 || b == 0xc1 || b > 0xf4 || n - i < len)
+            return 0;
+        for (size_t k = 1; k < len; k++)
+            if ((s[i + k] & 0xc0) != 0x80)
+                return 0;
+        uint8_t b1 = len > 1 ? s[i + 1] : 0;
+        if ((b == 0xe0 && b1 < 0xa0) || (b == 0xed && b1 > 0x9f) || (b == 0xf0 && b1 < 0x90) ||
+            (b == 0xf4 && b1 > 0x8f))
+            return 0; /* overlong, a surrogate, or past U+10FFFF */
+        i += len;
+    }
+    return 1;
+}
+
 static int read_array5(cursor *c)
 {
     const uint8_t *t;
@@ -184,6 +206,10 @@ int fc_wire_unpack(const uint8_t *body, size_t len, fc_header *h, const char **w
     }
     if (kind < FC_DATA || kind > FC_CLOSE || h->nbytes < 0) {
         *why = "malformed header: field of the wrong type";
+        return -1;
+    }
+    if (!utf8_valid(h->sig, h->sig_len)) {
+        *why = "malformed header: the signature is not UTF-8";
         return -1;
     }
     h->kind = (int)kind;

@@ -35,7 +35,12 @@ size_t fc_wire_pack(uint8_t *out, size_t cap, int kind, int64_t seq, const uint8
 /* The header length a 4-byte prefix announces, or 0 when it lies outside 1..FC_MAX_HEADER. */
 uint32_t fc_wire_body_length(const uint8_t prefix[FC_PREFIX]);
 
-/* Unpack a header body of `len` bytes. 0, or -1 with *why naming what is malformed. */
+/* Why an ABORT whose chunk (1 + the rank its sender waited for, 0 for none) names no rank of the
+ * job is malformed (the receiver knows the job's size: fc_engine.c checks it). */
+#define FC_WIRE_ABORT_RANK "malformed header: an ABORT that names no rank of the job"
+
+/* Unpack a header body of `len` bytes (the signature well-formed UTF-8, as Python decodes it).
+ * 0, or -1 with *why naming what is malformed. */
 int fc_wire_unpack(const uint8_t *body, size_t len, fc_header *h, const char **why);
 
 #endif

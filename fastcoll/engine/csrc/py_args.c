@@ -207,7 +207,13 @@ int py_op_bind_into(py_op *o, uint8_t *dst, size_t nbytes)
 int py_op_parse(py_op *o, PyObject *const *a, int job_size, int job_rank)
 {
     PyObject *fixed[13] = {a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[14]};
-    return py_op_fix(o, fixed, job_size, job_rank) || py_op_bind(o, a[12], a[13], a[15], a[16]) ? -1 : 0;
+    if (py_op_fix(o, fixed, job_size, job_rank))
+        return -1;
+    int agree = PyObject_IsTrue(a[17]);
+    if (agree < 0)
+        return -1;
+    o->op.agree_counts = agree && o->op.kind == FC_K_ALL_TO_ALL;
+    return py_op_bind(o, a[12], a[13], a[15], a[16]);
 }
 
 void py_op_unbind(py_op *o)

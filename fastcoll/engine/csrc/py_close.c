@@ -130,8 +130,8 @@ PyObject *py_engine_close(EngineObject *self, PyObject *args)
     double flush_s, linger_s;
     if (!PyArg_ParseTuple(args, "dd", &flush_s, &linger_s))
         return NULL;
-    if (!self->ready || atomic_exchange(&self->closed, 1))
-        Py_RETURN_NONE;
+    if (!self->ready || py_forked(self) || atomic_exchange(&self->closed, 1))
+        Py_RETURN_NONE; /* (a forked child's copy: its parent says goodbye) */
     int held;
     Py_BEGIN_ALLOW_THREADS
     held = end_call_under_way(self, fc_deadline_in(LET_GO_SECONDS));
@@ -159,8 +159,8 @@ PyObject *py_engine_close(EngineObject *self, PyObject *args)
 /* The engine object goes (no call can be running: each holds a reference). */
 void py_engine_end(EngineObject *self)
 {
-    if (!self->ready)
-        return;
+    if (!self->ready || py_forked(self))
+        return; /* a forked child's copy is left alone: its threads are not here, its locks may be held */
     atomic_store(&self->closed, 1);
     if (!self->ended) {
         Py_BEGIN_ALLOW_THREADS

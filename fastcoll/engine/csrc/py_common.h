@@ -53,7 +53,18 @@ typedef struct {
     pthread_mutex_t dead_lock;
     py_item *dead; /* finished items whose Python references wait for the GIL */
     py_graph *graph; /* the graph table, once opened (py_graph.c) */
+    unsigned long generation; /* py_fork_generation when it was made */
 } EngineObject;
+
+/* How many times this process is a fork's child (py_module.c counts them, pthread_atfork): an
+ * engine made before the last fork is its parent's, whose links, threads and locks a child must
+ * never touch, nor end. */
+extern unsigned long py_fork_generation;
+
+static inline int py_forked(const EngineObject *self)
+{
+    return self->generation != py_fork_generation;
+}
 
 /* A collective as Python hands it over (py_args.c): its fixed part (the fc_op's collective,
  * algorithm, dtype and root; its call's sequence number, signature, group and time limit), and
@@ -72,7 +83,7 @@ typedef struct py_op {
     int64_t *even[2]; /* bounds computed here (None from Python: even blocks) */
 } py_op;
 
-#define PY_OP_ARGS 17
+#define PY_OP_ARGS 18
 
 /* The 13 fixed arguments (kind, algorithm, seq, sig, limit, rank, size, ranks, piece_bytes,
  * dtype, reduce, itemsize, root); 0, or -1 with a Python error. */
@@ -81,7 +92,7 @@ int py_op_fix(py_op *o, PyObject *const *args, int job_size, int job_rank);
  * blocks), checked against the fixed part; 0, or -1 with a Python error. */
 int py_op_bind(py_op *o, PyObject *src, PyObject *dst, PyObject *bounds, PyObject *recv_bounds);
 /* All PY_OP_ARGS arguments (kind, algorithm, seq, sig, limit, rank, size, ranks, piece_bytes,
- * dtype, reduce, itemsize, src, dst, root, bounds, recv_bounds). */
+ * dtype, reduce, itemsize, src, dst, root, bounds, recv_bounds, agree_counts). */
 /* Bind the engine's own memory (a gate's receive mailbox) as the destination, no source, even
  * bounds; 0, or -1 with a Python error. */
 int py_op_bind_into(py_op *o, uint8_t *dst, size_t nbytes);

@@ -13,6 +13,10 @@ int py_usable(EngineObject *self)
         PyErr_SetString(PyExc_RuntimeError, "the native engine is not set up");
         return 0;
     }
+    if (py_forked(self)) {
+        PyErr_SetString(PyExc_RuntimeError, "the native engine belongs to the process this one was forked from");
+        return 0;
+    }
     if (atomic_load(&self->closed)) {
         fc_err err;
         fc_err_set(&err, FC_E_SHUT, -1);
@@ -47,6 +51,7 @@ static int engine_init(EngineObject *self, PyObject *args, PyObject *kw)
         return -1;
     }
     self->main_thread = main_thread;
+    self->generation = py_fork_generation;
     self->ready = 1;
     return 0;
 }
@@ -87,8 +92,8 @@ static PyObject *release(EngineObject *self, PyObject *unused)
 }
 
 /* run(kind, algorithm, seq, sig, limit, rank, size, ranks, piece_bytes, dtype, reduce, itemsize,
- * src, dst, root, bounds, recv_bounds): run a collective on this thread, which holds the run
- * lock; NativeError if it fails. */
+ * src, dst, root, bounds, recv_bounds, agree_counts): run a collective on this thread, which
+ * holds the run lock; NativeError if it fails. */
 static PyObject *run(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != PY_OP_ARGS)
@@ -161,9 +166,9 @@ static PyMethodDef engine_methods[] = {
     {"set_failure_handler", (PyCFunction)set_failure_handler, METH_O, "on_failure(task, work, info, waited)"},
     {"claim_if_idle", (PyCFunction)claim_if_idle, METH_NOARGS, "True: run the next call on this thread"},
     {"release", (PyCFunction)release, METH_NOARGS, "give back the run lock claim_if_idle took"},
-    {"run", FASTCALL(run), METH_FASTCALL, "run a collective on this thread (17 arguments, see py_common.h)"},
+    {"run", FASTCALL(run), METH_FASTCALL, "run a collective on this thread (18 arguments, see py_common.h)"},
     {"run_planned", FASTCALL(run_planned), METH_FASTCALL, "run_planned(plan, seq, src, dst): a planned call, here"},
-    {"submit", FASTCALL(submit), METH_FASTCALL, "queue a collective (17 arguments, task, work): a Completion"},
+    {"submit", FASTCALL(submit), METH_FASTCALL, "queue a collective (18 arguments, task, work): a Completion"},
     {"submit_call", (PyCFunction)submit_call, METH_O, "queue a Python function behind the queued calls"},
     {"send", (PyCFunction)py_send, METH_VARARGS, "send(peer, kind, seq, sig, chunk, payload)"},
     {"send_raw", (PyCFunction)py_send_raw, METH_VARARGS, "send_raw(peer, data): for tests, bytes as they are"},
@@ -179,7 +184,7 @@ static PyMethodDef engine_methods[] = {
     {"gate_stop", (PyCFunction)py_gate_stop, METH_NOARGS, "stop waiting for arrivals"},
     {"gate_outstanding", (PyCFunction)py_gate_outstanding, METH_NOARGS, "gates queued and not yet served"},
     {"gate_timings", (PyCFunction)py_gate_timings, METH_NOARGS, "the profile's new records"},
-    {"gate_submit", FASTCALL(py_gate_submit), METH_FASTCALL, "queue a gate (seq, nbytes, 17 arguments, task, work)"},
+    {"gate_submit", FASTCALL(py_gate_submit), METH_FASTCALL, "queue a gate (seq, nbytes, 18 arguments, task, work)"},
     {"gate_submit_planned", FASTCALL(py_gate_submit_planned), METH_FASTCALL,
      "queue a gate (plan, call_seq, gate_seq, nbytes, task, work): the exchange planned"},
     {"graph_open", (PyCFunction)graph_open, METH_VARARGS,

@@ -134,6 +134,9 @@ static void drop_queued(fc_item *it)
 static void run(py_graph *g, const char *what, int64_t seq, const char *sig, const fc_op *op)
 {
     EngineObject *o = g->owner;
+    if (py_forked(o))
+        fatal(g, what, "FastcollError: this process was forked from the one that joined the job, whose "
+                       "connections are the parent's: a forked child cannot use its parent's job");
     if (!g->open || atomic_load(&o->failed))
         fatal(g, what, "FastcollError: the job has failed or fastcoll was finalized");
     /* the call's fixed part as Python's calls hand it over (no buffers held: none to release) */

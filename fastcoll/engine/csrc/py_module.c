@@ -2,6 +2,7 @@
  * and the reductions on their own (for tests). */
 #include "py_common.h"
 
+#include <pthread.h>
 #include <string.h>
 
 #include "fc_reduce.h"
@@ -158,6 +159,14 @@ static int add(PyObject *m, const char *name, PyObject *value)
     return 0;
 }
 
+unsigned long py_fork_generation;
+
+/* In the child, after fork(): it runs alone then, so the count needs no lock. */
+static void forked_child(void)
+{
+    py_fork_generation++;
+}
+
 PyMODINIT_FUNC PyInit__native(void);
 
 PyMODINIT_FUNC PyInit__native(void)
@@ -165,6 +174,10 @@ PyMODINIT_FUNC PyInit__native(void)
     if (PyType_Ready(&py_engine_type) || PyType_Ready(&py_completion_type) || PyType_Ready(&py_plan_type) ||
         py_results_ready())
         return NULL;
+    if (pthread_atfork(NULL, NULL, forked_child)) {
+        PyErr_SetString(PyExc_RuntimeError, "could not register the native engine's fork handler");
+        return NULL;
+    }
     PyObject *m = PyModule_Create(&module);
     if (!m)
         return NULL;
