@@ -228,6 +228,9 @@ SLOW: dict[str, tuple[str, Callable[[dict], bool] | None]] = {
     "test_shm_peer.py": ("a bad shared-memory counter on the pure-Python engine",
                          lambda params: "scenario" in params and params.get("native") == "0"),
     "test_diagnosis.py": ("who stopped answering, on zmq", lambda params: params.get("transport") == "zmq"),
+    # Every collective still runs on zmq at 1-3 ranks and at 4 on shm and tcp in the default run.
+    "test_collectives.py": ("every collective on zmq at 4 ranks", lambda p: p.get("transport") == "zmq" and p.get("world") == 4),
+    "test_exchange.py": ("the newer collectives on zmq at 4 ranks", lambda p: p.get("transport") == "zmq" and p.get("world") == 4),
 }
 # Fixtures that start an OpenSSH server: their tests are also marked `sshd`.
 SSHD_FIXTURES = ("sshd", "bed")
