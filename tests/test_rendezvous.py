@@ -35,6 +35,14 @@ def message(**change) -> dict:
     return {k: v for k, v in m.items() if v is not None}
 
 
+def test_a_capability_may_hold_lists_of_scalars_as_rdma_says_each_peer():
+    """rdma's capability holds one entry a rank (`peers`): a list of scalars passes the rendezvous'
+    check (its owner, transport/rdma.py, checks its meaning); a list of maps does not."""
+    good = {"rdma": {"peers": [False, True, True], "reliable": False, "problem": None}}
+    assert rendezvous.caps_problem(good) is None
+    assert rendezvous.caps_problem({"rdma": {"peers": [{"x": 1}]}}) is not None
+
+
 MALFORMED = {
     "not-a-map": ([1, 2, 3], "it is a list, not a map"),
     "no-address": (message(address=None), "its 'address' is missing, not an address"),
@@ -42,7 +50,7 @@ MALFORMED = {
     "no-caps": (message(caps=None), "its 'caps' is missing, not a map"),
     "caps-a-list": (message(caps=["tcp"]), "its 'caps' is a list, not a map"),
     "caps-of-the-wrong-type": (message(caps={"transport": 5}), "its capability 'transport' is an int, not a string"),
-    "caps-nested": (message(caps={"later": {"a": [1]}}),
+    "caps-nested": (message(caps={"later": {"a": {"b": 1}}}),
                     "its capability 'later' is a map, not a scalar or a map of them"),
     "process-a-number": (message(caps={"process": 5}), "its capability 'process' is an int, not a map"),
     "size-a-string": (message(size="3"), "its 'size' is a string, not a world size"),

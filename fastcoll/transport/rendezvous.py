@@ -25,6 +25,7 @@ MESSAGE_LIMIT = 1 << 20
 _CAPS = {"transport": str, "gate": bool, "host": str, "name": str, "native": bool, "connections": int,
          "process": dict}
 _TEXT_MAX = 4096
+_LIST_MAX = 65536  # entries of a list in a capability's map: one a rank, far above any job
 
 
 def parse_address(text: str, what: str) -> tuple[str, int]:
@@ -135,7 +136,7 @@ def check_version(info: dict, who: str, me: str = "rank 0") -> None:
 
 def caps_problem(caps: object) -> str | None:
     """What is wrong with a rank's capabilities, or None: a map of names to scalars or to maps of
-    names to scalars, the known ones of their type."""
+    names to scalars or lists of them, the known ones of their type."""
     if not isinstance(caps, dict):
         return f"its 'caps' is {_kind(caps)}, not a map"
     for key, value in caps.items():
@@ -146,7 +147,7 @@ def caps_problem(caps: object) -> str | None:
             return f"its capability {key[:64]!r} is {_kind(value)}, not {_kind(want())}"
         inner = value.items() if isinstance(value, dict) else [(key, value)]
         for name, v in inner:
-            if not (isinstance(name, str) and _scalar(v)):
+            if not (isinstance(name, str) and (_scalar(v) or _scalars(v))):
                 return f"its capability {key[:64]!r} is {_kind(value)}, not a scalar or a map of them"
     return None
 
@@ -156,6 +157,12 @@ def _scalar(value: object) -> bool:
     if isinstance(value, str):
         return len(value) <= _TEXT_MAX
     return value is None or isinstance(value, (bool, int, float))
+
+
+def _scalars(value: object) -> bool:
+    """A list of scalars inside a capability's map (rdma's one entry a rank), at most _LIST_MAX:
+    the capability's owner checks its meaning (transport/rdma.py's _offer)."""
+    return isinstance(value, list) and len(value) <= _LIST_MAX and all(_scalar(v) for v in value)
 
 
 def message_problem(info: dict) -> str | None:
