@@ -25,7 +25,7 @@ import pytest
 
 from conftest import PROGS, ROOT, assert_ok, fabric_library, fabric_missing, jobless_env, run_session
 from engines import native_missing
-from fastcoll.engine import link_kinds
+from fastcoll.engine import link_kinds, verbs_problem
 from fastcoll.config import Config
 from fastcoll.errors import FastcollError, MismatchError
 from fastcoll.launch.check import rdma_pairs
@@ -96,7 +96,7 @@ def offer(peers: list[bool], reliable: bool = False, problem: str | None = None)
 
 def setup(rank: int, devices: str, connections: int = 1) -> rdma.Setup:
     return rdma.Setup(Config.from_env(env(FASTCOLL_RANK=str(rank), FASTCOLL_RDMA_DEVICES=devices,
-                                          FASTCOLL_CONNECTIONS=str(connections))))
+                                          FASTCOLL_CONNECTIONS=str(connections))), verbs_problem())
 
 
 HOSTS = ["mac1", "mac2", "mac3"]

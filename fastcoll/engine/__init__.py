@@ -48,6 +48,19 @@ def link_kinds() -> tuple[str, ...]:
     return ("tcp", "shm") if kinds is None else tuple(kinds())
 
 
+def verbs_problem() -> str | None:
+    """None where the native engine here can open verbs links, else why not."""
+    why = native_available()
+    if why is not None:
+        return f"FASTCOLL_TRANSPORT=rdma needs the native engine, which is unavailable: {why}"
+    kinds = link_kinds()
+    if "verbs" not in kinds:
+        return (f"this fastcoll's native engine was built without the verbs link (it has {', '.join(kinds)}): "
+                "<infiniband/verbs.h> was missing where it was compiled (Debian: libibverbs-dev; macOS: the "
+                "26.2 SDK or later); reinstall fastcoll where it is found")
+    return None
+
+
 def connect(config: Any, caps: dict[str, Any], deadline: float) -> tuple[Engine, Any]:
     """Rendezvous with every rank and connect; the job's engine and the rendezvous table. Every
     rank runs the native engine, or none does (each says in its `caps` whether it can)."""
@@ -78,7 +91,7 @@ def _connect_rdma(config: Any, caps: dict[str, Any], deadline: float) -> tuple[E
     refuses the job on every rank where any rank cannot run them)."""
     from fastcoll.transport import tcp
 
-    links, table = tcp.establish(config, {**caps, "native": True}, deadline)
+    links, table = tcp.establish(config, {**caps, "native": True}, deadline, verbs_problem())
     from fastcoll.engine.native import NativeEngine
 
     return NativeEngine.over(config, links, len(table.same_host(config.rank)), deadline), table

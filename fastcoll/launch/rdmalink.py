@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from fastcoll.config import Config
+from fastcoll.engine import verbs_problem
 from fastcoll.transport import rdma
 from fastcoll.transport.base import data_header
 
@@ -37,7 +38,7 @@ def reliable() -> bool:
 
 def probe(devices: list[str]) -> dict:
     """{"devices": [what the library lists]}, or {"error": why the devices cannot be used here}."""
-    why = rdma.engine_problem()
+    why = verbs_problem()
     if why is None:
         why, _ = rdma.device_problem(library(), sorted(set(devices)))
     if why is not None:

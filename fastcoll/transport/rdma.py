@@ -77,21 +77,6 @@ def no_devices_hint() -> str:
     return "`ibv_devices` lists them"
 
 
-def engine_problem() -> str | None:
-    """None where the native engine here can open verbs links, else why not."""
-    from fastcoll import engine
-
-    why = engine.native_available()
-    if why is not None:
-        return f"FASTCOLL_TRANSPORT=rdma needs the native engine, which is unavailable: {why}"
-    kinds = engine.link_kinds()
-    if "verbs" not in kinds:
-        return (f"this fastcoll's native engine was built without the verbs link (it has {', '.join(kinds)}): "
-                "<infiniband/verbs.h> was missing where it was compiled (Debian: libibverbs-dev; macOS: the "
-                "26.2 SDK or later); reinstall fastcoll where it is found")
-    return None
-
-
 def device_problem(library: str | None, named: list[str]) -> tuple[str | None, str | None]:
     """(None, the library's first device) where `library` (None: the platform's) loads and lists
     every device in `named`, else (why not, None)."""
@@ -111,8 +96,9 @@ def device_problem(library: str | None, named: list[str]) -> tuple[str | None, s
 class Setup:
     """This rank's side of an rdma job: whether it can run verbs links, and toward whom."""
 
-    def __init__(self, config: Any):
+    def __init__(self, config: Any, engine_problem: str | None):
         self.config = config
+        self.engine_problem = engine_problem  # the engine's answer (fastcoll.engine.verbs_problem)
         self.first_device: str | None = None  # the library's first, for peers with no name given
         self.problem = self._problem()
 
@@ -131,7 +117,7 @@ class Setup:
         config = self.config
         if not config.native:
             return "FASTCOLL_TRANSPORT=rdma needs the native engine, and FASTCOLL_NATIVE=0 asks for the pure-Python one"
-        why = engine_problem()
+        why = self.engine_problem
         if why is not None or not any(self.wants()):
             return why  # (every peer over TCP or shared memory: no library needed)
         named = sorted({n for names in (config.rdma_devices or ()) if names for n in names})

@@ -683,11 +683,13 @@ def over(config: Any, links: dict[int, list[Any]]) -> TcpTransport:
         raise
 
 
-def establish(config: Any, caps: dict[str, Any], deadline: float) -> tuple[dict[int, list[Any]], rendezvous.Table]:
+def establish(config: Any, caps: dict[str, Any], deadline: float,
+              engine_problem: str | None = None) -> tuple[dict[int, list[Any]], rendezvous.Table]:
     """The links to every peer (FASTCOLL_CONNECTIONS each; shared memory to the ranks of this
     host where it can be had; under FASTCOLL_TRANSPORT=rdma, verbs links where this rank has a
-    device toward the peer) and the rendezvous table; an engine takes the links over."""
-    verbs = rdma.Setup(config) if config.transport == "rdma" else None
+    device toward the peer) and the rendezvous table; an engine takes the links over.
+    `engine_problem`: why the engine cannot open verbs links (the engine's own answer, for rdma)."""
+    verbs = rdma.Setup(config, engine_problem) if config.transport == "rdma" else None
     listener = AuthListener(bind_hosts(config), 0, config.token)
     try:
         caps = {**caps, "connections": config.connections}  # (caps["host"]: lifecycle's host_id())
