@@ -652,9 +652,9 @@ def _answer(rank: int, links: dict[int, list[SocketLink]], enabled: bool, deadli
             if found is None:
                 continue  # nothing offered, nothing to answer
             mem = _attach(*found, what) if enabled else None
-            send_message(link.sock, mem is not None, _OFFER_LIMIT)
-            if mem is not None:
+            if mem is not None:  # its rings read their starts before the answer lets the peer write
                 out[p][ch] = ShmLink(link.sock, *_rings(mem, RING_BYTES, lower=False))
+            send_message(link.sock, mem is not None, _OFFER_LIMIT)
 
 
 def _collect(links: dict[int, list[SocketLink]], deadline: float,
