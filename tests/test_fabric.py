@@ -6,7 +6,6 @@ JACCL brings them up) and checks.c (the error paths, in one process)."""
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import os
 import re
 import shutil
@@ -16,7 +15,7 @@ import tempfile
 
 import pytest
 
-from conftest import ROOT, run_session
+from conftest import ROOT, fabric_build, fabric_missing, run_session
 
 FABRIC = os.path.join(ROOT, "tests", "fabric")
 VERBS = ["ibv_get_device_list", "ibv_free_device_list", "ibv_get_device_name", "ibv_open_device",
@@ -27,25 +26,12 @@ SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "
             "-g", "-O1"]
 
 
-def fabric_build():
-    """tests/fabric/build.py as a module (loaded by path: tests/fabric is not a package)."""
-    spec = importlib.util.spec_from_file_location("fcfab_build", os.path.join(FABRIC, "build.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 build = fabric_build()
 
 
 def why_not() -> str | None:
     """Why the fabric cannot be built here, or None."""
-    cc = build.compiler()
-    if shutil.which(cc) is None:
-        return f"no C compiler ({cc}) to build the test fabric"
-    if not build.have_verbs_h(cc, build.env_flags("CFLAGS")):
-        return build.NO_VERBS
-    return None
+    return fabric_missing()
 
 
 pytestmark = pytest.mark.skipif(why_not() is not None, reason=str(why_not()))

@@ -8,7 +8,6 @@ or device, a stranger's setup message and a silent peer each one line; nothing l
 from __future__ import annotations
 
 import glob
-import importlib.util
 import json
 import os
 import shutil
@@ -20,19 +19,11 @@ import tempfile
 
 import pytest
 
-from conftest import PROGS, ROOT, Job, Result, assert_ok, jobless_env
+from conftest import PROGS, ROOT, Job, Result, assert_ok, fabric_build, jobless_env
 from engines import native_missing
 
 FABRIC = os.path.join(ROOT, "tests", "fabric")
 WORKER = os.path.join(PROGS, "verbs_worker.py")
-
-
-def fabric_build():
-    """tests/fabric/build.py as a module (loaded by path: tests/fabric is not a package)."""
-    spec = importlib.util.spec_from_file_location("fcfab_build", os.path.join(FABRIC, "build.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 build = fabric_build()
