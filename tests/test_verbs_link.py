@@ -22,7 +22,6 @@ import pytest
 from conftest import PROGS, ROOT, Job, Result, assert_ok, fabric_build, jobless_env
 from engines import native_missing
 
-FABRIC = os.path.join(ROOT, "tests", "fabric")
 WORKER = os.path.join(PROGS, "verbs_worker.py")
 
 
