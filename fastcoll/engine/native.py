@@ -74,7 +74,7 @@ def error_from(info: tuple, me: int, seq: int = -1, sig: str = "", why: str | No
         return tcp.wait_timeout(me, peer, None if n0 < 0 else n0 / 1e6)
     if name == "timeout_payload":  # n2: how long nothing had arrived, in us
         return tcp.receive_timeout(me, peer, n0, n1, n2 / 1e6)
-    if name == "timeout_send":  # n0: how long the link had taken nothing, in us (-1: it took none)
+    if name == "timeout_send":  # n0: since data last moved both ways with the peer, in us (-1: not both)
         return tcp.send_timeout(me, None if peer < 0 else peer, None if n0 < 0 else n0 / 1e6)
     if name == "abort":
         return abort_error(Header(ABORT, -1, said, n0, 0), peer, None if waiting_for < 0 else waiting_for)

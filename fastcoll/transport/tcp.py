@@ -61,14 +61,15 @@ def _lost(peer: int, e: BaseException) -> FastcollError:
 
 
 def send_timeout(me: int, peer: int | None, idle: float | None = None) -> CollectiveTimeoutError:
-    """A send's wait ran out; `idle`: how long before that the link last took bytes (None: it
-    took none). A link that took some within STILL_MOVING_SECONDS was still taking data: the call's
-    limit was too short for it, and no rank stopped."""
+    """A send's wait ran out; `idle`: how long before that data last moved both ways between
+    this rank and the peer (None: not both ways). Bytes that leave prove nothing by themselves
+    (the kernel's buffers take them from a peer that stopped); with the peer's bytes arriving too
+    within STILL_MOVING_SECONDS, the call's limit was too short for it, and no rank stopped."""
     who = "a peer" if peer is None else f"rank {peer}"
     if idle is not None and idle < STILL_MOVING_SECONDS:
         return diagnosis.timed_out(
-            f"rank {me} timed out sending to {who}: {STILL_MOVING} its data was still going out "
-            f"(the last bytes left {idle:.3f} s before)", peer, moving=True)
+            f"rank {me} timed out sending to {who}: {STILL_MOVING} data still moved both ways "
+            f"between them (until {idle:.3f} s before)", peer, moving=True)
     return diagnosis.timed_out(f"rank {me} timed out sending to {who}, which stopped taking data", peer)
 
 
@@ -105,17 +106,19 @@ def _write(link: Any, data: Any, deadline: Callable[[], float], me: int, peer: i
     view = data if isinstance(data, memoryview) else memoryview(data)
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
-    done, n, moved_at = 0, view.nbytes, time.monotonic()
+    done, n = 0, view.nbytes
     while done < n:
         try:
-            done += link.send(view[done:])
-            moved_at = time.monotonic()
+            sent = link.send(view[done:])
+        except (BlockingIOError, socket.timeout):  # a slice went by without room
+            sent = 0
+        if sent:
+            done += sent
             if moved is not None:
                 moved()
-        except (BlockingIOError, socket.timeout):  # a slice went by without room
-            now = time.monotonic()
-            if now >= deadline():
-                raise send_timeout(me, peer, now - moved_at) from None
+        else:
+            if time.monotonic() >= deadline():
+                raise send_timeout(me, peer) from None
             if between is not None:
                 between()
 
@@ -208,6 +211,8 @@ class _Reader:
         if self.start == self.end:
             self.start = self.end = 0
         moved_at = time.monotonic()
+        if k:
+            self.moved_at = moved_at
         while k < n:
             try:
                 got = self.sock.recv_into(out[k:])
@@ -251,6 +256,7 @@ class _Sender:
         self._told: set = set()  # links that heard the last words already (_tell_the_others)
         self._aborted = False
         self._moved_at: float | None = None  # when the message going out now last moved bytes
+        self.heard_at: Callable[[int], float | None] | None = None  # when a peer's bytes last arrived
         self._thread = threading.Thread(target=self._loop, name="fastcoll-sender", daemon=True)
         self._thread.start()
 
@@ -287,9 +293,7 @@ class _Sender:
             while self._outstanding:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    moved = self._moved_at
-                    idle = None if moved is None else time.monotonic() - moved
-                    raise send_timeout(self._me, self._current_peer, idle)
+                    raise send_timeout(self._me, self._current_peer, self._idle(self._current_peer))
                 self._cond.wait(left)
 
     def _bound(self) -> float:
@@ -297,6 +301,13 @@ class _Sender:
 
     def _moved(self) -> None:
         self._moved_at = time.monotonic()
+
+    def _idle(self, peer: int | None) -> float | None:
+        """How long since data last moved both ways between this rank and `peer`: its message
+        going out, and (heard_at) the peer's arriving; None where either never moved."""
+        heard = None if peer is None or self.heard_at is None else self.heard_at(peer)
+        moved = self._moved_at
+        return None if heard is None or moved is None else time.monotonic() - min(heard, moved)
 
     def _loop(self) -> None:
         while True:
@@ -406,6 +417,8 @@ class TcpTransport(Transport):
         self._recheck_s = min((link.recheck_s for link in self._buffered.values()), default=None)
         self._cut: set = set()  # links whose stream a timeout cut in the middle of a message
         self._senders = [_Sender(rank, self._cut) for _ in range(self._channels)]
+        for sender in self._senders:
+            sender.heard_at = self._heard_at
         self._closed_peers: set[int] = set()
         self._broken: dict[int, FastcollError] = {}  # peers a send to failed (sends dropped)
         self._last_word_until = 0.0  # abort(): until when the notice may take to leave
@@ -458,6 +471,11 @@ class TcpTransport(Transport):
             # No room for the rest now: the sender thread writes it, and this rank goes on to
             # its receives. Waiting here could hang a ring of ranks each writing to the next.
             sender.put(peer, sock, *_rest(frame, payload, sent), rest=sent > 0)
+
+    def _heard_at(self, peer: int) -> float | None:
+        """When a payload of `peer`'s last arrived, on any of its links (None: none has)."""
+        times = [self._readers[(peer, ch)].moved_at for ch in range(self._channels)]
+        return max((t for t in times if t is not None), default=None)
 
     def send_failed(self) -> bool:
         return bool(self._broken) or any(sender.broken for sender in self._senders)

@@ -114,6 +114,7 @@ def short_limit() -> int:
         fastcoll.all_reduce(x, timeout=0.05)
     except fastcoll.FastcollError as e:
         error(e, start)
+        fastcoll.finalize()  # its notice delivered (an exit without it may cut a message short)
         return 3
     say("NOERROR", g.rank())
     return 4

@@ -167,6 +167,22 @@ static int flushed(fc_engine *e, void *ctx, int *moved, fc_err *err)
     return 1;
 }
 
+/* How long (in us) since data last moved both ways between this rank and c's peer: c's bytes
+ * going out, and the peer's arriving on any of its channels; -1 where either never moved. Bytes
+ * that leave prove nothing by themselves: the kernel's buffers take them from a stopped peer. */
+static int64_t both_ways_idle(fc_engine *e, fc_chan *c)
+{
+    int peer = fc_chan_peer(e, c);
+    fc_ns heard = 0;
+    for (int ch = 0; ch < e->channels; ch++) {
+        fc_ns t = e->chans[peer * e->channels + ch].recv_at;
+        heard = t > heard ? t : heard;
+    }
+    if (!heard || !c->sent_at)
+        return -1;
+    return (fc_now() - (heard < c->sent_at ? heard : c->sent_at)) / 1000;
+}
+
 int fc_engine_flush(fc_engine *e, fc_ns deadline, fc_err *err)
 {
     int r = fc_engine_wait(e, flushed, NULL, NULL, deadline, err);
@@ -179,7 +195,7 @@ int fc_engine_flush(fc_engine *e, fc_ns deadline, fc_err *err)
             if (e->chans[i].link.out_count)
                 stuck = &e->chans[i];
         fc_err_set(err, FC_E_TIMEOUT_SEND, stuck ? fc_chan_peer(e, stuck) : -1);
-        err->n[0] = stuck && stuck->sent_at ? (fc_now() - stuck->sent_at) / 1000 : -1; /* idle, in us */
+        err->n[0] = stuck ? both_ways_idle(e, stuck) : -1;
         return -1;
     }
     for (int i = 0; i < n; i++) {

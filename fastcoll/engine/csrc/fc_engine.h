@@ -26,7 +26,7 @@ enum fc_code {
     FC_OK = 0,
     FC_E_TIMEOUT_WAIT,    /* peer: who did not answer; n[0] us since its payload last moved (-1: never) */
     FC_E_TIMEOUT_PAYLOAD, /* peer; n[0] of n[1] bytes arrived, none for n[2] us */
-    FC_E_TIMEOUT_SEND,    /* peer (or -1): whose link took nothing for n[0] us (-1: never) */
+    FC_E_TIMEOUT_SEND,    /* peer (or -1): data moved both ways with it until n[0] us ago (-1: not) */
     FC_E_CLOSED,          /* peer closed its connection */
     FC_E_CLOSED_MID,      /* ... in the middle of a message */
     FC_E_CONN,            /* a receive from peer failed: sys_errno */
