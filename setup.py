@@ -30,8 +30,7 @@ OPTIONAL = os.environ.get("FASTCOLL_BUILD_STRICT", "") in ("", "0")
 # The RDMA (verbs) link's files: built only where the platform has <infiniband/verbs.h> (Debian's
 # libibverbs-dev; the macOS SDK from 26.2). The engine loads the verbs library when a job asks for
 # an RDMA link, never links against it: a machine without RDMA imports and runs everything else.
-VERBS_SOURCES = {os.path.join(CSRC, f) for f in ("fc_link_verbs.c", "fc_verbs_lib.c", "fc_verbs_qp.c",
-                                                 "fc_verbs_setup.c", "fc_verbs_credit.c")}
+VERBS_SOURCES = set(glob.glob(os.path.join(CSRC, "links", "verbs", "*.c")))
 
 
 def have_verbs_header() -> bool:
@@ -45,7 +44,8 @@ def have_verbs_header() -> bool:
     return probe.returncode == 0
 
 
-SOURCES = sorted(glob.glob(os.path.join(CSRC, "*.c")))
+# The engine's rooms (csrc/README.md): every C file under csrc/, by folder.
+SOURCES = sorted(glob.glob(os.path.join(CSRC, "**", "*.c"), recursive=True))
 LIBRARIES = ["m"] if sys.platform.startswith("linux") else []  # fmaf (complex64 products, fc_reduce.c)
 if have_verbs_header():
     MACROS.append(("FC_HAVE_VERBS", "1"))
@@ -57,7 +57,7 @@ else:
 native = Extension(
     "fastcoll.engine._native",
     sources=SOURCES,
-    depends=sorted(glob.glob(os.path.join(CSRC, "*.h"))),
+    depends=sorted(glob.glob(os.path.join(CSRC, "**", "*.h"), recursive=True)),
     include_dirs=[CSRC],
     libraries=LIBRARIES,
     define_macros=MACROS,
@@ -70,9 +70,9 @@ MPI_CSRC = os.path.join("fastcoll", "mlx_compat", "csrc")
 mpi_abi = Extension(
     "fastcoll.mlx_compat._mpi_abi",
     # fc_reduce.c: the engine's reductions, for the collectives of split groups (mpi_sub.c).
-    sources=sorted(glob.glob(os.path.join(MPI_CSRC, "*.c"))) + [os.path.join(CSRC, "fc_reduce.c")],
-    depends=sorted(glob.glob(os.path.join(MPI_CSRC, "*.h"))) + [os.path.join(CSRC, "fc_graph.h"),
-                                                                 os.path.join(CSRC, "fc_reduce.h")],
+    sources=sorted(glob.glob(os.path.join(MPI_CSRC, "*.c"))) + [os.path.join(CSRC, "reduce", "fc_reduce.c")],
+    depends=sorted(glob.glob(os.path.join(MPI_CSRC, "*.h"))) + [os.path.join(CSRC, "binding", "fc_graph.h"),
+                                                                 os.path.join(CSRC, "reduce", "fc_reduce.h")],
     include_dirs=[CSRC, MPI_CSRC],
     libraries=["m"] if sys.platform.startswith("linux") else [],  # fmaf (fc_reduce.c)
     define_macros=MACROS,

@@ -55,7 +55,7 @@ DEFAULT_SPIN_READS = 10
 # and wake-up of poll(). Four ranks on 2 cores, 4 B all-reduce: 592 us without, 395 us with 20
 # (bench/NOTES.md, entry 11). Only while a small message is awaited.
 DEFAULT_YIELD_READS = 20
-# The native engine's wait (fastcoll/engine/csrc/fc_wait.c): it spins spin_us on what it waits
+# The native engine's wait (fastcoll/engine/csrc/core/fc_wait.c): it spins spin_us on what it waits
 # for, then yields the CPU between looks for yield_us, then sleeps in poll() until woken. spin_us
 # -1 (the default) spins AUTO_SPIN_US, or not at all where this host's ranks outnumber its CPUs
 # (a spinning rank then holds the core its peer needs). Two ranks, 4 B all_reduce, median on the

@@ -1,5 +1,5 @@
 """Graph mode (FASTCOLL_MLX_GRAPH=1): MLX's graph runs fastcoll's collectives through fastcoll's
-MPI library (fastcoll/mlx_compat/csrc/mpi_abi.c over fastcoll/engine/csrc/py_graph.c).
+MPI library (fastcoll/mlx_compat/csrc/mpi_abi.c over fastcoll/engine/csrc/binding/py_graph.c).
 
 - every size (both algorithms), dtype and collective the table serves, on 2, 3 and 4 ranks
   (direct, and recursive doubling at 4), gives what the ranks' own arithmetic gives;

@@ -1,4 +1,4 @@
-"""The native engine's links behind one interface (fastcoll/engine/csrc/fc_link.h): the kinds a
+"""The native engine's links behind one interface (fastcoll/engine/csrc/links/fc_link.h): the kinds a
 build has, Engine.add_link's keywords and its errors, frames across each kind between two engines
 in this process, and the order NativeEngine.over adds links in."""
 

@@ -5,7 +5,7 @@ finalize() gives back what the engine kept.
 glibc serves a large malloc() with a mapping of its own, but freeing one raises its mmap
 threshold (up to 32 MiB), after which blocks below it come from a heap that varying sizes
 fragment and free() does not give back: a 20,000-call soak grew a rank from 44 to 360 MB, kept
-after finalize(). The engine now maps its large blocks itself (fastcoll/engine/csrc/fc_mem.h).
+after finalize(). The engine now maps its large blocks itself (fastcoll/engine/csrc/base/fc_mem.h).
 
 The resident size is read as the kernel reports it, untrimmed (malloc_trim would hide the heap's
 growth). What the result cache keeps (up to result_cache_mb, 512 MiB, by design: the next result

@@ -1,4 +1,4 @@
-"""The native engine's reductions (fastcoll/engine/csrc/fc_reduce.c) are bit-identical to the
+"""The native engine's reductions (fastcoll/engine/csrc/reduce/fc_reduce.c) are bit-identical to the
 pure-Python engine's numpy reducers (fastcoll/dtypes.py: reducer, finish_mean).
 
 Two implementations are checked the same way:
@@ -98,7 +98,7 @@ def compiled(tmp_path_factory) -> CtypesReduce:
         pytest.skip("no C compiler (cc, gcc, clang or $CC) to build fc_reduce.c for the ctypes tests")
     out = str(tmp_path_factory.mktemp("fc_reduce") / "libfc_reduce.so")
     flags = ["-O2", "-std=c11", "-ffp-contract=off", "-Wall", "-Wextra", "-Wpedantic", "-Werror", "-shared", "-fPIC"]
-    cmd = [*cc, *flags, os.path.join(CSRC, "fc_reduce.c"), "-o", out, "-lm"]
+    cmd = [*cc, *flags, os.path.join(CSRC, "reduce", "fc_reduce.c"), "-o", out, "-lm"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"{' '.join(cmd)} failed:\n{r.stdout}{r.stderr}"
     return CtypesReduce(out)
@@ -260,7 +260,7 @@ def _unaligned(x: np.ndarray) -> np.ndarray:
 def test_header_lists_fastcoll_dtypes_in_order():
     """fc_reduce.h's codes are dtypes.names() and dtypes.OPS, in that order (the ctypes path and
     the extension rely on it)."""
-    header = open(os.path.join(CSRC, "fc_reduce.h")).read()
+    header = open(os.path.join(CSRC, "reduce", "fc_reduce.h")).read()
     enums = [re.findall(r"\bFC_(\w+)", body) for body in re.findall(r"enum\s+\w+\s*\{([^}]*)\}", header)]
     listed = {e[-1]: tuple(n.lower() for n in e[:-1]) for e in enums}
     assert listed["DTYPE_COUNT"] == dtypes.names()

@@ -1,6 +1,6 @@
 """Two ranks that the scheduler keeps on one CPU while a third program keeps the other CPU busy
 (moving either rank would not even out the load, so it never does): the native engine's wait
-moves the higher rank to another CPU it may run on (fastcoll/engine/csrc/fc_wait.c, step_aside),
+moves the higher rank to another CPU it may run on (fastcoll/engine/csrc/core/fc_wait.c, step_aside),
 else every exchange costs two context switches (bench/NOTES.md 53). Over shared memory and over
 verbs links on the test fabric (a peer on this host: the link header says the sender's CPU,
 bench/NOTES.md 97)."""

@@ -1,5 +1,5 @@
 """Large numpy results over memory the native engine keeps between calls
-(fastcoll/engine/csrc/py_results.c, Group.empty): the cache on its own, and collectives across
+(fastcoll/engine/csrc/binding/py_results.c, Group.empty): the cache on its own, and collectives across
 real processes on both engines, whose results stay each its own while they live."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What a same-host peer that holds the job's token can do through shared memory
-(fastcoll/transport/shm.py, fastcoll/engine/csrc/fc_shmring.c), and a segment's creator killed
+(fastcoll/transport/shm.py, fastcoll/engine/csrc/links/fc_shmring.c), and a segment's creator killed
 while its peer attaches (docs/failures.md, "A same-host peer").
 
 In one process: a ring whose counters the other side wrote out of range (a head below zero or

@@ -165,3 +165,81 @@ def test_one_place_asks_the_algorithm_rule_and_every_op_names_its_algorithm():
                 silent.append(f"{m.path}:{node.lineno}")
     assert asks == ["fastcoll/group.py"], asks
     assert not silent, silent
+
+
+# --- the native engine's rooms (fastcoll/engine/csrc/README.md) ----------------------------------
+
+CSRC = os.path.join(PACKAGE, "engine", "csrc")
+MPI_CSRC = os.path.join(PACKAGE, "mlx_compat", "csrc")
+
+
+@dataclass
+class Room:
+    door: set[str]
+    may: set[str]
+
+
+def rooms() -> dict[str, Room]:
+    """The rooms table of csrc/README.md: room -> its door and the rooms it may include."""
+    found = {}
+    with open(os.path.join(CSRC, "README.md")) as fh:
+        for line in fh:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) == 4 and cells[0].startswith("`"):
+                names = lambda cell: {w.strip("`, ") for w in cell.split(",") if w.strip("`, ")}
+                may = names(cells[3]) if cells[3] != "every room above" else set(found)
+                found[cells[0].strip("`")] = Room(names(cells[2]), may)
+    return found
+
+
+def include_problems(path: str, room: str, text: str, table: dict[str, Room]) -> list[str]:
+    """What in `text` (the file at `path`, in `room`) includes outside what the table allows."""
+    found = []
+    for line in text.splitlines():
+        s = line.strip()
+        if not s.startswith('#include "'):
+            continue
+        name = s.split('"')[1]
+        if "/" not in name:
+            continue  # its own folder's header
+        other, header = name.split("/", 1)[0], os.path.basename(name)
+        if other == room:
+            continue
+        if other not in table:
+            found.append(f"{path}: includes {name}, which is in no room")
+        elif other not in table[room].may:
+            found.append(f"{path} ({room}) includes {name}: {room} may not include {other}")
+        elif header not in table[other].door:
+            found.append(f"{path} ({room}) includes {name}, which is not in {other}'s door")
+    return found
+
+
+def test_every_c_file_lives_in_a_room_and_includes_only_what_its_room_may():
+    table = rooms()
+    assert list(table) == ["base", "reduce", "links", "core", "algorithms", "gate", "binding"], table
+    table["mpi"] = Room(set(), {"binding", "reduce"})  # the MPI library: the graph table and reductions
+    problems, seen = [], 0
+    for top, room_of in ((CSRC, None), (MPI_CSRC, "mpi")):
+        for folder, _, files in os.walk(top):
+            for f in files:
+                if not f.endswith((".c", ".h")):
+                    continue
+                path = os.path.relpath(os.path.join(folder, f), ROOT)
+                room = room_of or os.path.relpath(folder, CSRC).split(os.sep)[0]
+                if room not in table:
+                    problems.append(f"{path}: not in a room of csrc/README.md")
+                    continue
+                with open(os.path.join(folder, f)) as fh:
+                    problems += include_problems(path, room, fh.read(), table)
+                seen += 1
+    assert seen > 40 and not problems, "\n".join(problems)
+
+
+def test_the_room_check_sees_a_climb_and_a_private_header():
+    table = rooms()
+    text = '#include "fc_link.h"\n#include "core/fc_engine.h"\n#include "links/verbs/fc_verbs.h"\n#include "x/y.h"\n'
+    found = include_problems("made_up.c", "links", text, table)
+    assert found == ["made_up.c (links) includes core/fc_engine.h: links may not include core",
+                     "made_up.c: includes x/y.h, which is in no room"], found
+    assert include_problems("made_up.c", "binding", '#include "links/verbs/fc_verbs.h"\n', table) == [
+        "made_up.c (binding) includes links/verbs/fc_verbs.h, which is not in links's door"]

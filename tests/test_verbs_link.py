@@ -112,8 +112,8 @@ def waited(r: Result) -> float:
 
 
 CSRC = os.path.join(ROOT, "fastcoll", "engine", "csrc")
-LINK_SOURCES = ["fc_link.c", "fc_link_verbs.c", "fc_verbs_lib.c", "fc_verbs_qp.c", "fc_verbs_setup.c",
-                "fc_verbs_credit.c"]
+LINK_SOURCES = ["links/fc_link.c", "links/verbs/fc_link_verbs.c", "links/verbs/fc_verbs_lib.c",
+                "links/verbs/fc_verbs_qp.c", "links/verbs/fc_verbs_setup.c", "links/verbs/fc_verbs_credit.c"]
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """The native engine's waits leave their yields out after a long one (FASTCOLL_TUNING's
-long_wait_us, which graph mode sets where ranks share CPUs; fastcoll/engine/csrc/fc_wait.c): a rank
+long_wait_us, which graph mode sets where ranks share CPUs; fastcoll/engine/csrc/core/fc_wait.c): a rank
 whose peer works 40 ms before every call yields through the first wait and sleeps through the
 others, where without the knob it yields through every one (bench/NOTES.md 80). Where a rank has
 CPUs to spare, graph mode yields through such waits instead (config.for_host, NOTES 92)."""

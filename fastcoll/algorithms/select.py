@@ -57,7 +57,7 @@ def _small_max(size: int, config: Any) -> int:
 def by_size(collective: str, size: int, config: Any) -> tuple[int, str, str]:
     """The rule for a sized `collective` on `size` ranks at once: (the most bytes a small call
     has, the small calls' algorithm, the large calls' algorithm), for a caller that chooses
-    without Python (MLX's graph, fastcoll/engine/csrc/py_graph.c)."""
+    without Python (MLX's graph, fastcoll/engine/csrc/binding/py_graph.c)."""
     if collective not in _SIZED:
         raise ValueError(f"{collective!r} does not choose its algorithm by size")
     most = _small_max(size, config)

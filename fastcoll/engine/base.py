@@ -85,7 +85,7 @@ class Engine(abc.ABC):
                     all_reduce: tuple[int, str, str], all_gather: tuple[int, str, str],
                     labels: tuple[str, ...]) -> Any:
         """A capsule of the table that runs one group's collectives from MLX's evaluation thread
-        without Python (fastcoll/engine/csrc/fc_graph.h), or None where this engine has none. The
+        without Python (fastcoll/engine/csrc/binding/fc_graph.h), or None where this engine has none. The
         group (`prefix`, the job's `ranks`, this `rank` in it) must run nothing else: the table
         numbers its calls. all_reduce, all_gather: select.by_size's rule; labels: each member's
         name in error messages."""

@@ -268,7 +268,7 @@ class NativeEngine(Engine):
     # ----- the engine interface -----
 
     def attach_gate(self, gate: Any) -> None:
-        """Serve the host mode's gates here (fastcoll/engine/csrc/fc_gate.c): the arrival poll,
+        """Serve the host mode's gates here (fastcoll/engine/csrc/gate/fc_gate.c): the arrival poll,
         the exchange and the release run on the service thread without the GIL."""
         host = gate.host_half() if gate is not None else None
         if host is None:
@@ -348,7 +348,7 @@ class NativeEngine(Engine):
             self._n.release()
 
     def result_memory(self, nbytes: int) -> Any:
-        """A block of fastcoll/engine/csrc/py_results.c's cache: it comes back to the cache when
+        """A block of fastcoll/engine/csrc/binding/py_results.c's cache: it comes back to the cache when
         the last array over it is gone (None where the cache is off: result_cache_mb=0)."""
         return None if self._results is None else self._results.take(nbytes)
 

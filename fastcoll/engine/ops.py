@@ -71,7 +71,7 @@ def bounds_of(op: Op, size: int) -> tuple[Bounds | None, Bounds | None]:
     """op's (bounds, recv_bounds), with even blocks (fastcoll.algorithms.blocks) where they are
     None: of the result for all_gather, of the contribution for reduce_scatter and all_to_all,
     of size blocks of one rank's part for gather and scatter. The native engine computes the
-    same blocks for None (fastcoll/engine/csrc/py_args.c)."""
+    same blocks for None (fastcoll/engine/csrc/binding/py_args.c)."""
     bounds, recv = op.bounds, op.recv_bounds
     if bounds is None:
         kind = op.kind

@@ -19,8 +19,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "fc_link.h"
-#include "fc_verbs.h"
+#include "links/fc_link.h"
+#include "links/verbs/fc_verbs.h"
 
 extern const fc_link_kind fc_link_verbs;
 

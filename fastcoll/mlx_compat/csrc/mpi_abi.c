@@ -21,7 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "fc_reduce.h"
+#include "reduce/fc_reduce.h"
 #include "mpi_abi.h"
 #include "mpi_lib.h"
 

@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 
-#include "fc_graph.h"
+#include "binding/fc_graph.h"
 
 /* fastcoll.mlx_compat.graph's split: parent handle, color, key (>= 0), the new handle; fills
  * `ranks` (the table's rank of each member, at most `most`), `rank` and `name` (fastcoll's

@@ -15,7 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "fc_reduce.h"
+#include "reduce/fc_reduce.h"
 #include "mpi_lib.h"
 
 int mpi_table_rank = -1;

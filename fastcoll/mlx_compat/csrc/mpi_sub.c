@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fc_reduce.h"
+#include "reduce/fc_reduce.h"
 #include "mpi_lib.h"
 
 #define COMMS_MAX 256

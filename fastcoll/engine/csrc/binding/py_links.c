@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-#include "fc_shmring.h"
+#include "links/fc_shmring.h"
 
 /* The registry's names as a tuple: what link_kinds() returns. */
 static PyObject *kind_names(void)

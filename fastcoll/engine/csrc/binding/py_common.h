@@ -22,11 +22,11 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include "fc_algo.h"
-#include "fc_engine.h"
-#include "fc_gate.h"
-#include "fc_reduce.h"
-#include "fc_service.h"
+#include "algorithms/fc_algo.h"
+#include "core/fc_engine.h"
+#include "gate/fc_gate.h"
+#include "reduce/fc_reduce.h"
+#include "core/fc_service.h"
 
 typedef struct py_item py_item;
 typedef struct py_graph py_graph;

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "fc_graph.h"
-#include "fc_reduce.h"
+#include "reduce/fc_reduce.h"
 
 #define PREFIX_MAX 96
 #define LABEL_MAX 96

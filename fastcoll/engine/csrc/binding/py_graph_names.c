@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "fc_reduce.h"
+#include "reduce/fc_reduce.h"
 
 /* Copy `want` names from the tuple `names` into out; 0, or -1 with a ValueError that says why. */
 static int take(char (*out)[PY_GRAPH_NAME_MAX], PyObject *names, Py_ssize_t want, const char *what)

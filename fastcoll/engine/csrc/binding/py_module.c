@@ -5,7 +5,7 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "fc_reduce.h"
+#include "reduce/fc_reduce.h"
 
 PyObject *py_native_error;
 

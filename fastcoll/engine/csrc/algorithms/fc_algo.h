@@ -12,8 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "fc_engine.h"
-#include "fc_mem.h"
+#include "core/fc_engine.h"
+#include "base/fc_mem.h"
 
 /* The collectives (fastcoll/engine/ops.py's KINDS, in this order). */
 enum fc_kind {

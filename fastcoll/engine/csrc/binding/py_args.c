@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fc_reduce.h"
+#include "reduce/fc_reduce.h"
 
 enum { H_SRC = 1, H_DST = 2, H_BOUNDS = 4, H_RECV = 8 };
 

@@ -13,7 +13,7 @@
 
 #include <sys/mman.h>
 
-#include "fc_mem.h"
+#include "base/fc_mem.h"
 
 #define KEPT_MAX 4     /* blocks kept at once */
 #define BLOCK_ALIGN 64 /* a cache line: what the reductions' vector loads like best */

@@ -12,7 +12,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "fc_clock.h"
+#include "base/fc_clock.h"
 
 typedef struct fc_item fc_item;
 struct fc_item {

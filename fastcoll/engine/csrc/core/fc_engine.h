@@ -17,8 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "fc_clock.h"
-#include "fc_link.h"
+#include "base/fc_clock.h"
+#include "links/fc_link.h"
 #include "fc_wire.h"
 
 /* What went wrong; fastcoll/engine/native.py turns each into the pure-Python engine's error. */

@@ -19,7 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "fc_algo.h"
+#include "algorithms/fc_algo.h"
 
 /* Word indices and status codes, as fastcoll/gate/layout.py defines them (it is the one source
  * of truth: Python passes them in). */

@@ -27,8 +27,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "fc_clock.h"
-#include "fc_link.h"
+#include "base/fc_clock.h"
+#include "links/fc_link.h"
 #include "fc_verbs_lib.h"
 
 #define FC_VERBS_RX_SLOTS 32        /* receives posted ahead: the credits the peer starts with */

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fc_reduce.h"
+#include "reduce/fc_reduce.h"
 
 /* The registry: one entry an algorithm, indexed by enum fc_algo_id. */
 static const fc_algorithm *const ALGORITHMS[FC_A_COUNT] = {
