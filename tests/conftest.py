@@ -61,6 +61,21 @@ def fabric_library() -> str:
     return fabric_build().build()
 
 
+@pytest.fixture(scope="session")
+def fabric_jobs() -> str:
+    """The test fabric's library for jobs that run `FASTCOLL_TRANSPORT=rdma` on it, built once; the
+    tests that need it skip, saying why, where it cannot be built or the engine has no verbs link."""
+    from engines import native_missing
+    from fastcoll.engine import link_kinds
+
+    why = fabric_missing() or native_missing()
+    if why is None and "verbs" not in link_kinds():
+        why = "the native engine was built without the verbs link (no <infiniband/verbs.h> where it was compiled)"
+    if why is not None:
+        pytest.skip(why)
+    return fabric_library()
+
+
 def rank_env(rank: int, size: int, port: int, transport: str = "shm", token: str = "test-token", **extra: str) -> dict:
     """The environment of one rank of a local job. `transport`: "shm" (TCP connections, which
     ranks on one host replace by shared memory: the default; under FASTCOLL_TEST_TRANSPORT=rdma,

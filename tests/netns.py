@@ -453,16 +453,23 @@ Host *
                 h.name, *argv]
 
     def hostfile(self, hosts: Sequence[int], *, slots: int = 1, links: int = 1,
-                 name: str | None = None, fmt: str = "mpirun") -> str:
+                 name: str | None = None, fmt: str = "mpirun", rdma: str | None = None) -> str:
         """Write a hostfile for `hosts` (indices), `slots` ranks each, their first `links`
-        data addresses as ips; mpirun style or MLX JSON (`fmt="json"`)."""
+        data addresses as ips; mpirun style or MLX JSON (`fmt="json"`). `rdma`: a device name
+        that each host's `rdma` list (JSON only, as `mlx.distributed_config --backend jaccl`
+        writes it) names toward every other host."""
         assert self.root is not None
         if links > self.links:
             raise ValueError(f"the bed has {self.links} data link(s) per host")
+        if rdma is not None and fmt != "json":
+            raise ValueError("rdma lists are MLX's JSON hostfile's (fmt='json')")
         chosen = [self.host(i) for i in hosts]
         if fmt == "json":
-            text = json.dumps({"hosts": [{"ssh": h.name, "ips": list(h.data[:links]),
-                                          "slots": slots} for h in chosen]}, indent=1)
+            entries = [{"ssh": h.name, "ips": list(h.data[:links]), "slots": slots} for h in chosen]
+            for i, e in enumerate(entries):
+                if rdma is not None:
+                    e["rdma"] = [None if j == i else rdma for j in range(len(entries))]
+            text = json.dumps({"hosts": entries}, indent=1)
         else:
             text = "".join(f"{h.name} slots={slots} ips={','.join(h.data[:links])}\n"
                            for h in chosen)

@@ -69,12 +69,12 @@ class Job:
 
     def __init__(self, bed: netns.TestBed, hosts, mode: str, *args: str, slots: int = 1,
                  links: int = 1, env: dict | None = None, fmt: str = "mpirun",
-                 launcher_args: tuple = ()) -> None:
+                 launcher_args: tuple = (), rdma: str | None = None) -> None:
         self.bed = bed
         self.size = len(hosts) * slots
         self.outdir = str(bed.root / f"job{next(_count)}")
         os.mkdir(self.outdir)
-        self.hostfile = bed.hostfile(hosts, slots=slots, links=links, fmt=fmt)
+        self.hostfile = bed.hostfile(hosts, slots=slots, links=links, fmt=fmt, rdma=rdma)
         self.run = bed.start_launcher(
             ["-v", "--hostfile", self.hostfile, "--env", f"PYTHONPATH={REPO}", *launcher_args,
              "python", WORKER, self.outdir, mode, *args],
@@ -147,6 +147,65 @@ def test_every_collective_across_hosts(net, hosts, transport):
         # One rank per host: nothing is shared memory, even with FASTCOLL_SHM=1.
         assert r["transport"].split("; ")[0] == ("zmq" if transport == "zmq" else "tcp"), r
         assert r["interface"] == net.host(hosts[rank]).data[0], r
+
+
+# ----------------------------------------------------------------------------- RDMA (the test fabric)
+
+
+@pytest.fixture
+def fabric_env(fabric_jobs):
+    """What the launcher needs to run an MLX hostfile's `rdma` lists on the test fabric (a verbs
+    provider over this machine's shared memory, which every namespaced host sees): the library.
+    The hostfile's lists make each rank's FASTCOLL_TRANSPORT=rdma and FASTCOLL_RDMA_DEVICES."""
+    return {"FASTCOLL_VERBS_LIB": fabric_jobs}
+
+
+@pytest.mark.parametrize("hosts", [(1, 2), (1, 2, 3, 4)], ids=["2hosts", "4hosts"])
+def test_every_collective_across_hosts_over_rdma(net, hosts, fabric_env):
+    job = Job(net, hosts, "collectives", env={**fabric_env, "FASTCOLL_TIMEOUT": "20"}, fmt="json", rdma="fcfab0")
+    reports = assert_all_ok(job, job.wait(120), hosts)
+    for rank, r in reports.items():
+        # Every peer on another host: every connection a verbs link, its socket on the data link.
+        assert r["transport"].startswith("rdma (verbs: fcfab0, UC"), r
+        assert f"on {len(hosts) - 1} of {len(hosts) - 1} connections" in r["transport"], r
+        assert r["interface"] == net.host(hosts[rank]).data[0], r
+
+
+def test_check_opens_every_rdma_link_across_hosts(net, fabric_env):
+    hf = net.hostfile((1, 2, 3), fmt="json", rdma="fcfab0")
+    code, run = net.launch(["--check", "--hostfile", hf, "--env", f"PYTHONPATH={REPO}"],
+                           env=net.launcher_env(**fabric_env), cwd=REPO, timeout=90)
+    print("\n" + run.out)
+    assert code == 0, run.out + run.err
+    # Every pair once (the RDMA links' table): opened across the hosts' namespaces, measured.
+    for a, b in itertools.combinations(net.hosts[:3], 2):
+        assert re.search(rf"^{b.name} -> {a.name}\s+fcfab0 -> fcfab0\s+ok\s+[\d.]+ us\s+[\d.]+ GB/s$",
+                         run.out, re.M), run.out
+    assert "all hosts ok" in run.out
+
+
+def test_a_rank_killed_over_rdma_ends_the_job_naming_its_host(net, fabric_env):
+    # Over verbs a dead peer gives UC no error: its socket's end, beside the queue pair, is how
+    # the others learn it, on another host as on this one.
+    hosts = (1, 2, 3)
+    job = Job(net, hosts, "loop", "4096", env={**fabric_env, "FASTCOLL_TIMEOUT": str(TIMEOUT)}, fmt="json",
+              rdma="fcfab0", launcher_args=("--grace", "1", "--timeout", "60"))
+    assert job.run.wait_for("ready", len(hosts), timeout=60), job.describe()
+    time.sleep(0.3)
+    t_fault = time.time()
+    os.kill(job.reports()[2]["pid"], signal.SIGKILL)  # the hosts' namespaces share our PIDs
+    code = job.wait(60)
+    reports = job.reports(wait=3 * TIMEOUT)
+    print(f"\nrank 2 (host3) killed: launcher exit {code} after {job.run.ended - t_fault:.1f} s\n"
+          + "\n".join(f"  rank {k}: {r.get('outcome')} {r.get('error')}: {r.get('message')}" for k, r in sorted(reports.items())))
+    assert code is not None and code != 0, job.describe()
+    assert job.run.ended - t_fault < TIMEOUT + 5, job.describe()
+    errors = [r for k, r in reports.items() if k != 2 and r.get("outcome") == "error"]
+    assert errors, job.describe()
+    for r in errors:
+        assert r["error"] in ERRORS and "host3" in r["message"], job.describe()
+        assert r["t_end"] - t_fault < 4 * TIMEOUT, r
+    assert job.leftovers(wait=3 * TIMEOUT) == []
 
 
 @pytest.mark.parametrize("shm", ["1", "0"])

@@ -24,8 +24,7 @@ import sys
 import pytest
 
 from conftest import PROGS, ROOT, assert_ok, fabric_library, fabric_missing, jobless_env, run_session
-from engines import native_missing
-from fastcoll.engine import link_kinds, verbs_problem
+from fastcoll.engine import verbs_problem
 from fastcoll.config import Config
 from fastcoll.errors import FastcollError, MismatchError
 from fastcoll.launch.check import rdma_pairs
@@ -223,18 +222,6 @@ def test_the_python_engine_refuses_rdma_on_every_rank(launch, request, python_ra
 # --- over the fabric -----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def fabric() -> str:
-    """The test fabric's library, built once; the tests that need it skip, saying why, where it
-    cannot be built."""
-    why = fabric_missing() or native_missing()
-    if why is None and "verbs" not in link_kinds():
-        why = "the native engine was built without the verbs link (no <infiniband/verbs.h> where it was compiled)"
-    if why is not None:
-        pytest.skip(why)
-    return fabric_library()
-
-
 def digests(results) -> list[str]:
     out = []
     for r in results:
@@ -242,6 +229,11 @@ def digests(results) -> list[str]:
         assert m, r.out + r.err[-3000:]
         out.append(m.group(1))
     return out
+
+
+@pytest.fixture(scope="session")
+def fabric(fabric_jobs: str) -> str:
+    return fabric_jobs
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])

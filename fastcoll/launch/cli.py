@@ -21,7 +21,7 @@ import fastcoll
 from fastcoll.launch.api import USAGE_ERROR, LaunchConfig, LaunchError, launch
 from fastcoll.launch.check import run_check
 from fastcoll.launch.hostfile import HostfileError, HostList, parse_hosts_arg, read_hostfile
-from fastcoll.launch.job import BIND_CHOICES, PlanError, parse_env_items
+from fastcoll.launch.job import BIND_CHOICES, PlanError, launcher_settings, parse_env_items
 from fastcoll.launch.procs import HEARTBEAT, LOST_AFTER
 from fastcoll.launch.routes import data_warnings, ssh_address
 from fastcoll.launch.settings import check_names
@@ -177,7 +177,8 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace, config: La
         parser.error("--check needs --hostfile or --hosts")
     try:
         check_names(config.hosts.envs, config.env, os.environ)
-        env = parse_env_items(list(config.hosts.envs) + list(config.env), os.environ)
+        # What a job's ranks would get: the launcher's FASTCOLL_* settings, then --env and the hostfile's.
+        env = {**launcher_settings(os.environ), **parse_env_items(list(config.hosts.envs) + list(config.env), os.environ)}
     except PlanError as e:
         parser.exit(USAGE_ERROR, f"fastcoll-launch: {e}\n")
     return run_check(config.hosts, ssh=list(config.ssh), python=config.python, cwd=config.cwd or os.getcwd(),

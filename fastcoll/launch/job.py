@@ -86,6 +86,12 @@ def parse_env_items(items: Sequence[str], environ: Mapping[str, str]) -> dict[st
     return out
 
 
+def launcher_settings(environ: Mapping[str, str]) -> dict[str, str]:
+    """The launcher's own FASTCOLL_* settings (FASTCOLL_TRANSPORT=zmq fastcoll-launch ...): they
+    reach remote ranks, and --check's agents, as they reach local ones through inheritance."""
+    return {k: v for k, v in environ.items() if k.startswith("FASTCOLL_")}
+
+
 def plan_job(
     hosts: HostList | None,
     program: Sequence[str],
@@ -115,9 +121,7 @@ def plan_job(
     n = _rank_count(hosts, nprocs, bind)
     argv = program_argv(program, python)
     extra = parse_env_items(list(hosts.envs) + list(env_items), environ)
-    # The launcher's own FASTCOLL_* settings (FASTCOLL_TRANSPORT=zmq fastcoll-launch ...) reach
-    # remote ranks too, as they reach local ones through inheritance.
-    inherited = {k: v for k, v in environ.items() if k.startswith("FASTCOLL_")}
+    inherited = launcher_settings(environ)
     placement, per_host = _placement(hosts, n)
     all_local = all(is_local_host(h.name) for h, _ in placement)
     _refuse_foreign_ips([h for h, _ in placement if is_local_host(h.name)])
