@@ -64,6 +64,13 @@ def medians(points: list[dict]) -> dict[tuple, float]:
     return {(p["system"], p["op"], p.get("world", 0), p["size"]): p["median_s"] for p in points if p["status"] == "ok"}
 
 
+def write_raw(path: str, a: argparse.Namespace, args: list[str], seen: dict[tuple, dict[str, list[float]]]) -> None:
+    """Every round's medians so far (us), per (system, op, ranks, bytes) and tree, as JSON."""
+    with open(path, "w") as f:
+        json.dump({"before": a.before, "after": a.after, "rounds": a.rounds, "args": args,
+                   "points": [{"key": list(k), **v} for k, v in sorted(seen.items())]}, f, indent=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("before")
@@ -81,10 +88,8 @@ def main() -> None:
             for name, tree in trees.items():
                 for key, s in run(tree, args, os.path.join(tmp, f"{name}{i}")).items():
                     seen.setdefault(key, {}).setdefault(name, []).append(s * 1e6)
-    if a.raw:
-        with open(a.raw, "w") as f:
-            json.dump({"before": a.before, "after": a.after, "rounds": a.rounds, "args": args,
-                       "points": [{"key": list(k), **v} for k, v in sorted(seen.items())]}, f, indent=1)
+                if a.raw:  # after every run, so that a run cut off by its time limit keeps its rounds
+                    write_raw(a.raw, a, args, seen)
     print(f"before: {a.before}, after: {a.after}, {a.rounds} rounds alternating; bench/compare.py {' '.join(args)}")
     print("| system | op | ranks | bytes | before us | after us | after/before |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
