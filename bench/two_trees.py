@@ -1,10 +1,12 @@
 """Two versions of fastcoll on the same benchmark, alternating: is a change slower?
 
-    python bench/two_trees.py BEFORE AFTER [--rounds 5] [-- COMPARE.PY ARGS...]
+    python bench/two_trees.py BEFORE AFTER [--rounds 5] [--raw FILE] [-- COMPARE.PY ARGS...]
 
-BEFORE and AFTER are git revisions ("." the working tree); each round runs each one's own
-`bench/compare.py` (`bench/run.py` before 2026-12-03), alternating so that a drifting machine moves
-both. Prints, per system, op and size, the median of the rounds' medians and AFTER/BEFORE.
+BEFORE and AFTER are git revisions ("." the working tree) or folders that hold a tree already (a
+`git archive` carried to a machine without git: its native engine is built there, in place); each
+round runs each one's own `bench/compare.py` (`bench/run.py` before 2026-12-03), alternating so
+that a drifting machine moves both. Prints, per system, op and size, the median of the rounds'
+medians and AFTER/BEFORE; `--raw` writes every round's medians as JSON.
 """
 
 from __future__ import annotations
@@ -24,13 +26,19 @@ DEFAULT = ["--ops", "all_reduce,all_gather,reduce_scatter,broadcast", "--world",
 
 def checkout(rev: str, into: str, role: str) -> str:
     """A copy of revision `rev` ("." : the working tree) in folder `role` under `into` (one per
-    role, so that a revision can be compared with itself)."""
+    role, so that a revision can be compared with itself), or `rev` itself where it is a folder
+    that holds a tree (bench/compare.py or bench/run.py in it), built in place."""
     if rev == ".":
         return ROOT
-    path = os.path.join(into, role)
-    os.makedirs(path)
-    archive = subprocess.run(["git", "-C", ROOT, "archive", rev], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", path], input=archive, check=True)
+    if os.path.isdir(rev):
+        if not any(os.path.exists(os.path.join(rev, "bench", f)) for f in ("compare.py", "run.py")):
+            raise SystemExit(f"{rev}: a folder, but no tree of fastcoll in it (no bench/compare.py)")
+        path = os.path.abspath(rev)
+    else:
+        path = os.path.join(into, role)
+        os.makedirs(path)
+        archive = subprocess.run(["git", "-C", ROOT, "archive", rev], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", path], input=archive, check=True)
     if os.path.exists(os.path.join(path, "setup.py")):  # its native engine, as pip would build it
         subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=path, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -39,7 +47,8 @@ def checkout(rev: str, into: str, role: str) -> str:
 
 def run(tree: str, args: list[str], out: str) -> dict[tuple, float]:
     """One run of `tree`'s own benchmark: (system, op, ranks, bytes) -> median seconds."""
-    env = dict(os.environ, PYTHONPATH=tree)
+    # The tree first; then what was already there (a machine's carried packages live on PYTHONPATH).
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [tree, os.environ.get("PYTHONPATH")])))
     script = os.path.join(tree, "bench", "compare.py")
     if not os.path.exists(script):
         script = os.path.join(tree, "bench", "run.py")  # its name before 2026-12-03
@@ -55,11 +64,19 @@ def medians(points: list[dict]) -> dict[tuple, float]:
     return {(p["system"], p["op"], p.get("world", 0), p["size"]): p["median_s"] for p in points if p["status"] == "ok"}
 
 
+def write_raw(path: str, a: argparse.Namespace, args: list[str], seen: dict[tuple, dict[str, list[float]]]) -> None:
+    """Every round's medians so far (us), per (system, op, ranks, bytes) and tree, as JSON."""
+    with open(path, "w") as f:
+        json.dump({"before": a.before, "after": a.after, "rounds": a.rounds, "args": args,
+                   "points": [{"key": list(k), **v} for k, v in sorted(seen.items())]}, f, indent=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("before")
     ap.add_argument("after")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--raw", help="write every round's medians (us) here, as JSON")
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     a = ap.parse_args(argv[:cut])
@@ -71,6 +88,8 @@ def main() -> None:
             for name, tree in trees.items():
                 for key, s in run(tree, args, os.path.join(tmp, f"{name}{i}")).items():
                     seen.setdefault(key, {}).setdefault(name, []).append(s * 1e6)
+                if a.raw:  # after every run, so that a run cut off by its time limit keeps its rounds
+                    write_raw(a.raw, a, args, seen)
     print(f"before: {a.before}, after: {a.after}, {a.rounds} rounds alternating; bench/compare.py {' '.join(args)}")
     print("| system | op | ranks | bytes | before us | after us | after/before |")
     print("| --- | --- | --- | --- | --- | --- | --- |")

@@ -130,6 +130,36 @@ def test_two_trees_keeps_each_world_size_apart() -> None:
     assert got == {("fastcoll-tcp", "all_reduce", 2, 4096): 1e-5, ("fastcoll-tcp", "all_reduce", 4, 4096): 3e-5}
 
 
+
+def test_two_trees_runs_a_carried_tree_in_place_with_the_carried_packages(tmp_path, monkeypatch) -> None:
+    """A folder given as BEFORE/AFTER (a tree carried to a machine without git) is run where it
+    is, and its compare.py still sees what PYTHONPATH held before (the machine's carried wheels)."""
+    from bench import two_trees
+
+    tree, site = tmp_path / "before", tmp_path / "site"
+    (tree / "bench").mkdir(parents=True)
+    site.mkdir()
+    (site / "carried_pkg.py").write_text("SECONDS = 2e-5\n")
+    (tree / "bench" / "compare.py").write_text(
+        "import json, os, sys, carried_pkg\n"
+        "out = sys.argv[sys.argv.index('--out') + 1]\n"
+        "os.makedirs(out)\n"
+        "point = {'system': 'fastcoll-tcp', 'op': 'all_reduce', 'world': 2, 'size': 4, 'status': 'ok',\n"
+        "         'median_s': carried_pkg.SECONDS if os.getcwd() == sys.argv[1] else 1.0}\n"
+        "json.dump({'points': [point]}, open(os.path.join(out, 'results.json'), 'w'))\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    path = two_trees.checkout(str(tree), str(tmp_path / "unused"), "before")
+    assert path == str(tree) and not (tmp_path / "unused").exists()
+    got = two_trees.run(path, [path], str(tmp_path / "out"))
+    assert got == {("fastcoll-tcp", "all_reduce", 2, 4): 2e-5}
+
+
+def test_two_trees_refuses_a_folder_with_no_tree(tmp_path) -> None:
+    from bench import two_trees
+
+    with pytest.raises(SystemExit, match="no tree of fastcoll"):
+        two_trees.checkout(str(tmp_path), str(tmp_path / "x"), "after")
+
 def test_names_rotation_and_parsing() -> None:
     assert parse_system("fastcoll-tcp/c4").connections == 4
     assert parse_system("fastcoll-tcp/a2").addresses == 2

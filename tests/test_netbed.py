@@ -66,12 +66,28 @@ def test_a_link_setting_it_cannot_read_is_refused(text):
 
 
 def test_the_summary_compares_each_peer_with_fastcoll():
-    def point(system, size, t):
-        return {"system": system, "size": size, "status": "ok", "median_s": t, "busbw_GBps": size / t / 1e9}
+    def point(system, size, t, op="all_reduce", **extra):
+        return {"system": system, "op": op, "size": size, "status": "ok", "median_s": t,
+                "busbw_GBps": size / t / 1e9, **extra}
     runs = [{"hosts": 2, "link": "unshaped", "doc": {"points": [
         point("fastcoll-tcp", 4, 20e-6), point("mpi", 4, 30e-6),
-        {"system": "mlx-ring", "size": 4, "status": "error"}]}}]
+        {"system": "mlx-ring", "op": "all_reduce", "size": 4, "status": "error"}]}}]
     text = hostbed.summary(runs, ["fastcoll-tcp", "mlx-ring", "mpi"])
     row = text.splitlines()[2]
-    assert "| 2 | unshaped | 4 | 20.0 us" in row and "failed" in row and "1.50x" in row
+    assert "| 2 | unshaped | all_reduce | 4 | 20.0 us" in row and "failed" in row and "1.50x" in row
     assert hostbed.svg(runs, ["fastcoll-tcp", "mlx-ring", "mpi"]).count("<rect") == 2 + 3  # 2 bars, 3 keys
+
+
+def test_the_summary_keeps_each_op_apart_and_marks_an_emulated_one():
+    """Several ops in one job: a row per op and size, each op's own times, never another op's; a
+    peer's emulated op (MLX's broadcast is an all_sum) is marked."""
+    def point(system, op, t, **extra):
+        return {"system": system, "op": op, "size": 4096, "status": "ok", "median_s": t, "busbw_GBps": 1.0, **extra}
+    runs = [{"hosts": 4, "link": "1gbit+200us", "doc": {"points": [
+        point("fastcoll-tcp", "all_reduce", 10e-6), point("mlx-ring", "all_reduce", 40e-6),
+        point("fastcoll-tcp", "broadcast", 20e-6), point("mlx-ring", "broadcast", 30e-6, emulated="all_sum")]}}]
+    rows = hostbed.summary(runs, ["fastcoll-tcp", "mlx-ring"]).splitlines()[2:]
+    assert [r.split(" | ")[2] for r in rows] == ["all_reduce", "broadcast"]
+    assert "4.00x" in rows[0] and "10.0 us" in rows[0] and "*" not in rows[0]
+    assert "1.50x" in rows[1] and "30.0 us (1.000)*" in rows[1]
+    assert hostbed.svg(runs, ["fastcoll-tcp", "mlx-ring"]).count("<rect") == 4 + 2  # 4 bars, 2 keys
