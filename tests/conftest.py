@@ -217,7 +217,7 @@ def assert_ok(results: list[Result]) -> None:
 # What the README's test command leaves to CI: these tests are marked `slow`, which pyproject's
 # addopts deselect (`-m "not slow"`), and .ci/run runs them (`python -m pytest -q -m slow`) after
 # the README's command. file -> (what they are, which of them: None for all, else a test on the
-# test's parameters). docs/testing.md lists the same.
+# test's parameters and, under "test", its name). docs/testing.md lists the same.
 SLOW: dict[str, tuple[str, Callable[[dict], bool] | None]] = {
     "test_multihost.py": ("the multi-host bed (network namespaces, an sshd per host; root)", None),
     "test_netbed_built.py": ("the bed of pinned hosts built (network namespaces, taps; root)", None),
@@ -237,15 +237,29 @@ SLOW: dict[str, tuple[str, Callable[[dict], bool] | None]] = {
     "test_rdma.py": ("the 10,000-collective soak over the RDMA test fabric, and its collectives at 3 and 4 ranks",
                      lambda params: params.get("ops") == 10_000 or params.get("world") in (3, 4)),
     # Each case still runs in the default run on both engines; the busy one's eight repeats are CI's.
-    "test_finalize_thread.py": ("finalize() beside a busy collective, eight times over",
-                                lambda params: params.get("scenario") == "busy"),
+    "test_finalize_thread.py": ("finalize() beside a busy collective, eight times over, and on tcp on the pure-Python engine",
+                                lambda p: p.get("scenario") == "busy" or (p.get("transport") == "tcp" and p.get("native") == "0")),
     # Every bad counter still runs in the default run on the native engine, where it crashed.
     "test_shm_peer.py": ("a bad shared-memory counter on the pure-Python engine",
                          lambda params: "scenario" in params and params.get("native") == "0"),
-    "test_diagnosis.py": ("who stopped answering, on zmq", lambda params: params.get("transport") == "zmq"),
+    # Each case still runs on shm in the default run.
+    "test_diagnosis.py": ("who stopped answering, on tcp and zmq", lambda params: params.get("transport") in ("tcp", "zmq")),
     # Every collective still runs on zmq at 1-3 ranks and at 4 on shm and tcp in the default run.
-    "test_collectives.py": ("every collective on zmq at 4 ranks", lambda p: p.get("transport") == "zmq" and p.get("world") == 4),
+    "test_collectives.py": ("every collective on zmq at 3 and 4 ranks, and a job of eight ranks",
+                            lambda p: (p.get("transport") == "zmq" and p.get("world") in (3, 4)) or p["test"] == "test_eight_ranks"),
     "test_exchange.py": ("the newer collectives on zmq at 4 ranks", lambda p: p.get("transport") == "zmq" and p.get("world") == 4),
+    # Every hardening case still runs on shm (and tcp) at 2 ranks in the default run.
+    "test_hardening.py": ("the hardening matrix on zmq, and at 3 ranks",
+                          lambda p: p.get("transport") == "zmq" or p.get("world") == 3),
+    # Every disagreement still runs at 2 ranks on shared memory, on both engines.
+    "test_agreement.py": ("the agreement matrix at 3 ranks and on tcp", lambda p: p.get("world") == 3 or p.get("transport") == "tcp"),
+    "test_strangers.py": ("strangers on zmq", lambda p: p.get("transport") == "zmq"),
+    "test_launch_local.py": ("the first failure reported, twenty times over",
+                             lambda p: p["test"] == "test_the_first_rank_to_fail_is_reported_not_the_first_noticed"),
+    # The ssh path's remote ranks, their environment and output still run in the default run.
+    "test_launch_ssh.py": ("the ssh launcher's failures, signals, restarts, binding and --check against a real sshd",
+                           lambda p: p["test"] not in ("test_remote_ranks_env_output_and_no_token_on_command_lines",
+                                                       "test_the_ssh_config_advice_for_user_at_host_is_valid_ssh_config")),
 }
 # Fixtures that start an OpenSSH server: their tests are also marked `sshd`.
 SSHD_FIXTURES = ("sshd", "bed")
@@ -258,7 +272,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         what = SLOW.get(item.path.name)
         spec = getattr(item, "callspec", None)
-        if what is not None and (what[1] is None or what[1](spec.params if spec else {})):
+        # A rule reads the test's parameters and, under "test", its name.
+        if what is not None and (what[1] is None or what[1]({**(spec.params if spec else {}), "test": item.originalname})):
             item.add_marker(pytest.mark.slow)
         if any(f in SSHD_FIXTURES for f in getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.sshd)
