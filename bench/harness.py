@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import platform
+import random
 import signal
 import socket
 import subprocess
@@ -21,22 +22,22 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench import metrics
-from fastcoll.launch import agent
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 Command = tuple[list[str], dict[str, str]]  # argv and the environment it adds
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing uses now and the kernel will not hand out meanwhile
-    (the launcher's choice)."""
-    return agent.free_port("127.0.0.1")
-
-
-def free_port_range(count: int, tries: int = 50) -> int:
-    """The first of `count` consecutive free ports (MLX's ring listens on base..base+count-1)."""
+def free_ports(count: int = 1, tries: int = 100) -> int:
+    """The first of `count` consecutive TCP ports free on 127.0.0.1 now (MLX's ring listens on
+    base..base+count-1), as a user picks a coordinator's port: below the kernel's ephemeral range,
+    whose ports an outgoing connection may take before the rank binds them."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's usual start (macOS: 49152)
     for _ in range(tries):
-        base = free_port()
+        base = random.randrange(10000, max(low - count, 10001))
         try:
             for port in range(base, base + count):
                 with socket.socket() as s:

@@ -57,7 +57,7 @@ def command(system: str, worker: str, scenario: str, seconds: float) -> list[str
     py, args = sys.executable, [worker, system, scenario, str(seconds)]
     if system == "mlx-ring":
         return [tool("mlx.launch") or "mlx.launch", "--backend", "ring", "-n", "2", "-p",
-                str(harness.free_port_range(2)), "--python", py, "--", *args]
+                str(harness.free_ports(2)), "--python", py, "--", *args]
     return [*launcher(), "-n", "2", py, *args]
 
 

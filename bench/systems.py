@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import harness, report
-from bench.harness import REPO_ROOT, Command, JobResult, free_port, free_port_range, run_job
+from bench.harness import REPO_ROOT, Command, JobResult, free_ports, run_job
 
 WORKERS = REPO_ROOT / "bench" / "workers"
 KINDS = {"fastcoll-tcp": "fastcoll", "fastcoll-zmq": "fastcoll", "mlx-ring": "mlx", "mpi": "mpi"}
@@ -117,7 +117,7 @@ def unavailable(system: System) -> str | None:
 def fastcoll_ranks(world: int, argv: list[str], env: dict[str, str]) -> list[Command]:
     """N local ranks of a fastcoll job, started the way the README's environment table says."""
     common = env | {"FASTCOLL_WORLD_SIZE": str(world), "FASTCOLL_TOKEN": secrets.token_hex(16),
-                    "FASTCOLL_COORDINATOR": f"127.0.0.1:{free_port()}"}
+                    "FASTCOLL_COORDINATOR": f"127.0.0.1:{free_ports()}"}
     return [(argv, common | {"FASTCOLL_RANK": str(r), "FASTCOLL_LOCAL_RANK": str(r)})
             for r in range(world)]
 
@@ -126,7 +126,7 @@ def commands(system: System, world: int, worker_args: list[str]) -> list[Command
     """The processes of one job of `system` over `world` ranks (rank 0's first)."""
     py, script, env = sys.executable, str(system.worker), {"BENCH_SYSTEM": system.name}
     if system.kind == "mlx":
-        base = free_port_range(world * system.connections)
+        base = free_ports(world * system.connections)
         return [([tool("mlx.launch") or "mlx.launch", "--backend", "ring", "-n", str(world), "-p",
                   str(base), "--connections-per-ip", str(system.connections), "--python", py, "--",
                   script, *worker_args], env)]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 
-__version__ = "0.1.0"
+from fastcoll.wire import VERSION as __version__  # one place: the rendezvous sends it too
 
 from fastcoll.collectives import (  # noqa: E402
     all_gather,

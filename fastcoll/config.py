@@ -18,8 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from fastcoll import transport
-from fastcoll.transport.rendezvous import parse_address
+from fastcoll.wire import TRANSPORTS, parse_address
 
 DEFAULT_PORT = 29517
 DEFAULT_TIMEOUT = 60.0
@@ -175,9 +174,9 @@ class Config:
     tuned: frozenset = frozenset()  # the knobs FASTCOLL_TUNING set (for_mlx and for_host keep those)
 
     def __post_init__(self) -> None:
-        if self.transport not in transport.TRANSPORTS:
+        if self.transport not in TRANSPORTS:
             raise ValueError(
-                f"FASTCOLL_TRANSPORT must be one of {', '.join(map(repr, transport.TRANSPORTS))}, "
+                f"FASTCOLL_TRANSPORT must be one of {', '.join(map(repr, TRANSPORTS))}, "
                 f"not {self.transport!r}")
         check_timeout(self.timeout, "FASTCOLL_TIMEOUT", text=True)
 

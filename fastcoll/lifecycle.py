@@ -19,7 +19,6 @@ from fastcoll import diagnosis, engine
 from fastcoll.config import Config
 from fastcoll.errors import CollectiveTimeoutError, FastcollError
 from fastcoll.group import Group
-from fastcoll.transport.shm import host_id
 
 log = logging.getLogger("fastcoll")
 
@@ -63,7 +62,7 @@ def _connect(config: Config, gate: Any) -> Group:
     deadline = time.monotonic() + config.timeout
     # "name": the host as error messages name it, the launcher's name where it gave one;
     # "process": for a peer on this host to tell what this rank's process does (diagnosis.py).
-    caps = {"transport": config.transport, "gate": gate is not None, "host": host_id(),
+    caps = {"transport": config.transport, "gate": gate is not None, "host": engine.host_id(),
             "name": config.host or socket.gethostname(), "process": diagnosis.this_process()}
     try:
         eng, table = engine.connect(config, caps, deadline)

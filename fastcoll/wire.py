@@ -8,6 +8,7 @@ only ever read into a buffer the receiver sized itself, so a peer cannot make a 
 from __future__ import annotations
 
 import functools
+import re
 import struct
 from typing import Any, NamedTuple
 
@@ -17,6 +18,12 @@ import msgpack
 # speak another refuse each other there (a MismatchError naming both versions), rather than meet
 # in frames they read differently.
 PROTOCOL = 2
+# fastcoll's own version, which every rank sends beside PROTOCOL (fastcoll.__version__ is this): a
+# leaf, so that the links can say it without importing the collectives above them.
+VERSION = "0.1.0"
+# The FASTCOLL_TRANSPORT values, which the ranks compare at the rendezvous: Config accepts exactly
+# these, and fastcoll.transport's registry must have one entry each (it checks at import).
+TRANSPORTS = ("tcp", "zmq", "rdma")
 MAX_HEADER = 4096
 PREFIX = struct.Struct("<I")
 # Ordinary data messages are cut to at most this many bytes (the ZeroMQ message bound follows).
@@ -25,6 +32,20 @@ MAX_PIECE_BYTES = 4 << 20
 DATA = 0
 ABORT = 1  # the sender gave up; `sig` carries its error
 CLOSE = 2  # the sender called finalize(); nothing more will come
+
+
+def parse_address(text: str, what: str) -> tuple[str, int]:
+    """'host:port' or '[v6]:port' -> (host, port); a clear ValueError names `what` otherwise. The
+    one form of an address, given (FASTCOLL_COORDINATOR, --coordinator) or exchanged (the
+    rendezvous table)."""
+    m = re.fullmatch(r"\[([^\]]+)\]:(\d+)|([^:\s]+):(\d+)", text.strip())
+    if not m:
+        raise ValueError(f"{what} must be host:port, not {text!r}")
+    host = m.group(1) or m.group(3)
+    port = int(m.group(2) or m.group(4))
+    if not 0 < port < 65536:
+        raise ValueError(f"{what} has port {port}, outside 1-65535")
+    return host, port
 
 
 class Header(NamedTuple):

@@ -147,3 +147,97 @@ def test_the_readme_links_the_one_page_for_macs():
     assert "rdma_ctl enable" in macs and "--check" in macs and "sharded_generate.py" in macs
     for path in ("docs/mlx.md", "docs/multihost.md", "launch/README.md"):
         assert "rdma_ctl" not in read(path) and "macs.md" in read(path), path
+
+
+# Runs of record (bench/README.md): each keeps its README, its results tables, plots and scripts
+# loose, and its raw outputs in one archive, so that a clone carries a few MB of records.
+RECORDS = os.path.join(ROOT, "bench", "records")
+ARCHIVE = "raw.tar.xz"
+RECORD_MAX_FILES = 40  # loose files of one record, its archive and README included
+RECORD_MAX_BYTES = 700 << 10  # their bytes (the largest: two localhost sets' eight plots)
+RECORDS_MAX_BYTES = 5 << 20  # all records together, archives included
+# A data file a record's README names: `path.ext` in backticks, or a Markdown link's target (a
+# script's name may be the repository's or another record's, so scripts are not held to this).
+CITED_FILE = re.compile(r"`([\w.\-/]+\.(?:json|md|txt|csv|png|svg|gz|log|jsonl|xz|tgz))`"
+                        r"|\]\(([^)\s#]+)\)")
+ELSEWHERE = ("bench/", "docs/", "tests/", "fastcoll/", "examples/", "launch/", ".ci/", "/", "../", "http", "$")
+# A record cited from a document: bench/records/DATE-WHAT, maybe a path inside it.
+RECORD_CITE = re.compile(r"(?:bench/)?records/(20\d\d-\d\d-\d\d-[\w.\-]*\w)((?:/[\w.\-]+)*)/?(?![\w*\-])")
+
+
+def record(name: str) -> tuple[dict[str, int], set[str]]:
+    """A record's loose files (path in the record: bytes) and the members of its archive."""
+    import tarfile
+
+    base, loose = os.path.join(RECORDS, name), {}
+    for folder, _, files in os.walk(base):
+        for f in files:
+            path = os.path.join(folder, f)
+            loose[os.path.relpath(path, base).replace(os.sep, "/")] = os.path.getsize(path)
+    members = set()
+    if ARCHIVE in loose:
+        with tarfile.open(os.path.join(base, ARCHIVE), "r:xz") as tar:
+            members = {m.name for m in tar.getmembers() if m.isfile()}
+    return loose, members
+
+
+def records() -> dict[str, tuple[dict[str, int], set[str]]]:
+    return {name: record(name) for name in sorted(os.listdir(RECORDS))}
+
+
+def resolves(path: str, loose: dict[str, int], members: set[str]) -> bool:
+    """Whether a path inside a record is a loose file or folder, or a member or folder of its archive."""
+    path = path.strip("/")
+    everything = set(loose) | members
+    return not path or path in everything or any(p.startswith(path + "/") for p in everything)
+
+
+def test_every_record_keeps_its_raw_files_in_one_archive_and_stays_small():
+    found, total = records(), 0
+    assert len(found) >= 40, list(found)
+    for name, (loose, members) in found.items():
+        assert "README.md" in loose, f"{name} has no README.md"
+        assert len(loose) <= RECORD_MAX_FILES, f"{name}: {len(loose)} loose files; put raw ones in {ARCHIVE}"
+        assert sum(loose.values()) <= RECORD_MAX_BYTES, f"{name}: {sum(loose.values())} bytes"
+        assert not [p for p in loose if p.endswith((".tar.xz", ".tgz", ".tar.gz")) and p != ARCHIVE], name
+        assert not set(loose) & members, f"{name}: loose and archived both: {set(loose) & members}"
+        if members:
+            readme = read(f"bench/records/{name}/README.md")
+            assert f"tar -xJf {ARCHIVE}" in readme, f"{name}'s README does not say how to unpack {ARCHIVE}"
+        total += sum(loose.values())
+    assert total <= RECORDS_MAX_BYTES, f"bench/records/ holds {total} bytes"
+
+
+def readme_cites(text: str) -> list[str]:
+    """The files a record's README names inside the record (not the repository's own paths)."""
+    found = [a or b for a, b in CITED_FILE.findall(text)]
+    return [p for p in found if not p.startswith(ELSEWHERE) and "." in p.rsplit("/", 1)[-1]]
+
+
+def test_a_records_readme_cites_only_what_it_keeps_or_archives():
+    """Each file a record's README names is a loose file or a member of its archive: by its path,
+    or by its name alone where the README names a kind of file that every run folder has."""
+    missing = []
+    for name, (loose, members) in records().items():
+        names = {p.rsplit("/", 1)[-1] for p in set(loose) | members}
+        for path in readme_cites(read(f"bench/records/{name}/README.md")):
+            if not resolves(path, loose, members) and path.rsplit("/", 1)[-1] not in names:
+                missing.append(f"{name}: {path}")
+    assert missing == [], missing
+    assert readme_cites("`run1/out.txt`, [plot](busbw.png), `bench/h200.py`, `$OUT/x.json`") == [
+        "run1/out.txt", "busbw.png"]
+
+
+def test_every_document_cites_records_that_hold_what_it_names():
+    """bench/NOTES.md, bench/README.md, README.md and docs/ name records, and paths inside them,
+    that are there: a loose file or folder, or a member or folder of the record's archive."""
+    found, missing = records(), []
+    for doc in ["bench/NOTES.md", "bench/README.md", "README.md", *glob.glob("docs/*.md", root_dir=ROOT)]:
+        for m in RECORD_CITE.finditer(read(doc)):
+            name, path = m.group(1), m.group(2)
+            if name not in found or not resolves(path, *found[name]):
+                missing.append(f"{doc}: {m.group(0)}")
+    assert missing == [], missing
+    cites = [m.group(0) for m in RECORD_CITE.finditer("records/2026-12-04-localhost-* and `bench/records/"
+                                                      "2026-12-05-h200-status/second/`, records/2026-12-06-h200.")]
+    assert cites == ["bench/records/2026-12-05-h200-status/second/", "records/2026-12-06-h200"], cites

@@ -136,6 +136,21 @@ def test_parse_address_bounds_the_port():
         parse_address("h:70000", "X")
 
 
+def test_config_accepts_exactly_the_registered_transports():
+    """Config reads the names from fastcoll.wire (the job imports no transport); the registry
+    refuses to load where the two lists differ."""
+    from fastcoll import transport, wire
+
+    assert tuple(transport.TRANSPORTS) == wire.TRANSPORTS
+    for name in wire.TRANSPORTS:
+        assert Config(transport=name).transport == name
+    with pytest.raises(ValueError, match="FASTCOLL_TRANSPORT must be one of 'tcp', 'zmq', 'rdma', not 'udp'"):
+        Config(transport="udp")
+    code = "import importlib, fastcoll.transport as t; t.wire.TRANSPORTS = ('tcp', 'zmq'); importlib.reload(t)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "fastcoll.wire.TRANSPORTS names ('tcp', 'zmq')" in r.stderr, r.stderr
+
+
 def _start(rank: int, size: int, port: int, **extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, WORKER], env=rank_env(rank, size, port, **extra), stdout=subprocess.PIPE,

@@ -243,3 +243,66 @@ def test_the_room_check_sees_a_climb_and_a_private_header():
                      "made_up.c: includes x/y.h, which is in no room"], found
     assert include_problems("made_up.c", "binding", '#include "links/verbs/fc_verbs.h"\n', table) == [
         "made_up.c (binding) includes links/verbs/fc_verbs.h, which is not in links's door"]
+
+
+# Layers the import graph keeps (../shared/architecture.json's `never`s that Python imports can
+# break): who may not import whom. A module name matches itself and everything under it; "fastcoll"
+# alone means the package's own __init__ (the public API), not its submodules.
+JOB = ("fastcoll.config", "fastcoll.lifecycle", "fastcoll.group", "fastcoll.service", "fastcoll.job")
+NEVER = [
+    (JOB, "fastcoll.transport", "the job reaches links only through the engine"),
+    (("fastcoll.transport",), "fastcoll", "links know no collectives"),
+    (("bench",), "fastcoll.launch", "a benchmark starts jobs as users do"),
+]
+
+
+def fastcoll_imports(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, module) of every fastcoll import; `from fastcoll import x` is 'fastcoll.x' where x is a
+    submodule (lowercase file or folder), else 'fastcoll' (a name of the package's __init__)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "fastcoll"]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "fastcoll":
+            for a in node.names:
+                sub = os.path.join(ROOT, *node.module.split("."), a.name)
+                found.append((node.lineno, f"{node.module}.{a.name}"
+                              if os.path.isdir(sub) or os.path.isfile(sub + ".py") else node.module))
+    return found
+
+
+def under(name: str, module: str) -> bool:
+    return name == module or (module != "fastcoll" and name.startswith(module + "."))
+
+
+def layer_breaks(name: str, path: str, tree: ast.Module) -> list[str]:
+    found = []
+    for sources, target, why in NEVER:
+        if any(under(name, s) for s in sources):
+            found += [f"{path}:{line}: imports {m} ({why})" for line, m in fastcoll_imports(tree) if under(m, target)]
+    return found
+
+
+def test_no_import_crosses_a_never_of_the_layers():
+    """The job, the links and the benchmark import only what their layers may (bench/records/ holds
+    scripts of their time, not the benchmark)."""
+    found = [b for m in modules() for b in layer_breaks(m.name, m.path, m.tree)]
+    for folder, dirs, files in os.walk(os.path.join(ROOT, "bench")):
+        dirs[:] = [d for d in dirs if d != "records"]
+        for f in (f for f in files if f.endswith(".py")):
+            rel = os.path.relpath(os.path.join(folder, f), ROOT)
+            with open(os.path.join(folder, f)) as fh:
+                found += layer_breaks("bench." + rel[:-3].replace(os.sep, "."), rel, ast.parse(fh.read(), rel))
+    assert not found, "\n".join(found)
+
+
+def test_the_layer_check_sees_each_kind_of_crossing():
+    text = ("from fastcoll import transport\nfrom fastcoll.transport.shm import host_id\nimport fastcoll.launch.agent\n"
+            "from fastcoll import __version__, engine\nfrom fastcoll.wire import VERSION\n")
+    tree = ast.parse(text)
+    assert layer_breaks("fastcoll.config", "c.py", tree) == [
+        "c.py:1: imports fastcoll.transport (the job reaches links only through the engine)",
+        "c.py:2: imports fastcoll.transport.shm (the job reaches links only through the engine)"]
+    assert layer_breaks("fastcoll.transport.tcp", "t.py", tree) == ["t.py:4: imports fastcoll (links know no collectives)"]
+    assert layer_breaks("bench.harness", "h.py", tree) == [
+        "h.py:3: imports fastcoll.launch.agent (a benchmark starts jobs as users do)"]

@@ -19,13 +19,14 @@ from fastcoll import transport
 from fastcoll.engine.base import Engine, Task
 from fastcoll.engine.ops import Op
 from fastcoll.engine.python import PythonEngine
+from fastcoll.transport.shm import host_id  # the job's "host" capability: which ranks may share memory
 
 log = logging.getLogger("fastcoll")
 
 # FASTCOLL_TRANSPORT values whose connections the native engine can own.
 NATIVE_TRANSPORTS = ("tcp", "rdma")
 
-__all__ = ["Engine", "Op", "Task", "connect", "link_kinds", "native_available"]
+__all__ = ["Engine", "Op", "Task", "connect", "host_id", "link_kinds", "native_available"]
 
 
 def native_available() -> str | None:

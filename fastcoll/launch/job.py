@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from fastcoll.config import parse_address
+from fastcoll.wire import parse_address
 from fastcoll.launch.agent import bind_errors, free_port
 from fastcoll.launch.hostfile import Host, HostList, is_local_host, is_loopback, rdma_devices
 

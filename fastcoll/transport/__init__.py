@@ -4,13 +4,16 @@ A transport module provides `connect(config, caps, deadline) -> (Transport, Tabl
 takes part in the rendezvous (fastcoll.transport.rendezvous) with its own address and the
 capabilities `caps`, checks that the ranks agree (`rendezvous.agree`), connects to every peer,
 and returns its `fastcoll.transport.base.Transport` and the rendezvous table. Adding a transport
-is one new module and one entry below (a function that imports it); `Config` accepts exactly these names.
+is one new module, one entry below (a function that imports it) and its name in
+`fastcoll.wire.TRANSPORTS`, the names `Config` accepts (checked here at import).
 """
 
 from __future__ import annotations
 
 from types import ModuleType
 from typing import Any, Callable
+
+from fastcoll import wire
 
 
 def _tcp() -> ModuleType:
@@ -33,6 +36,9 @@ def _rdma() -> ModuleType:
 
 # FASTCOLL_TRANSPORT value -> what imports the module that implements it.
 TRANSPORTS: dict[str, Callable[[], ModuleType]] = {"tcp": _tcp, "zmq": _zmq, "rdma": _rdma}
+if tuple(TRANSPORTS) != wire.TRANSPORTS:  # the names Config accepts, kept in the leaf it may import
+    raise ImportError(f"fastcoll.transport registers {tuple(TRANSPORTS)}, but fastcoll.wire.TRANSPORTS "
+                      f"names {wire.TRANSPORTS}: add the transport to both")
 
 
 def connect(config: Any, caps: dict[str, Any], deadline: float) -> tuple[Any, Any]:

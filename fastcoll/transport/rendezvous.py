@@ -4,7 +4,6 @@ receives the table of everyone's addresses and capabilities."""
 from __future__ import annotations
 
 import logging
-import re
 import socket
 import time
 from dataclasses import dataclass
@@ -15,7 +14,7 @@ from fastcoll.errors import AuthenticationError, CollectiveTimeoutError, Fastcol
 from fastcoll.transport.auth import client_handshake
 from fastcoll.transport.listen import AuthListener
 from fastcoll.transport.stream import recv_message, remaining, send_message
-from fastcoll.wire import PROTOCOL
+from fastcoll.wire import PROTOCOL, VERSION, parse_address
 
 log = logging.getLogger("fastcoll.rendezvous")
 
@@ -26,18 +25,6 @@ _CAPS = {"transport": str, "gate": bool, "host": str, "name": str, "native": boo
          "process": dict}
 _TEXT_MAX = 4096
 _LIST_MAX = 65536  # entries of a list in a capability's map: one a rank, far above any job
-
-
-def parse_address(text: str, what: str) -> tuple[str, int]:
-    """'host:port' or '[v6]:port' -> (host, port); a clear ValueError names `what` otherwise."""
-    m = re.fullmatch(r"\[([^\]]+)\]:(\d+)|([^:\s]+):(\d+)", text.strip())
-    if not m:
-        raise ValueError(f"{what} must be host:port, not {text!r}")
-    host = m.group(1) or m.group(3)
-    port = int(m.group(2) or m.group(4))
-    if not 0 < port < 65536:
-        raise ValueError(f"{what} has port {port}, outside 1-65535")
-    return host, port
 
 
 @dataclass(frozen=True)
@@ -112,12 +99,6 @@ _REPLY_ERRORS = {cls.__name__: cls for cls in (CollectiveTimeoutError, MismatchE
                                               PeerLostError, FastcollError)}
 
 
-def _version() -> str:
-    from fastcoll import __version__  # (here: fastcoll's own __init__ imports this module)
-
-    return __version__
-
-
 def _runs(info: dict) -> str:
     """'fastcoll 0.1.0 (protocol 2)': what a rendezvous message says its sender runs."""
     protocol, version = info.get("protocol"), info.get("fastcoll")
@@ -130,7 +111,7 @@ def _runs(info: dict) -> str:
 def check_version(info: dict, who: str, me: str = "rank 0") -> None:
     """MismatchError naming both versions unless `who`'s message (a map) speaks this protocol."""
     if info.get("protocol") != PROTOCOL or isinstance(info.get("protocol"), bool):
-        raise MismatchError(f"{who} runs {_runs(info)} but {me} runs fastcoll {_version()} (protocol "
+        raise MismatchError(f"{who} runs {_runs(info)} but {me} runs fastcoll {VERSION} (protocol "
                             f"{PROTOCOL}): every rank of a job must run the same fastcoll")
 
 
@@ -222,7 +203,7 @@ def rendezvous(config: Any, address: str, caps: dict, deadline: float) -> Table:
             "shared by this job's ranks) or give each job its own FASTCOLL_COORDINATOR port",
             config.rank, config.launcher, host, port)
     me = {"rank": config.rank, "size": config.world_size, "address": address, "caps": caps, "job": config.job,
-          "protocol": PROTOCOL, "fastcoll": _version()}
+          "protocol": PROTOCOL, "fastcoll": VERSION}
     table = _join(config, me, deadline) if config.rank != 0 else _coordinate(config, me, deadline)
     testhooks.point("rendezvous-done")
     return table
@@ -297,7 +278,7 @@ def _coordinate(config: Any, me: dict, deadline: float) -> Table:
                 "addresses": [entries[r]["address"] for r in range(config.world_size)],
                 "caps": [entries[r]["caps"] for r in range(config.world_size)],
                 "protocol": PROTOCOL,
-                "fastcoll": _version(),
+                "fastcoll": VERSION,
             }
         for sock in socks.values():
             send_message(sock, reply, MESSAGE_LIMIT)
