@@ -22,10 +22,7 @@ int mpi_table_rank = -1;
 static char **names; /* each table rank's name ("rank 1 (host h2)"), set at attach */
 static int nnames;
 
-static const char *const DTYPE_NAMES[FC_DTYPE_COUNT] = {
-    "bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16",
-    "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64",
-};
+static const char *const DTYPE_NAMES[FC_DTYPE_COUNT] = FC_DTYPE_NAMES; /* fastcoll/dtypes.py's */
 
 /* `joined`: `size` names, each ended by '\n'. 0, or -1 (nothing kept). */
 int mpi_names_set(const char *joined, int size)
