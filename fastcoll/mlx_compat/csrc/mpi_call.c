@@ -63,7 +63,8 @@ static const char *dtype_name(int dtype)
 
 static const char *op_name(int op)
 {
-    return op == FC_SUM ? "sum" : op == FC_MIN ? "min" : op == FC_MAX ? "max" : "an op MLX made";
+    static const char *const OP_NAMES[FC_OP_COUNT] = FC_OP_NAMES;
+    return op >= 0 && op < FC_OP_COUNT ? OP_NAMES[op] : "an op MLX made";
 }
 
 void mpi_describe(const struct mpi_call *c, char *out, size_t n)
