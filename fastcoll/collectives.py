@@ -102,7 +102,7 @@ def gated_all_reduce(x: Any, op: str = "sum", group: Group | None = None) -> Any
     """all_reduce(x, op) through the job's fence gate: its lazy result (an mx.array whose graph
     holds the gate's kernel), or None where the gate does not take the call (no gate, a
     sub-group, x's size, dtype or op), which then has not started: the caller makes it the
-    usual way. Every rank decides alike (fastcoll/gate/accept.py)."""
+    usual way. Every rank decides alike (fastcoll/gate/protocol/accept.py)."""
     g = lifecycle.resolve(group)
     if g.gate is None:
         return None

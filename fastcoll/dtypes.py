@@ -7,13 +7,13 @@ and rounded back to nearest-even.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-OPS = ("sum", "prod", "min", "max", "mean")
-
-# name -> the numpy dtype that holds it on the host
+# name -> the numpy dtype that holds it on the host. The order is the dtype's code in the native
+# engine (fastcoll/engine/csrc/reduce/fc_tables.h, generated from this table).
 _HOST = {
     "bool": np.dtype(np.bool_),
     "uint8": np.dtype(np.uint8),
@@ -31,8 +31,35 @@ _HOST = {
     "complex64": np.dtype(np.complex64),
 }
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
+_NUMBERS = frozenset(_HOST) - {"bool"}
 
-_UFUNC = {"sum": np.add, "mean": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
+
+@dataclass(frozen=True)
+class Reduction:
+    """One reduction op, as every engine and the gate read it."""
+
+    ufunc: np.ufunc  # out = ufunc(a, b) on the host: the Python engine's reducer, numpy's rounding
+    dtypes: frozenset  # the dtype names it reduces
+    refusal: str  # why it refuses another dtype (but bool, which nothing reduces): {op}, {name}
+    gate: bool  # the GPU gate implements it (fastcoll/gate/device/gate.h); else the gate refuses it
+
+
+# The ops, one entry each: the one table that fastcoll/engine/csrc/reduce/fc_tables.h (the
+# native engine's codes and names, by `python -m fastcoll.engine.tables`) and the gate's op codes
+# (fastcoll/gate/protocol/layout.py) are made from. The order is the op's code. docs/design.md,
+# "Adding a reduction op", says what else a new one needs.
+REDUCTIONS = {
+    "sum": Reduction(np.add, _NUMBERS, "", gate=True),
+    "prod": Reduction(np.multiply, _NUMBERS, "", gate=True),
+    "min": Reduction(np.minimum, _NUMBERS - {"complex64"},
+                     "{name} has no order, so op={op!r} is undefined; use sum or mean", gate=True),
+    "max": Reduction(np.maximum, _NUMBERS - {"complex64"},
+                     "{name} has no order, so op={op!r} is undefined; use sum or mean", gate=True),
+    # A sum, divided by the world size once at the end (finish_mean).
+    "mean": Reduction(np.add, frozenset(_FLOATS) | {"complex64"},
+                      "op={op!r} needs a floating or complex dtype, not {name}; use sum", gate=True),
+}
+OPS = tuple(REDUCTIONS)
 
 
 def names() -> tuple[str, ...]:
@@ -47,14 +74,12 @@ def host_dtype(name: str) -> np.dtype:
 
 def check_reduction(name: str, op: str) -> None:
     """Raise before any byte moves when `op` is not a reduction of dtype `name`."""
-    if op not in OPS:
+    if op not in REDUCTIONS:
         raise ValueError(f"unknown reduction op {op!r}; expected one of {', '.join(OPS)}")
     if name == "bool":
         raise TypeError("bool arrays cannot be reduced; all_gather and broadcast accept them")
-    if name == "complex64" and op in ("min", "max"):
-        raise TypeError(f"complex64 has no order, so op={op!r} is undefined; use sum or mean")
-    if op == "mean" and name not in _FLOATS and name != "complex64":
-        raise TypeError(f"op='mean' needs a floating or complex dtype, not {name}; use sum")
+    if name not in REDUCTIONS[op].dtypes:
+        raise TypeError(REDUCTIONS[op].refusal.format(op=op, name=name) or f"op={op!r} does not reduce {name}")
 
 
 Combine = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
@@ -62,7 +87,7 @@ Combine = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
 
 def reducer(name: str, op: str) -> Combine:
     """combine(a, b, out): out = a op b, element-wise, all of dtype `name` (out may be a)."""
-    ufunc = _UFUNC[op]
+    ufunc = REDUCTIONS[op].ufunc
     if name != "bfloat16":
         return lambda a, b, out: ufunc(a, b, out=out)
 

@@ -49,7 +49,7 @@ def init(config: Config | None = None) -> Group:
         _apply_log_level(config.log)
         gate = None
         if config.fast_sync:
-            from fastcoll.gate.probe import probe
+            from fastcoll.gate.host.probe import probe
 
             gate = probe(config)
         group = Group(config, None, gate) if config.world_size == 1 else _connect(config, gate)

@@ -2,7 +2,7 @@
 Test support, which the package does not ship.
 
 SimDevice runs each launched gate on one "stream" thread, in order, doing what the kernels do
-(fastcoll/gpu/fc_gate.inc and gate.h): the arrival publish copies x into the send mailbox and
+(fastcoll/gate/device/fc_gate.inc and gate.h): the arrival publish copies x into the send mailbox and
 stores ARRIVAL (the previous token's seq plus one); the release spin polls RELEASE with the same
 iteration bound and the same wrap-aware compare, unless the previous gate failed; then the receive
 mailbox's slots (every rank's x) are reduced in rank order into the result (or all-ones bytes on
@@ -23,9 +23,9 @@ from typing import Any, Callable
 import numpy as np
 
 from fastcoll import dtypes
-from fastcoll.gate import layout as L
-from fastcoll.gate.accept import dtype_name
-from fastcoll.gate.seq import seq_add, seq_diff
+from fastcoll.gate.protocol import layout as L
+from fastcoll.gate.protocol.accept import dtype_name
+from fastcoll.gate.protocol.seq import seq_add, seq_diff
 
 
 def raw_bytes(x: Any) -> np.ndarray:

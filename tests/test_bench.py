@@ -241,7 +241,7 @@ def test_gate_profile_summary_is_read_from_the_log() -> None:
     import logging
 
     from bench.gate_bench import ProfileLines
-    from fastcoll.gate.profile import GateProfile, GateTiming
+    from fastcoll.gate.host.profile import GateProfile, GateTiming
 
     lines, log = ProfileLines(), logging.getLogger("fastcoll.gate")
     level = log.level

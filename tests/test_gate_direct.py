@@ -1,4 +1,4 @@
-"""The gate's direct mode (fastcoll/gate/direct_mode.py) with two ranks played by two gates of this
+"""The gate's direct mode (fastcoll/gate/host/direct_mode.py) with two ranks played by two gates of this
 process over simulated devices: a real shared-memory gather segment, the real setup, watcher and
 failure paths; the simulated devices do what the kernels' FC_DIRECT paths do.
 """
@@ -18,8 +18,8 @@ import pytest
 from fastcoll.config import Config
 from fastcoll.errors import CollectiveTimeoutError, MismatchError, PeerLostError
 from fastcoll.gate import Gate
-from fastcoll.gate import layout as L
-from fastcoll.gate.layout import ControlLayout
+from fastcoll.gate.protocol import layout as L
+from fastcoll.gate.protocol.layout import ControlLayout
 
 from gate_sim import SimDevice
 from fastcoll.transport import shm
@@ -206,7 +206,7 @@ def test_a_killed_peer_is_dead_before_its_parent_reaps_it():
     import subprocess
     import sys
 
-    from fastcoll.gate.direct_mode import _process_alive
+    from fastcoll.gate.host.direct_mode import _process_alive
 
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -273,7 +273,7 @@ class _Segment:
 def test_the_watcher_looks_at_peer_processes_only_once_the_gates_stop(moving):
     """While gates pass, a look costs no system call; once they stop, every look asks whether
     each peer's process is alive (and finds a dead one)."""
-    from fastcoll.gate.direct_mode import Watcher
+    from fastcoll.gate.host.direct_mode import Watcher
 
     asked: list[int] = []
     gates = _Gates(looks=20, moving=moving)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from fastcoll.config import Config
-from fastcoll.cuda import LANGUAGE as CUDA
-from fastcoll.metal import LANGUAGE as METAL
+from fastcoll.gate.device.cuda import LANGUAGE as CUDA
+from fastcoll.gate.device.metal import LANGUAGE as METAL
 
 _reasons = [r for r in (METAL.unavailable(), CUDA.unavailable()) if r]
 _GPU = len(_reasons) < 2
@@ -26,7 +26,7 @@ pytestmark = [
 
 @pytest.fixture
 def gate():
-    from fastcoll.gate.probe import probe
+    from fastcoll.gate.host.probe import probe
 
     g = probe(Config(fast_sync=True, gate_host_min_bytes=1, gate_max_bytes=64 * 1024, fence_max_iters=50_000_000))
     assert g is not None, "a GPU is present but probe() returned None (see the log)"

@@ -18,10 +18,10 @@ import pytest
 from fastcoll.config import Config
 from fastcoll.errors import CollectiveTimeoutError, FastcollError, PeerLostError
 from fastcoll.gate import Gate
-from fastcoll.gate import layout as L
-from fastcoll.gate.host import GateClosedError
-from fastcoll.gate.layout import ControlLayout
-from fastcoll.gate.poll import Poller
+from fastcoll.gate.protocol import layout as L
+from fastcoll.gate.host.serve import GateClosedError
+from fastcoll.gate.protocol.layout import ControlLayout
+from fastcoll.gate.host.poll import Poller
 
 from gate_sim import SerialService, SimDevice, loop_rate
 
@@ -306,3 +306,33 @@ def test_arrival_poll_does_not_starve_the_caller():
     finally:
         device.resume()
         close_all(gate, device, service)
+
+
+def test_the_native_host_half_takes_the_layout_by_name_and_its_words_from_layout_py():
+    """attach_gate takes the page's ControlLayout itself (read by name) and the words and status
+    codes from gate/fc_gate_page.h, generated from fastcoll/gate/protocol/layout.py: a release
+    lands on layout.py's RELEASE and STATUS words, and a layout this build does not share (another
+    send mailbox) or a page too small for it is refused with a message that says so."""
+    from types import SimpleNamespace
+
+    _native = pytest.importorskip("fastcoll.engine._native", reason="the native engine is not built")
+    e = _native.Engine(0, 2, 1, 0, 0, threading.main_thread().ident, 0)
+    try:
+        lay = ControlLayout(4096, 2)
+        page = np.zeros(lay.total_bytes, np.uint8)
+        other = SimpleNamespace(send_offset=2 * L.SEND_OFFSET, recv_offset=lay.recv_offset,
+                                mailbox_bytes=lay.mailbox_bytes, ranks=lay.ranks)
+        with pytest.raises(ValueError, match=f"send mailbox is at byte {2 * L.SEND_OFFSET}, this build's at "
+                                             f"{L.SEND_OFFSET}"):
+            e.attach_gate(page, other, 1, False)
+        with pytest.raises(ValueError, match="lie outside its page"):
+            e.attach_gate(page[: lay.recv_offset + lay.mailbox_bytes], lay, 1, False)
+        with pytest.raises(AttributeError, match="recv_offset"):
+            e.attach_gate(page, SimpleNamespace(send_offset=L.SEND_OFFSET), 1, False)
+        e.attach_gate(page, lay, 1, False)
+        e.gate_release(1, L.ERROR)
+        words = page.view(np.uint32)
+        assert (words[L.RELEASE], words[L.STATUS]) == (1, L.ERROR)
+        assert words[L.ARRIVAL] == words[L.ACK] == 0  # nothing else written
+    finally:
+        e.close(0.0, 0.0)

@@ -2,7 +2,7 @@
 
 Metal cannot run here, so this is what holds the Metal side to the CUDA side that does run (on the
 H200): every kernel body and every helper but the language primitives is one file for both
-(fastcoll/gpu/: fc_gate.inc, fc_mark.inc, gate.h), each prelude defines the same primitives, the
+(fastcoll/gate/device/: fc_gate.inc, fc_mark.inc, gate.h), each prelude defines the same primitives, the
 load-bearing properties are visible where they live, and every name a kernel uses is defined
 once the C preprocessor has run (both languages, both modes); nvcc compiles the CUDA kernels.
 """
@@ -14,17 +14,19 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from fnmatch import fnmatch
 from importlib import resources
 
 import pytest
 
 from conftest import ROOT
-from fastcoll.cuda import LANGUAGE as CUDA
-from fastcoll.gate.layout import ControlLayout, GatherLayout
-from fastcoll.gpu import kernels
-from fastcoll.gpu.language import Language, read_source
-from fastcoll.metal import LANGUAGE as METAL
+from fastcoll.gate.device.cuda import LANGUAGE as CUDA
+from fastcoll.gate.protocol.layout import OPS as L_OPS
+from fastcoll.gate.protocol.layout import ControlLayout, GatherLayout
+from fastcoll.gate.device import kernels
+from fastcoll.gate.device.language import Language, read_source
+from fastcoll.gate.device.metal import LANGUAGE as METAL
 
 LAYOUT = ControlLayout(16 * 1024, 2)
 GATHER = GatherLayout(16 * 1024, 2)
@@ -35,8 +37,8 @@ BODIES = ["gate", "mark"]
 PRIMITIVES = {"fc_load", "fc_store", "fc_load_relaxed", "fc_store_relaxed", "fc_fence", "fc_barrier",
               "fc_copy_in", "fc_mailbox_at", "fc_div"}
 MACROS = {"FC_DEVICE", "FC_OUT", "FC_WORDS", "FC_BYTES", "FC_SHARED"}
-SOURCES = {"fastcoll.gpu": ["gate.h", "fc_gate.inc", "fc_mark.inc"], "fastcoll.metal": ["prelude.metal"],
-           "fastcoll.cuda": ["prelude.cuh"]}
+SOURCES = {"fastcoll.gate.device": ["gate.h", "fc_gate.inc", "fc_mark.inc"], "fastcoll.gate.device.metal": ["prelude.metal"],
+           "fastcoll.gate.device.cuda": ["prelude.cuh"]}
 
 
 def _functions(text: str) -> list[str]:
@@ -85,7 +87,7 @@ def _built(lang: Language, direct: bool = False) -> dict[str, tuple[str, str]]:
     """Every kernel of a 4096-element bf16 sum and the mark kernel, as MlxBackend hands them to MLX."""
     import mlx.core as mx
 
-    from fastcoll.gpu.mlx_backend import MlxBackend
+    from fastcoll.gate.device.mlx_backend import MlxBackend
 
     rec = _Recorder(lang)
     backend = MlxBackend(rec, LAYOUT)
@@ -122,7 +124,7 @@ def test_one_body_and_one_set_of_helpers_for_both_languages(direct):
     c, m = _built(CUDA, direct), _built(METAL, direct)
     for name in BODIES:
         assert c[name][0] == m[name][0] == kernels.minified(kernels.source(name)), name
-    helpers = kernels.minified(read_source("fastcoll.gpu", "gate.h"))
+    helpers = kernels.minified(read_source("fastcoll.gate.device", "gate.h"))
     assert c["gate"][1].endswith(helpers) and m["gate"][1].endswith(helpers)
     assert helpers not in c["mark"][1] and helpers not in m["mark"][1]  # fc_mark calls no helper
     # The one language switch in a body: MLX's Metal backend adds the thread attributes that the
@@ -137,7 +139,7 @@ def test_one_body_and_one_set_of_helpers_for_both_languages(direct):
 
 
 def test_each_prelude_gives_the_same_primitives_and_nothing_of_the_body():
-    helpers = read_source("fastcoll.gpu", "gate.h")
+    helpers = read_source("fastcoll.gate.device", "gate.h")
     for lang in (CUDA, METAL):
         pre = lang.prelude()
         assert PRIMITIVES <= set(_functions(pre)), lang.name
@@ -151,7 +153,7 @@ def test_each_prelude_gives_the_same_primitives_and_nothing_of_the_body():
 def test_each_language_names_every_gated_dtype_as_mlx_does():
     """A kind's element type is a define of its header (kernels.constants), in the backend's
     language: the names MLX's own kernels use (dtype_to_cuda_type, get_type_string)."""
-    from fastcoll.gate.accept import GATE_DTYPES
+    from fastcoll.gate.protocol.accept import GATE_DTYPES
 
     assert set(CUDA.types) == set(METAL.types) == GATE_DTYPES
     assert CUDA.types["bfloat16"] == "__nv_bfloat16" and METAL.types["bfloat16"] == "bfloat16_t"
@@ -163,7 +165,7 @@ def test_each_language_names_every_gated_dtype_as_mlx_does():
 
 
 def test_the_spin_is_shared_and_has_no_backoff():
-    spin = _block(read_source("fastcoll.gpu", "gate.h"), "FC_DEVICE fc_uint fc_spin(")
+    spin = _block(read_source("fastcoll.gate.device", "gate.h"), "FC_DEVICE fc_uint fc_spin(")
     assert spin in _header(CUDA, "gate") and spin in _header(METAL, "gate")
     for backoff in ("sleep", "nanosleep", "fma", "backoff", "for (", "__nanosleep"):
         assert backoff not in spin.split("{", 1)[1]
@@ -182,7 +184,7 @@ def test_system_scope_on_both_sides():
     # pointer of the Metal prelude is one, and the shared helpers name no address space at all.
     volatile = re.findall(r"volatile [^*]*\*", pre)
     assert len(volatile) >= 5 and all(v.startswith("volatile coherent(system) device ") for v in volatile), volatile
-    helpers = read_source("fastcoll.gpu", "gate.h") + kernels.source("gate") + kernels.source("mark")
+    helpers = read_source("fastcoll.gate.device", "gate.h") + kernels.source("gate") + kernels.source("mark")
     for space in ("device ", "coherent", "volatile", "threadgroup "):
         assert space not in re.sub(r"//.*", "", helpers), space
     pc = CUDA.prelude()
@@ -201,7 +203,7 @@ def test_metal_address_spaces_follow_mlx():
 def test_a_gate_is_one_kernel_of_one_threadgroup_whose_thread_0_alone_spins(nbytes):
     import mlx.core as mx
 
-    from fastcoll.gpu.mlx_backend import MlxBackend
+    from fastcoll.gate.device.mlx_backend import MlxBackend
 
     lang = _Recorder()
     backend = MlxBackend(lang, LAYOUT)
@@ -268,7 +270,7 @@ def _mlx_cuda_source(gather=None, only: str | None = None) -> str:
     with `gather`. Without `only`, every kernel under the fullest header (the gate kernel's, as
     written, comments and all); with `only`, that kernel alone under its own header, as MlxBackend
     hands it to MLX."""
-    from fastcoll.gate import layout as L
+    from fastcoll.gate.protocol import layout as L
 
     def header(name: str) -> str:
         return kernels.header(CUDA, name, "", LAYOUT, 1, gather, GATHER_AT if gather else 0)
@@ -341,3 +343,43 @@ def test_minified_drops_comments_blank_lines_and_indentation_only():
         for file in files:
             code = re.sub(r"//.*", "", read_source(package, file))
             assert "/*" not in code and '"' not in code and "'" not in code, file  # no literal holds a //
+
+
+_WITH_AN_OP = """
+import numpy as np
+from fastcoll import dtypes
+dtypes.REDUCTIONS["bitor"] = dtypes.Reduction(np.bitwise_or, frozenset({"float32"}), "", gate={gate})
+dtypes.OPS = tuple(dtypes.REDUCTIONS)
+from fastcoll.gate.protocol.accept import gate_accepts
+try:
+    import fastcoll.gate.device.kernels
+except ImportError as e:
+    print("refused:", e)
+else:
+    print("imported; the gate takes bitor:", gate_accepts((4,), "float32", "bitor", 1 << 20))
+"""
+
+
+@pytest.mark.parametrize("gate", [True, False])
+def test_an_op_missing_from_the_gpu_kernels_is_refused(gate):
+    """A new entry of fastcoll/dtypes.py's table that gives the gate an op gate.h has no kernel
+    for makes the device side refuse to import, naming the op (never a sum); one that keeps the op
+    off the gate (gate=False) imports, and the gate leaves that op to the host path."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", _WITH_AN_OP.replace("{gate}", str(gate))], capture_output=True, text=True,
+                       timeout=120, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    if gate:
+        assert r.stdout.startswith("refused: fastcoll/gate/device/gate.h has no kernel for the reduction op(s) "
+                                   "bitor, which fastcoll/dtypes.py's REDUCTIONS gives to the gate"), r.stdout
+    else:
+        assert r.stdout == "imported; the gate takes bitor: False\n", r.stdout
+
+
+def test_the_import_check_reads_each_ops_specialization():
+    helpers = read_source("fastcoll.gate.device", "gate.h")
+    assert kernels.implemented_ops(helpers) == {"sum", "prod", "min", "max", "mean"}
+    kernels.check_ops(("sum", "mean"), helpers)
+    without_min = helpers.replace("struct fastcoll_gpu_implements_op<FC_OP_MIN> {", "struct unrelated {")
+    with pytest.raises(ImportError, match=r"no kernel for the reduction op\(s\) min, which"):
+        kernels.check_ops(L_OPS, without_min)

@@ -258,13 +258,54 @@ def _unaligned(x: np.ndarray) -> np.ndarray:
 
 
 def test_header_lists_fastcoll_dtypes_in_order():
-    """fc_reduce.h's codes are dtypes.names() and dtypes.OPS, in that order (the ctypes path and
+    """fc_tables.h's codes are dtypes.names() and dtypes.OPS, in that order (the ctypes path and
     the extension rely on it)."""
-    header = open(os.path.join(CSRC, "reduce", "fc_reduce.h")).read()
+    header = open(os.path.join(CSRC, "reduce", "fc_tables.h")).read()
     enums = [re.findall(r"\bFC_(\w+)", body) for body in re.findall(r"enum\s+\w+\s*\{([^}]*)\}", header)]
     listed = {e[-1]: tuple(n.lower() for n in e[:-1]) for e in enums}
     assert listed["DTYPE_COUNT"] == dtypes.names()
     assert listed["OP_COUNT"] == dtypes.OPS
+
+
+def test_the_generated_headers_are_what_the_tables_make(monkeypatch):
+    """reduce/fc_tables.h and gate/fc_gate_page.h are checked in as `python -m
+    fastcoll.engine.tables` writes them from fastcoll/dtypes.py and the gate's layout; a table
+    changed without them is caught here."""
+    from fastcoll.engine import tables
+
+    assert tables.stale() == []
+    monkeypatch.setitem(dtypes.REDUCTIONS, "bitor", dtypes.Reduction(np.bitwise_or, frozenset({"int32"}), "", False))
+    monkeypatch.setattr(dtypes, "OPS", tuple(dtypes.REDUCTIONS))
+    assert tables.stale() == [os.path.join("reduce", "fc_tables.h")]
+
+
+def test_an_op_without_its_loops_in_fc_reduce_c_is_refused(tmp_path, monkeypatch):
+    """A new op in the table (so in fc_tables.h) whose loops fc_reduce.c does not have is refused
+    by the C reductions, never reduced as another op; the ops before it keep their codes."""
+    from fastcoll.engine import tables
+
+    cc = _compiler()
+    if cc is None:
+        pytest.skip("no C compiler (cc, gcc, clang or $CC) to build fc_reduce.c")
+    monkeypatch.setitem(dtypes.REDUCTIONS, "bitor", dtypes.Reduction(np.bitwise_or, frozenset({"int32"}), "", False))
+    monkeypatch.setattr(dtypes, "OPS", tuple(dtypes.REDUCTIONS))
+    (tmp_path / "reduce").mkdir()
+    for name in ("fc_reduce.c", "fc_reduce.h"):
+        (tmp_path / "reduce" / name).write_text(open(os.path.join(CSRC, "reduce", name)).read())
+    (tmp_path / "reduce" / "fc_tables.h").write_text(tables.reduce_header())
+    out = str(tmp_path / "libfc_reduce.so")
+    cmd = [*cc, "-O1", "-std=c11", "-Wall", "-Werror", "-shared", "-fPIC", str(tmp_path / "reduce" / "fc_reduce.c"),
+           "-o", out, "-lm"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lib = CtypesReduce(out)
+    bitor, int32 = dtypes.OPS.index("bitor"), dtypes.names().index("int32")
+    assert not lib.lib.fc_reduction_valid(int32, bitor)
+    a = np.array([1, 2], np.int32)
+    out_buf = np.zeros_like(a)
+    assert lib.lib.fc_reduce(int32, bitor, a.ctypes.data, a.ctypes.data, out_buf.ctypes.data, 2) == -1
+    lib.reduce("int32", "sum", a, a, out_buf)  # the ops before it: their codes and loops unchanged
+    assert out_buf.tolist() == [2, 4]
 
 
 def test_itemsize_and_validity(compiled):

@@ -105,7 +105,7 @@ class Engine(abc.ABC):
         raise NotImplementedError
 
     def submit_gate(self, plan: Any, seq: int, serve: Any, task: Task) -> Work:
-        """Queue a gate's host half (`serve`: fastcoll/gate/host.py's Serve) as this group's call
+        """Queue a gate's host half (`serve`: fastcoll/gate/host/serve.py's Serve) as this group's call
         `seq`, its exchange prepared by `plan(task)` (the caller holds the order lock). `task`
         is the template of such calls (any seq): only a failure needs it."""
         raise NotImplementedError

@@ -35,7 +35,6 @@ from fastcoll.engine.base import Engine, Task, finalized_mid_call
 from fastcoll.engine.ops import KINDS, Op
 from fastcoll.engine.python import run_task
 from fastcoll.errors import CollectiveTimeoutError, FastcollError, PeerLostError
-from fastcoll.gate import layout as L
 from fastcoll.service import Work
 from fastcoll.transport import rdma, tcp
 from fastcoll.transport.base import LAST_WORD_SECONDS, Transport, abort_error, other_call, other_chunk
@@ -273,10 +272,8 @@ class NativeEngine(Engine):
         host = gate.host_half() if gate is not None else None
         if host is None:
             return
-        page, lay = host.page, host.page.layout
-        self._n.attach_gate(page.raw, L.ARRIVAL, L.RELEASE, L.STATUS, L.ACK, L.SPIN_ITERS, L.SPIN_FAILED,
-                            lay.send_offset, lay.recv_offset, lay.mailbox_bytes, lay.ranks, L.OK, L.ERROR,
-                            L.CLOSED, host.next_seq(), host.profiled())
+        page = host.page
+        self._n.attach_gate(page.raw, page.layout, host.next_seq(), host.profiled())
         host.served_by(self._n)
 
     def plan(self, task: Task) -> Any:

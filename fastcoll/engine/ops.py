@@ -47,7 +47,7 @@ class Op:
     result          what the call returns once the Op has run
     after           a check on this rank's result, run as part of the call (a failure breaks the
                     job as a failure of the exchange does); synchronous calls only
-    gate            kind "gate": the fence gate's host half for one gate (fastcoll.gate.host.Serve):
+    gate            kind "gate": the fence gate's host half for one gate (fastcoll.gate.host.serve.Serve):
                     wait for the GPU's arrival, all_gather its bytes into `dst` (the receive
                     mailbox) with `algorithm`, release the GPU
     """

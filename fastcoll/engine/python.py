@@ -111,7 +111,7 @@ def _body(call: Call, body: Any, limit: float) -> Any:
 
 def serve_gate(call: Call, op: Op, limit: float) -> None:
     """The fence gate's host half for one gate (op.gate), its bytes gathered through op's
-    algorithm once the GPU has arrived (fastcoll/gate/host.py)."""
+    algorithm once the GPU has arrived (fastcoll/gate/host/serve.py)."""
 
     def exchange(send: np.ndarray, gathered: np.ndarray) -> None:
         # The GPU arrives when the caller evaluates, which may be long after the call was queued:

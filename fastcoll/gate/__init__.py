@@ -1,18 +1,23 @@
-"""The fence gate's host half, shared by every GPU: small all-reduces that do not stop the GPU
-(docs/gate.md).
+"""The fence gate: small all-reduces that do not stop the GPU (docs/gate.md), one wing of three
+floors whose imports run one way.
 
 Each gate is one kernel (fc_gate): the GPU publishes "arrived", the service thread exchanges with
 the peers and publishes "released", and the kernel's one spinning thread lets the GPU continue.
-This package is the host's side of it: `gate` (what the core calls), `host` (the handshake on the
-service thread), `direct_mode` (the GPUs gather among themselves; a watcher supervises), `layout`
-and `page` (the control page), `poll`, `seq`, `accept` (which all-reduces take the gate),
-`profile`, `device` (what the host half needs of a device), `backends` (the one place that knows
-the GPU backends) and `probe` (`probe(config)`: a working Gate or None). The device side, the
-kernels and how MLX runs them, is fastcoll/gpu/ with a language each in fastcoll/metal/ and
-fastcoll/cuda/; `probe` is not imported here, since it opens the device side, which reads this
-package's layout.
+
+    protocol/   what both sides agree on and nothing else: the control page's layout (`layout`),
+                the host's view of it (`page`), the wrap-aware sequence numbers (`seq`) and which
+                all-reduces take the gate (`accept`); it imports no other floor
+    device/     the GPU side: one kernel body (gate.h, fc_gate.inc, fc_mark.inc) over a prelude
+                per language (device/metal/, device/cuda/), and how MLX builds and runs them; it
+                knows the protocol only
+    host/       the host half, which every GPU shares: `gate` (what the core calls), `serve`
+                (the handshake on the service thread), `direct_mode`, `poll`, `profile`,
+                `device_backend` (what the host half needs of a device), `backends` (the one
+                place that opens the device side) and `probe` (a working Gate or None)
+
+`probe` is not imported here, since it opens the device side.
 """
 
-from fastcoll.gate.gate import Gate
+from fastcoll.gate.host.gate import Gate
 
 __all__ = ["Gate"]

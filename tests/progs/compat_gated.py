@@ -21,7 +21,7 @@ import numpy as np
 import fastcoll
 from fastcoll import mlx_compat, testhooks
 from fastcoll.gate import Gate
-from fastcoll.gate.layout import ControlLayout
+from fastcoll.gate.protocol.layout import ControlLayout
 from fastcoll.mlx_compat import autograd, patch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/

@@ -27,8 +27,8 @@ import numpy as np
 import fastcoll
 from fastcoll import dtypes, testhooks
 from fastcoll.gate import Gate
-from fastcoll.gate import layout as L
-from fastcoll.gate.layout import ControlLayout
+from fastcoll.gate.protocol import layout as L
+from fastcoll.gate.protocol.layout import ControlLayout
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for the test double
 from gate_sim import SimDevice  # noqa: E402

@@ -22,10 +22,7 @@ int mpi_table_rank = -1;
 static char **names; /* each table rank's name ("rank 1 (host h2)"), set at attach */
 static int nnames;
 
-static const char *const DTYPE_NAMES[FC_DTYPE_COUNT] = {
-    "bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16",
-    "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64",
-};
+static const char *const DTYPE_NAMES[FC_DTYPE_COUNT] = FC_DTYPE_NAMES; /* fastcoll/dtypes.py's */
 
 /* `joined`: `size` names, each ended by '\n'. 0, or -1 (nothing kept). */
 int mpi_names_set(const char *joined, int size)
@@ -66,7 +63,8 @@ static const char *dtype_name(int dtype)
 
 static const char *op_name(int op)
 {
-    return op == FC_SUM ? "sum" : op == FC_MIN ? "min" : op == FC_MAX ? "max" : "an op MLX made";
+    static const char *const OP_NAMES[FC_OP_COUNT] = FC_OP_NAMES;
+    return op >= 0 && op < FC_OP_COUNT ? OP_NAMES[op] : "an op MLX made";
 }
 
 void mpi_describe(const struct mpi_call *c, char *out, size_t n)

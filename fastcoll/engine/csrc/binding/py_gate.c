@@ -2,37 +2,73 @@
  * profile's records, gates queued for the service thread (fc_gate.c does the work). */
 #include "py_common.h"
 
-/* attach_gate(page, arrival, release, status, ack, spin_iters, spin_failed, send_offset,
- * recv_offset, mailbox_bytes, ranks, ok, error, closed, start_seq, profile) */
+#include <limits.h>
+
+#include "gate/fc_gate_page.h"
+
+/* One size of the gate's layout, read by name. */
+static int layout_size(PyObject *layout, const char *name, Py_ssize_t *out)
+{
+    PyObject *v = PyObject_GetAttrString(layout, name);
+    if (!v)
+        return -1;
+    *out = PyNumber_AsSsize_t(v, PyExc_OverflowError);
+    Py_DECREF(v);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* The layout of a page of `len` bytes, from `layout` (a ControlLayout: its send_offset,
+ * recv_offset, mailbox_bytes and ranks); the words and status codes are this build's
+ * gate/fc_gate_page.h, generated from the same file. 0, or -1 with an exception set. */
+static int layout_of(PyObject *layout, Py_ssize_t len, fc_gate_layout *l)
+{
+    static const size_t WORDS[] = {FC_PAGE_ARRIVAL, FC_PAGE_RELEASE, FC_PAGE_STATUS,
+                                   FC_PAGE_ACK,     FC_PAGE_SPIN_ITERS, FC_PAGE_SPIN_FAILED};
+    Py_ssize_t send, recv, mailbox, ranks;
+    if (layout_size(layout, "send_offset", &send) || layout_size(layout, "recv_offset", &recv) ||
+        layout_size(layout, "mailbox_bytes", &mailbox) || layout_size(layout, "ranks", &ranks))
+        return -1;
+    if (send != FC_PAGE_SEND_OFFSET) {
+        PyErr_Format(PyExc_ValueError, "the layout's send mailbox is at byte %zd, this build's at %u: rebuild the engine",
+                     send, FC_PAGE_SEND_OFFSET);
+        return -1;
+    }
+    size_t most = 0;
+    for (size_t i = 0; i < sizeof WORDS / sizeof WORDS[0]; i++)
+        most = WORDS[i] > most ? WORDS[i] : most;
+    if (ranks < 1 || ranks > INT_MAX || mailbox < 0 || (Py_ssize_t)(4 * most + 4) > len || send + mailbox > len ||
+        recv < 0 || recv > len || (mailbox > 0 && ranks > (len - recv) / mailbox)) {
+        PyErr_SetString(PyExc_ValueError, "the gate's words or mailboxes lie outside its page");
+        return -1;
+    }
+    *l = (fc_gate_layout){FC_PAGE_ARRIVAL, FC_PAGE_RELEASE, FC_PAGE_STATUS, FC_PAGE_ACK, FC_PAGE_SPIN_ITERS,
+                          FC_PAGE_SPIN_FAILED, (size_t)send, (size_t)recv, (size_t)mailbox, (int)ranks,
+                          FC_PAGE_OK, FC_PAGE_ERROR, FC_PAGE_CLOSED};
+    return 0;
+}
+
+/* attach_gate(page, layout, start_seq, profile): the control page (a writable buffer) and its
+ * layout (fastcoll/gate/protocol/layout.py's ControlLayout). */
 PyObject *py_attach_gate(EngineObject *self, PyObject *args)
 {
     fc_gate_layout l;
-    Py_ssize_t w[6], off[3];
-    unsigned int ok, error, closed, start;
-    int ranks, profile;
-    PyObject *page;
-    if (!py_usable(self) ||
-        !PyArg_ParseTuple(args, "Onnnnnnnnniiiiip", &page, &w[0], &w[1], &w[2], &w[3], &w[4], &w[5], &off[0],
-                          &off[1], &off[2], &ranks, &ok, &error, &closed, &start, &profile))
+    unsigned int start;
+    int profile;
+    PyObject *page, *layout;
+    if (!py_usable(self) || !PyArg_ParseTuple(args, "OOIp", &page, &layout, &start, &profile))
         return NULL;
     if (self->gated)
         return PyErr_Format(PyExc_RuntimeError, "a gate is attached already");
     if (PyObject_GetBuffer(page, &self->page, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS))
         return NULL;
-    Py_ssize_t most = 0;
-    for (int i = 0; i < 6; i++)
-        most = w[i] > most ? w[i] : most;
-    int bad = ranks < 1 || off[2] < 0 || (uintptr_t)self->page.buf % 4 || 4 * most + 4 > self->page.len ||
-              off[0] < 0 || off[0] + off[2] > self->page.len || off[1] < 0 ||
-              off[1] + (Py_ssize_t)ranks * off[2] > self->page.len;
-    for (int i = 0; i < 6; i++)
-        bad |= w[i] < 0;
-    if (bad) {
+    if ((uintptr_t)self->page.buf % 4) {
         PyBuffer_Release(&self->page);
-        return PyErr_Format(PyExc_ValueError, "the gate's words or mailboxes lie outside its page");
+        return PyErr_Format(PyExc_ValueError, "the gate's page is not aligned to its 32-bit words");
     }
-    l = (fc_gate_layout){(size_t)w[0], (size_t)w[1], (size_t)w[2], (size_t)w[3], (size_t)w[4], (size_t)w[5],
-                         (size_t)off[0], (size_t)off[1], (size_t)off[2], ranks, ok, error, closed};
+    if (layout_of(layout, self->page.len, &l)) {
+        PyBuffer_Release(&self->page);
+        return NULL;
+    }
     if (fc_gate_init(&self->gate, self->page.buf, &l, start, profile)) {
         PyBuffer_Release(&self->page);
         return PyErr_NoMemory();

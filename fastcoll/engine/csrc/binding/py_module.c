@@ -9,12 +9,11 @@
 
 PyObject *py_native_error;
 
-/* The names of the codes, in the order of their C enums; fastcoll/engine/native.py checks them
- * against its own tuples at import. */
-static const char *const DTYPE_NAMES[FC_DTYPE_COUNT] = {
-    "bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64",
-    "float16", "bfloat16", "float32", "float64", "complex64"};
-static const char *const OP_NAMES[FC_OP_COUNT] = {"sum", "prod", "min", "max", "mean"};
+/* The names of the codes, in the order of their C enums: the dtypes' and ops' from the header
+ * generated from fastcoll/dtypes.py (reduce/fc_tables.h); fastcoll/engine/native.py checks them
+ * all against its own tuples at import. */
+static const char *const DTYPE_NAMES[FC_DTYPE_COUNT] = FC_DTYPE_NAMES;
+static const char *const OP_NAMES[FC_OP_COUNT] = FC_OP_NAMES;
 static const char *const KIND_NAMES[FC_K_COUNT] = {
     "all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "all_to_all",
     "gather", "scatter", "reduce", "send", "recv"};

@@ -1,4 +1,4 @@
-/* The fence gate's host half (fastcoll/gate/host.py), for the gate's host mode:
+/* The fence gate's host half (fastcoll/gate/host/serve.py), for the gate's host mode:
  *
  *     poll ARRIVAL until it holds this gate's sequence number   (the GPU copied x to the mailbox)
  *     gather every rank's send mailbox into the receive mailbox  (an all_gather of the bytes)
@@ -21,8 +21,8 @@
 
 #include "algorithms/fc_algo.h"
 
-/* Word indices and status codes, as fastcoll/gate/layout.py defines them (it is the one source
- * of truth: Python passes them in). */
+/* Word indices and status codes, as fastcoll/gate/protocol/layout.py defines them (the binding
+ * fills them from fc_gate_page.h, generated from it), and one page's mailboxes. */
 typedef struct fc_gate_layout {
     size_t arrival, release, status, ack, spin_iters, spin_failed;
     size_t send_offset, recv_offset, mailbox_bytes;

@@ -284,32 +284,40 @@ static void prod_c64(const byte *a, const byte *b, byte *out, size_t n)
     }
 }
 
-/* [dtype][op]; NULL where op is no reduction of dtype. mean reduces as sum. */
+/* One dtype's loops, by op; mean reduces as sum. A new op of fastcoll/dtypes.py's table is a new
+ * argument here, which every row below must then give. */
+#define ROW(SUM, PROD, MIN, MAX) {[FC_SUM] = SUM, [FC_PROD] = PROD, [FC_MIN] = MIN, [FC_MAX] = MAX, [FC_MEAN] = SUM}
+
+/* [dtype][op]; NULL where the dtype has no such loop. */
 static const loop_fn LOOPS[FC_DTYPE_COUNT][FC_OP_COUNT] = {
-    [FC_UINT8] = {sum_u8, prod_u8, min_u8, max_u8, NULL},
-    [FC_UINT16] = {sum_u16, prod_u16, min_u16, max_u16, NULL},
-    [FC_UINT32] = {sum_u32, prod_u32, min_u32, max_u32, NULL},
-    [FC_UINT64] = {sum_u64, prod_u64, min_u64, max_u64, NULL},
-    [FC_INT8] = {sum_u8, prod_u8, min_i8, max_i8, NULL},
-    [FC_INT16] = {sum_u16, prod_u16, min_i16, max_i16, NULL},
-    [FC_INT32] = {sum_u32, prod_u32, min_i32, max_i32, NULL},
-    [FC_INT64] = {sum_u64, prod_u64, min_i64, max_i64, NULL},
-    [FC_FLOAT16] = {sum_f16, prod_f16, min_f16, max_f16, sum_f16},
-    [FC_BFLOAT16] = {sum_bf16, prod_bf16, min_bf16, max_bf16, sum_bf16},
-    [FC_FLOAT32] = {sum_f32, prod_f32, min_f32, max_f32, sum_f32},
-    [FC_FLOAT64] = {sum_f64, prod_f64, min_f64, max_f64, sum_f64},
-    [FC_COMPLEX64] = {sum_c64, prod_c64, NULL, NULL, sum_c64},
+    [FC_UINT8] = ROW(sum_u8, prod_u8, min_u8, max_u8),
+    [FC_UINT16] = ROW(sum_u16, prod_u16, min_u16, max_u16),
+    [FC_UINT32] = ROW(sum_u32, prod_u32, min_u32, max_u32),
+    [FC_UINT64] = ROW(sum_u64, prod_u64, min_u64, max_u64),
+    [FC_INT8] = ROW(sum_u8, prod_u8, min_i8, max_i8),
+    [FC_INT16] = ROW(sum_u16, prod_u16, min_i16, max_i16),
+    [FC_INT32] = ROW(sum_u32, prod_u32, min_i32, max_i32),
+    [FC_INT64] = ROW(sum_u64, prod_u64, min_i64, max_i64),
+    [FC_FLOAT16] = ROW(sum_f16, prod_f16, min_f16, max_f16),
+    [FC_BFLOAT16] = ROW(sum_bf16, prod_bf16, min_bf16, max_bf16),
+    [FC_FLOAT32] = ROW(sum_f32, prod_f32, min_f32, max_f32),
+    [FC_FLOAT64] = ROW(sum_f64, prod_f64, min_f64, max_f64),
+    [FC_COMPLEX64] = ROW(sum_c64, prod_c64, NULL, NULL),
 };
 
 size_t fc_itemsize(int dtype)
 {
-    static const size_t SIZES[FC_DTYPE_COUNT] = {1, 1, 2, 4, 8, 1, 2, 4, 8, 2, 2, 4, 8, 8};
+    static const size_t SIZES[FC_DTYPE_COUNT] = FC_DTYPE_SIZES;
     return dtype >= 0 && dtype < FC_DTYPE_COUNT ? SIZES[dtype] : 0;
 }
 
+/* What the table allows (FC_OP_DTYPES), and only where a loop exists: a pair the table allows
+ * without a loop here is refused, never reduced as something else (tests/test_native_reduce.py
+ * holds the two to each other). */
 int fc_reduction_valid(int dtype, int op)
 {
-    return dtype >= 0 && dtype < FC_DTYPE_COUNT && op >= 0 && op < FC_OP_COUNT &&
+    static const unsigned OP_DTYPES[FC_OP_COUNT] = FC_OP_DTYPES;
+    return dtype >= 0 && dtype < FC_DTYPE_COUNT && op >= 0 && op < FC_OP_COUNT && (OP_DTYPES[op] >> dtype & 1u) &&
            LOOPS[dtype][op] != NULL;
 }
 

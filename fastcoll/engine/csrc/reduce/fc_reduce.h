@@ -12,18 +12,10 @@
 
 #include <stddef.h>
 
-/* The dtype codes (fastcoll/dtypes.py's names, in this order). */
-enum fc_dtype {
-    FC_BOOL = 0,
-    FC_UINT8, FC_UINT16, FC_UINT32, FC_UINT64,
-    FC_INT8, FC_INT16, FC_INT32, FC_INT64,
-    FC_FLOAT16, FC_BFLOAT16, FC_FLOAT32, FC_FLOAT64, FC_COMPLEX64,
-    FC_DTYPE_COUNT
-};
-
-/* The reduction ops (fastcoll/dtypes.py's OPS, in this order). mean reduces as sum; the caller
- * divides by the world size once at the end with fc_finish_mean. */
-enum fc_redop { FC_SUM = 0, FC_PROD, FC_MIN, FC_MAX, FC_MEAN, FC_OP_COUNT };
+/* The dtype and op codes (enum fc_dtype, enum fc_redop) and their names, generated from
+ * fastcoll/dtypes.py's tables. mean reduces as sum; the caller divides by the world size once at
+ * the end with fc_finish_mean. */
+#include "fc_tables.h"
 
 /* Bytes per element of `dtype`; 0 for an unknown code. */
 size_t fc_itemsize(int dtype);

@@ -1,9 +1,9 @@
 """The gate's device side through MLX custom kernels, for either language (Metal or CUDA): a
-DeviceBackend (fastcoll/gate/device.py) for the host half, and its self-test.
+DeviceBackend (fastcoll/gate/host/device_backend.py) for the host half, and its self-test.
 
 One persistent, evaluated uint32 array is the control page; the host reaches it through its
 zero-copy numpy view (on CUDA, taking that view moves MLX's buffer into managed memory for good).
-Each gate adds one kernel (fastcoll/gpu/kernels.py) to the caller's lazy graph:
+Each gate adds one kernel (fastcoll/gate/device/kernels.py) to the caller's lazy graph:
 
     fc_gate (one threadgroup of GATE_THREADS)   x -> this rank's slot, ARRIVAL = seq; thread 0
                                                 alone spins; every rank's slot -> reduced -> out
@@ -21,11 +21,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fastcoll.gate import layout as L
-from fastcoll.gate.accept import dtype_name
-from fastcoll.gate.page import ControlPage
-from fastcoll.gpu import kernels
-from fastcoll.gpu.language import Language
+from fastcoll.gate.protocol import layout as L
+from fastcoll.gate.protocol.accept import dtype_name
+from fastcoll.gate.protocol.page import ControlPage
+from fastcoll.gate.device import kernels
+from fastcoll.gate.device.language import Language
 
 # fc_gate's threadgroup: one thread spins, all of them copy x in and reduce (at 8 KiB of bf16,
 # 16 elements each).
@@ -35,8 +35,8 @@ Advise = Callable[[np.ndarray], "Callable[[], None] | None"]
 
 
 class MlxBackend:
-    """A DeviceBackend (fastcoll/gate/device.py) whose kernels are the shared body in `lang`
-    (fastcoll.metal.LANGUAGE or fastcoll.cuda.LANGUAGE)."""
+    """A DeviceBackend (fastcoll/gate/host/device_backend.py) whose kernels are the shared body in `lang`
+    (fastcoll.gate.device.metal.LANGUAGE or fastcoll.gate.device.cuda.LANGUAGE)."""
 
     def __init__(self, lang: Language, layout: L.ControlLayout, advise: Advise | None = None):
         import mlx.core as mx
@@ -64,7 +64,7 @@ class MlxBackend:
         return self._lang.share_host_memory(ptr, nbytes)
 
     def use_gather(self, address: int, gather: L.GatherLayout, rank: int) -> None:
-        """From now on build the direct mode's kernels (fastcoll/gate/direct_mode.py): as rank
+        """From now on build the direct mode's kernels (fastcoll/gate/host/direct_mode.py): as rank
         `rank`, over the gather segment whose GPU-visible address is `address` (compiled into
         them)."""
         self._gather, self._rank, self._gather_address = gather, rank, address

@@ -19,8 +19,8 @@ from typing import Callable
 
 import numpy as np
 
-from fastcoll.gate import layout as L
-from fastcoll.gate.seq import MASK, seq_add
+from fastcoll.gate.protocol import layout as L
+from fastcoll.gate.protocol.seq import MASK, seq_add
 
 _TSO_MACHINES = {"x86_64", "amd64", "i386", "i686", "x86"}
 

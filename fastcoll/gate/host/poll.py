@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Callable
 
-from fastcoll.gate.seq import seq_diff
+from fastcoll.gate.protocol.seq import seq_diff
 
 DEFAULT_SPIN_S = 0.005
 DEFAULT_MAX_NAP_S = 200e-6

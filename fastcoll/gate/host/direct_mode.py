@@ -5,7 +5,7 @@ Where every rank of a job is on one host and its GPU backend can reach another p
 (CUDA, through cudaHostRegister), rank 0 creates a gather segment (POSIX shared memory, laid out
 as layout.GatherLayout) and the others attach it; each registers it with its GPU and writes the
 segment's GPU-visible address into the kernels. From then on each gate's kernel (fc_gate, the
-shared body's FC_DIRECT paths, fastcoll/gpu/gate.h) works across the ranks by itself:
+shared body's FC_DIRECT paths, fastcoll/gate/device/gate.h) works across the ranks by itself:
 
     its threads       x -> this rank's slot of the segment's set (seq & 1); SIG, then FLAG = seq
     thread 0 alone    spins until every rank's FLAG reaches seq (or RELEASE, the host's abort);
@@ -39,8 +39,8 @@ from typing import Any, Callable
 import numpy as np
 
 from fastcoll.errors import CollectiveTimeoutError, PeerLostError
-from fastcoll.gate import layout as L
-from fastcoll.gate.seq import seq_add, seq_diff
+from fastcoll.gate.protocol import layout as L
+from fastcoll.gate.protocol.seq import seq_add, seq_diff
 from fastcoll.transport import shm
 
 log = logging.getLogger("fastcoll.gate")

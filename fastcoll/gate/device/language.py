@@ -1,5 +1,5 @@
 """One GPU language of the gate's kernels (Metal or CUDA): what differs between the two, and how
-a kernel is built through MLX. fastcoll/metal/ and fastcoll/cuda/ each hold one (`LANGUAGE`)."""
+a kernel is built through MLX. fastcoll/gate/device/metal/ and fastcoll/gate/device/cuda/ each hold one (`LANGUAGE`)."""
 
 from __future__ import annotations
 

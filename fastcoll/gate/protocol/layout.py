@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fastcoll import dtypes
+
 LINE_WORDS = 32  # 128 bytes
 
 # Word offsets (units of uint32).
@@ -51,8 +53,9 @@ TOKEN_SEQ = 0  # the gate's sequence number
 TOKEN_STATUS = 1  # its status: a spin timeout travels on, so later spins do not wait
 TOKEN_WORDS = 4
 
-# Reduction ops, as the kernels' FC_OP constant.
-OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "mean": 4}
+# The reduction ops the gate takes, as the kernels' FC_OP constant: fastcoll/dtypes.py's entries
+# that say gate=True, each with its code there.
+OPS = {name: code for code, (name, op) in enumerate(dtypes.REDUCTIONS.items()) if op.gate}
 
 # Status codes in STATUS (host -> GPU) and in the gate kernel's token.
 OK = 0
@@ -109,7 +112,7 @@ class ControlLayout:
 
 @dataclass(frozen=True)
 class GatherLayout:
-    """The gather segment of the direct mode (fastcoll/gate/direct_mode.py): host memory that every
+    """The gather segment of the direct mode (fastcoll/gate/host/direct_mode.py): host memory that every
     rank of one host maps and its GPU reaches directly.
 
         rank p's line (128 bytes at p * 128)   FLAG (the last gate it arrived at), SIG (the
@@ -193,7 +196,7 @@ def c_defines(layout: ControlLayout, rank: int = 0, gather: GatherLayout | None 
         "FC_G_HEADER": gather.header_bytes if gather else 0,
         "FC_G_SET_BYTES": gather.set_bytes if gather else 0,
     }
-    lines = ["// Generated from fastcoll/gate/layout.py: the control page's layout."]
+    lines = ["// Generated from fastcoll/gate/protocol/layout.py: the control page's layout."]
     lines += [f"#define {name} {value}u" for name, value in names.items()]
     lines.append(f"#define FC_GATHER_AT {gather_address:#x}ull")
     return "\n".join(lines) + "\n"

@@ -8,14 +8,14 @@ import os
 from typing import Any, Callable
 
 from fastcoll.config import Config
-from fastcoll.gate import layout as L
-from fastcoll.gate.device import DeviceBackend
-from fastcoll.gate.host import Exchange, HostHalf, Serve, Ticket
-from fastcoll.gate.page import ControlPage
-from fastcoll.gate.poll import Poller
-from fastcoll.gate.profile import GateProfile
-from fastcoll.gate.accept import dtype_name, gate_accepts
-from fastcoll.gate.seq import seq_add
+from fastcoll.gate.protocol import layout as L
+from fastcoll.gate.host.device_backend import DeviceBackend
+from fastcoll.gate.host.serve import Exchange, HostHalf, Serve, Ticket
+from fastcoll.gate.protocol.page import ControlPage
+from fastcoll.gate.host.poll import Poller
+from fastcoll.gate.host.profile import GateProfile
+from fastcoll.gate.protocol.accept import dtype_name, gate_accepts
+from fastcoll.gate.protocol.seq import seq_add
 
 log = logging.getLogger("fastcoll.gate")
 
@@ -24,7 +24,7 @@ ACCEPTED_MAX = 1024  # kinds of all-reduce whose accepts() answer a Gate remembe
 
 
 class Gate:
-    """A fence gate over one device backend; made by `fastcoll.gate.probe.probe(config)`.
+    """A fence gate over one device backend; made by `fastcoll.gate.host.probe.probe(config)`.
 
     Thread use: `accepts`, `all_reduce`, `pending`, `drain` from the caller's thread; the function
     that `all_reduce` submits runs on the service thread; `check`, `abort` and `close` from any.
@@ -56,7 +56,7 @@ class Gate:
         self._direct_allowed = config.gate_direct
         self._watch_s = max(config.gate_watch_ms, 1) / 1000
         self._accepted: dict[tuple, bool] = {}  # (shape, dtype, op) -> accepts()
-        self._gather = None  # the direct mode's segment (fastcoll/gate/direct_mode.py), once set up
+        self._gather = None  # the direct mode's segment (fastcoll/gate/host/direct_mode.py), once set up
         self._watcher = None
         self._closed = False
         self._pid = os.getpid()  # a child forked from this process leaves the gate to it
@@ -68,13 +68,13 @@ class Gate:
     def connect(self, gather_ints: Any, rank: int, size: int, same_host: bool,
                 share: Any = None, alive: Any = None) -> None:
         """Once the job has formed: switch to the direct mode where every rank can (all ranks on
-        one host, a backend that shares host memory with its GPU; fastcoll/gate/direct_mode.py),
+        one host, a backend that shares host memory with its GPU; fastcoll/gate/host/direct_mode.py),
         else stay in the host mode. Every rank of the job calls it; `gather_ints` all-gathers over
         the job's transport."""
         share = share or getattr(self._backend, "share_host_memory", None)
         if not (self._direct_allowed and size > 1 and same_host and share is not None):
             return
-        from fastcoll.gate import direct_mode
+        from fastcoll.gate.host import direct_mode
 
         gather = direct_mode.setup(gather_ints, rank, size, self._max_bytes, share)
         if gather is not None:
@@ -82,7 +82,7 @@ class Gate:
 
     def use_direct(self, gather: Any, alive: Any = None) -> None:
         """Run the direct mode over `gather` (a direct_mode.Gather this rank set up with its peers)."""
-        from fastcoll.gate import direct_mode
+        from fastcoll.gate.host import direct_mode
 
         self._backend.use_gather(gather.address, gather.layout, gather.rank)
         self._gather = gather
@@ -108,7 +108,7 @@ class Gate:
     def accepts(self, x: Any, op: str) -> bool:
         """Whether all_reduce(x, op) takes the gate: x an mx.array of a supported dtype whose
         nbytes <= gate_max_bytes (and, in the host mode, >= gate_host_min_bytes), op one of
-        sum/prod/min/max/mean (fastcoll/gate/accept.py).
+        sum/prod/min/max/mean (fastcoll/gate/protocol/accept.py).
         Depends only on x's shape and dtype, op and init-fixed config, so every rank decides alike."""
         if not isinstance(x, _MxArray):
             return False
@@ -125,7 +125,7 @@ class Gate:
 
         Submits the host half to the service thread (in call order) and evaluates nothing.
         `exchange(send, gathered)` fills `gathered` with every rank's bytes of x, in rank order
-        (fastcoll/gate/host.py); the GPU reduces them.
+        (fastcoll/gate/host/serve.py); the GPU reduces them.
         """
         if not self.accepts(x, op):
             raise ValueError(f"the fence gate does not take all_reduce({op!r}) of {x.dtype} {tuple(x.shape)}")

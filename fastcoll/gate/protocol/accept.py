@@ -12,11 +12,13 @@ import math
 from typing import Any, Sequence
 
 from fastcoll import dtypes
+from fastcoll.gate.protocol.layout import OPS
 
-# The GPU reduces in float (fastcoll/gpu/gate.h): the float types a model's activations
+# The GPU reduces in float (fastcoll/gate/device/gate.h): the float types a model's activations
 # have. Other dtypes keep the host path.
 GATE_DTYPES = frozenset({"float32", "float16", "bfloat16"})
-GATE_OPS = frozenset(dtypes.OPS)
+# The ops whose table entry (fastcoll/dtypes.py) gives them to the gate; others keep the host path.
+GATE_OPS = frozenset(OPS)
 
 
 def dtype_name(dtype: Any) -> str:

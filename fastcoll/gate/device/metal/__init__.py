@@ -1,5 +1,5 @@
 """The fence gate on MLX's Metal backend: the Metal prelude (prelude.metal) under the kernel body
-both GPUs share (fastcoll/gpu/).
+both GPUs share (fastcoll/gate/device/).
 
 NOT RUN: no Mac was available to this project; docs/gate.md says what ran on which hardware.
 
@@ -20,7 +20,7 @@ Metal specifics, after MLX's own fence.metal (ml-explore/mlx#1773) and the seed'
 
 from __future__ import annotations
 
-from fastcoll.gpu.language import Language
+from fastcoll.gate.device.language import Language
 
 LANGUAGE = Language(
     name="metal",

@@ -6,11 +6,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fastcoll.gate.layout import ControlLayout
+from fastcoll.gate.protocol.layout import ControlLayout
 
 
 class DeviceBackend(Protocol):
-    """A GPU (or a thread playing one) that runs the gate's kernels (fastcoll/gpu/).
+    """A GPU (or a thread playing one) that runs the gate's kernels (fastcoll/gate/device/).
 
     `launch` enqueues, lazily, the gate's kernel: x -> send mailbox, then ARRIVAL = seq (the
     previous token's plus one), the release spin, and the reduction of the receive mailbox into

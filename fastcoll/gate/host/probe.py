@@ -6,9 +6,9 @@ import logging
 
 from fastcoll import testhooks
 from fastcoll.config import Config
-from fastcoll.gate import backends
-from fastcoll.gate.gate import Gate
-from fastcoll.gate.layout import ControlLayout
+from fastcoll.gate.host import backends
+from fastcoll.gate.host.gate import Gate
+from fastcoll.gate.protocol.layout import ControlLayout
 
 log = logging.getLogger("fastcoll.gate")
 

@@ -1,5 +1,5 @@
 """The fence gate on MLX's CUDA backend: the CUDA prelude (prelude.cuh) under the kernel body
-both GPUs share (fastcoll/gpu/).
+both GPUs share (fastcoll/gate/device/).
 
 Ran on an NVIDIA H200 (docs/gate.md). CUDA specifics: MLX passes inputs as `const T*`, so the
 control page is written through a const_cast (FC_WORDS). System scope comes from
@@ -11,8 +11,8 @@ and registers the direct mode's gather segment with the GPU.
 
 from __future__ import annotations
 
-from fastcoll.cuda.advise import advise_page, register_host_memory
-from fastcoll.gpu.language import Language
+from fastcoll.gate.device.cuda.advise import advise_page, register_host_memory
+from fastcoll.gate.device.language import Language
 
 LANGUAGE = Language(
     name="cuda",

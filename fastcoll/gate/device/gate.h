@@ -1,13 +1,13 @@
 // The fence gate's helpers, one text for both GPUs (Metal and CUDA): the arrival, the release
 // spins, the reduction. Written in the primitives that each language's prelude defines
-// (fastcoll/metal/prelude.metal, fastcoll/cuda/prelude.cuh), after the control page's defines
-// (fastcoll/gate/layout.py). fastcoll/gpu/kernels.py puts it, as text, at the end of the header of
+// (fastcoll/gate/device/metal/prelude.metal, fastcoll/gate/device/cuda/prelude.cuh), after the control page's defines
+// (fastcoll/gate/protocol/layout.py). fastcoll/gate/device/kernels.py puts it, as text, at the end of the header of
 // each kernel that names it; the kernel bodies are fc_gate.inc and fc_mark.inc beside it.
 //
 // The load-bearing properties (docs/gate.md): every access to the control page is system scope;
 // one thread of one threadgroup spins, with no backoff and no chunking; FASTCOLL_FENCE_MAX_ITERS
 // bounds the spin as a backstop only, since the host stores RELEASE on every failure path. The
-// FC_DIRECT paths (the direct mode, fastcoll/gate/direct_mode.py) are compiled only where the
+// FC_DIRECT paths (the direct mode, fastcoll/gate/host/direct_mode.py) are compiled only where the
 // control page's defines set FC_DIRECT to 1.
 
 // All-ones bytes into out: NaN in every float type.
@@ -27,7 +27,7 @@ FC_DEVICE void fc_record_failure(fc_words_t words, fc_uint seq, fc_uint status, 
 }
 
 // The release spin: one thread, no backoff and no chunking. Each iteration is one system-scope
-// acquire load of RELEASE, compared wrap-aware as in fastcoll/gate/seq.py; max_iters
+// acquire load of RELEASE, compared wrap-aware as in fastcoll/gate/protocol/seq.py; max_iters
 // (FASTCOLL_FENCE_MAX_ITERS) bounds it as a backstop only, since the host stores RELEASE on every
 // failure path. A gate whose predecessor failed (prev, from the token chain) does not wait: after
 // a spin timeout the host is gone or stuck. Writes SPIN_ITERS and ACK (relaxed: for the profile),
@@ -50,7 +50,7 @@ FC_DEVICE fc_uint fc_spin(fc_words_t words, fc_uint seq, fc_uint prev, fc_uint m
 }
 
 #if FC_DIRECT
-// The direct mode (ranks of one host: fastcoll/gate/direct_mode.py). Every rank's GPU writes its x
+// The direct mode (ranks of one host: fastcoll/gate/host/direct_mode.py). Every rank's GPU writes its x
 // into the gather segment and raises its FLAG there; nobody's host moves a byte per gate.
 
 // Rank p's line in the gather segment.
@@ -160,39 +160,42 @@ FC_DEVICE fc_uint fc_host_status(fc_words_t words) {
 // ranks is one pass of 256 threads (one bus round trip rather than two).
 #define FC_REDUCE_BATCH (FC_RANKS >= 32 ? 1 : 32 / FC_RANKS)
 
-// The ops fc_apply implements, one specialization each: an op without one (a new entry of
-// fastcoll/gate/layout.py's OPS) is an incomplete type in fc_apply, so it does not compile rather
-// than fall through to a sum. (No static_assert: its message would be the sources' one string
-// literal, which kernels.minified does not allow.)
+// The reduction ops, one specialization each: its operator() is one step of the reduction as the
+// host path computes it (fastcoll/dtypes.py), in float, the result rounded to the dtype by the
+// caller after every rank. An op without one (an entry of fastcoll/dtypes.py's REDUCTIONS that
+// says gate=True, with no kernel here) is an incomplete type in fc_apply, so its kernel does not
+// compile rather than fall through to a sum; fastcoll/gate/device/kernels.py refuses it at import
+// already. (No static_assert: its message would be the sources' one string literal, which
+// kernels.minified does not allow.)
 template <int OP>
 struct fastcoll_gpu_implements_op;
 template <>
-struct fastcoll_gpu_implements_op<FC_OP_SUM> {};
+struct fastcoll_gpu_implements_op<FC_OP_SUM> {
+  FC_DEVICE float operator()(float a, float b) const { return a + b; }
+};
 template <>
-struct fastcoll_gpu_implements_op<FC_OP_PROD> {};
+struct fastcoll_gpu_implements_op<FC_OP_PROD> {
+  FC_DEVICE float operator()(float a, float b) const { return a * b; }
+};
+// min and max propagate NaN as numpy's minimum and maximum do.
 template <>
-struct fastcoll_gpu_implements_op<FC_OP_MIN> {};
+struct fastcoll_gpu_implements_op<FC_OP_MIN> {
+  FC_DEVICE float operator()(float a, float b) const { return (a < b || a != a) ? a : b; }
+};
 template <>
-struct fastcoll_gpu_implements_op<FC_OP_MAX> {};
+struct fastcoll_gpu_implements_op<FC_OP_MAX> {
+  FC_DEVICE float operator()(float a, float b) const { return (a > b || a != a) ? a : b; }
+};
+// mean sums; fc_reduce divides by FC_RANKS once every rank is in.
 template <>
-struct fastcoll_gpu_implements_op<FC_OP_MEAN> {};
+struct fastcoll_gpu_implements_op<FC_OP_MEAN> {
+  FC_DEVICE float operator()(float a, float b) const { return a + b; }
+};
 
-// One step of a reduction, as the host path computes it (fastcoll/dtypes.py): in float, the
-// result rounded to the dtype by the caller after every rank; min and max propagate NaN as
-// numpy's minimum and maximum do.
+// One step of the reduction by op OP.
 template <int OP>
 FC_DEVICE float fc_apply(float a, float b) {
-  (void)sizeof(fastcoll_gpu_implements_op<OP>);
-  if (OP == FC_OP_PROD) {
-    return a * b;
-  }
-  if (OP == FC_OP_MIN) {
-    return (a < b || a != a) ? a : b;
-  }
-  if (OP == FC_OP_MAX) {
-    return (a > b || a != a) ? a : b;
-  }
-  return a + b;  // sum, and mean before its division
+  return fastcoll_gpu_implements_op<OP>()(a, b);
 }
 
 // out[i] = the reduction of element i over the receive mailbox's FC_RANKS slots (slot p holds

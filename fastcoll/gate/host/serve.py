@@ -25,11 +25,11 @@ from typing import Callable, Protocol
 import numpy as np
 
 from fastcoll.errors import CollectiveTimeoutError, FastcollError, MismatchError
-from fastcoll.gate import layout as L
-from fastcoll.gate.page import ControlPage
-from fastcoll.gate.poll import Poller, Stopped
-from fastcoll.gate.profile import GateProfile, GateTiming
-from fastcoll.gate.seq import seq_add, seq_diff
+from fastcoll.gate.protocol import layout as L
+from fastcoll.gate.protocol.page import ControlPage
+from fastcoll.gate.host.poll import Poller, Stopped
+from fastcoll.gate.host.profile import GateProfile, GateTiming
+from fastcoll.gate.protocol.seq import seq_add, seq_diff
 
 log = logging.getLogger("fastcoll.gate")
 
@@ -121,7 +121,7 @@ class HostHalf:
         self._outstanding = 0  # the host mode's gates not served yet
         self._native: NativeServer | None = None  # the engine that serves the gates, if native
         self._watching = False  # the direct mode's watcher is on (see issue())
-        self.direct = False  # the direct mode (fastcoll/gate/direct_mode.py): the GPUs gather
+        self.direct = False  # the direct mode (fastcoll/gate/host/direct_mode.py): the GPUs gather
         page.reset(start_seq)
 
     # ----- the caller's side -----

@@ -10,9 +10,9 @@ every GPU language, over a prelude per language.
     gate.h        the helpers fc_gate's body calls (the arrival, the spins, the reduction)
 
 mx.fast.metal_kernel and mx.fast.cuda_kernel take a kernel's body as `source` and what precedes
-it as `header`. A kernel's header here is the control page's defines (fastcoll/gate/layout.py)
+it as `header`. A kernel's header here is the control page's defines (fastcoll/gate/protocol/layout.py)
 and FC_X_SPACE, the constants of one kind of gate (`constants`), the language's prelude
-(fastcoll/metal/prelude.metal, fastcoll/cuda/prelude.cuh: the primitives the body is written in)
+(fastcoll/gate/device/metal/prelude.metal, fastcoll/gate/device/cuda/prelude.cuh: the primitives the body is written in)
 and the helpers its body calls; the compiler resolves the rest (the `#if FC_DIRECT` paths, each
 language's thread index). The seed's spin kernel is one thread in one threadgroup because each
 further threadgroup slows a saturated GPU while "threads within a threadgroup are free": fc_gate
@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Iterable
 
-from fastcoll.gate.layout import ControlLayout, GatherLayout, c_defines
-from fastcoll.gpu.language import Language, read_source
+from fastcoll.gate.protocol.layout import OPS, ControlLayout, GatherLayout, c_defines
+from fastcoll.gate.device.language import Language, read_source
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,26 @@ def constants(lang: Language, dtype_name: str, count: int, op_code: int, max_ite
             f"#define FC_MAX_ITERS {max_iters}u\n#define FC_SIG {sig}u\n")
 
 
+# One specialization of fastcoll_gpu_implements_op in gate.h: the kernel of one op.
+_IMPLEMENTS = re.compile(r"^struct fastcoll_gpu_implements_op<FC_OP_(\w+)> \{", re.M)
+
+
+def implemented_ops(helpers: str) -> frozenset[str]:
+    """The ops whose kernel `helpers` (gate.h's text) holds."""
+    return frozenset(name.lower() for name in _IMPLEMENTS.findall(helpers))
+
+
+def check_ops(ops: Iterable[str], helpers: str) -> None:
+    """Raise ImportError naming every op of `ops` (the gate's: fastcoll/dtypes.py's entries that
+    say gate=True) that `helpers` has no kernel for: such an op is refused here, when the device
+    side is imported, rather than found missing by the GPU's compiler in the middle of a job."""
+    missing = sorted(set(ops) - implemented_ops(helpers))
+    if missing:
+        raise ImportError(f"fastcoll/gate/device/gate.h has no kernel for the reduction op(s) {', '.join(missing)}, "
+                          "which fastcoll/dtypes.py's REDUCTIONS gives to the gate (gate=True): add a "
+                          "fastcoll_gpu_implements_op specialization for each, or set gate=False")
+
+
 _COMMENT = re.compile(r"\s*//.*$")  # the sources hold no string literals and no /* */ comments
 
 
@@ -80,3 +101,6 @@ def minified(text: str) -> str:
     each gate."""
     lines = (_COMMENT.sub("", line).strip() for line in text.splitlines())
     return "\n".join(line for line in lines if line) + "\n"
+
+
+check_ops(OPS, read_source(__package__, "gate.h"))
