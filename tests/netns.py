@@ -89,6 +89,15 @@ class Unavailable(RuntimeError):
 # --------------------------------------------------------------------------- small helpers
 
 
+# A sanitized run (.ci/sanitizers) preloads ASan's runtime into the test's processes; sshd is not
+# the code under test, and its sessions pass the runtime on to the ranks only where asked (--env).
+SANITIZER_VARIABLES = ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS")
+
+
+def without_sanitizers(environ: dict) -> dict:
+    return {k: v for k, v in environ.items() if k not in SANITIZER_VARIABLES}
+
+
 def _run(argv: Sequence[str], check: bool = True, timeout: float = 30.0,
          input: str | None = None) -> subprocess.CompletedProcess:
     done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
@@ -405,7 +414,7 @@ Host *
             ["ip", "netns", "exec", h.ns, "unshare", "--uts", "sh", "-c", _WITH_HOSTNAME,
              h.name, SSHD, "-D", "-e", "-f", str(cfg)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True)
+            start_new_session=True, env=without_sanitizers(os.environ))
         log.close()
 
     def _wait_for_ssh(self, timeout: float = 15.0) -> None:

@@ -75,8 +75,10 @@ class Job:
         self.outdir = str(bed.root / f"job{next(_count)}")
         os.mkdir(self.outdir)
         self.hostfile = bed.hostfile(hosts, slots=slots, links=links, fmt=fmt, rdma=rdma)
+        # Under the sanitizers, the ranks get ASan's runtime as the launcher has it (sshd does not).
+        sanitized = [a for k in netns.SANITIZER_VARIABLES if k in os.environ for a in ("--env", f"{k}={os.environ[k]}")]
         self.run = bed.start_launcher(
-            ["-v", "--hostfile", self.hostfile, "--env", f"PYTHONPATH={REPO}", *launcher_args,
+            ["-v", "--hostfile", self.hostfile, "--env", f"PYTHONPATH={REPO}", *sanitized, *launcher_args,
              "python", WORKER, self.outdir, mode, *args],
             env=bed.launcher_env(**(env or {})), cwd=REPO)
 
