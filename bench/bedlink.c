@@ -1,7 +1,7 @@
 /* The shaped links of the bed on the lent machine (tests/netbed.py): a switch in user space
  * between tap devices, one a host, that holds each frame for a one-way delay and serializes it
  * at a link rate. That machine's kernel has no netem (and no fq for a timestamped delay), and no
- * tc or iptables command for netdelay.c's NFQUEUE rule; a tap and this program need neither.
+ * tc or iptables command for an NFQUEUE rule; a tap and this program need neither.
  *
  *   bedlink MAX_SECONDS FD...
  *

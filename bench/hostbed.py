@@ -1,9 +1,10 @@
-"""The cross-host set on the bed whose hosts have cores of their own (`tests/netbed.py`: the lent
-GPU machine's 16 CPUs, 4 a host at 2 hosts, 3 at 4), written as one record.
+"""The cross-host set on a bed of bench/multihost.py (`--bed pinned`, the default: `tests/netbed.py`,
+whose hosts have cores of their own on a machine of 8 CPUs or more, e.g. 4 a host at 2 hosts and 3
+at 4 on 16; `--bed netns`: the 2-core VM's bed, a tbf rate and no delay), written as one record.
 
-    python bench/hostbed.py --out bench/records/DATE-WHAT [--hosts 2,4] [--links unshaped,1gbit+50us]
-        [--systems fastcoll-tcp,mlx-ring,mpi] [--ops all_reduce,all_gather,broadcast]
-        [--sizes 4,4096,67108864] [--rounds 3]
+    python bench/hostbed.py --out bench/records/DATE-WHAT [--bed pinned] [--hosts 2,4]
+        [--links unshaped,1gbit+50us] [--systems fastcoll-tcp,mlx-ring,mpi]
+        [--ops all_reduce,all_gather,broadcast] [--sizes 4,4096,67108864] [--rounds 3]
         [--decode-hosts 2] [--decode-links unshaped,1gbit+50us] [--decode-systems fastcoll-graph,ring]
         [--deadline SECONDS]
 
@@ -12,8 +13,8 @@ e.g. `1gbit+50us` or `0+50us` for a delay alone: bench/bedlink.c) probe it (benc
 round trips and one stream, host1 -> host2, and bedlink's lateness), then run the collectives
 (`--ops`, every op in each job) through `bench/multihost.Hosts` (each system started as across
 real hosts) and, where asked, mlx-lm decode through `bench/tp_hosts.measure`. Writes
-OUT/results.json (everything), OUT/summary.md, OUT/plot.svg, and each collectives run's report
-in OUT/collectives-<N>hosts-<link>/. Parts that would start after `--deadline` seconds are
+OUT/results.json (everything), OUT/summary.md, and each collectives run's report and plots in
+OUT/collectives-<N>hosts-<link>/. Parts that would start after `--deadline` seconds are
 skipped and listed as such.
 """
 
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import subprocess
 import sys
 import time
@@ -32,26 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import netbed  # noqa: E402
 from bench import harness, report, tp_hosts  # noqa: E402
-from bench.multihost import PYTHON, REPO, Hosts  # noqa: E402
+from bench import multihost  # noqa: E402
+from bench.multihost import PYTHON, REPO, Hosts, parse_link  # noqa: E402
 
 PROBE = REPO / "bench" / "linkprobe.py"
-UNITS = {"gbit": 10**9, "mbit": 10**6, "kbit": 10**3}
-
-
-def parse_link(text: str) -> tuple[float | None, int | None]:
-    """(one-way delay in us, rate in bit/s) of `unshaped`, `1gbit+50us`, `0+200us` or `1gbit`."""
-    if text == "unshaped":
-        return None, None
-    rate, _, delay = text.partition("+")
-    bps = 0
-    if rate not in ("", "0"):
-        unit = next((u for u in UNITS if rate.endswith(u)), None)
-        if unit is None:
-            raise ValueError(f"link {text!r}: the rate must end in gbit, mbit or kbit (or be 0)")
-        bps = int(float(rate.removesuffix(unit)) * UNITS[unit])
-    if delay and not delay.endswith("us"):
-        raise ValueError(f"link {text!r}: the delay must end in us")
-    return float(delay.removesuffix("us") or 0), bps
 
 
 def probe_link(bed: netbed.Bed) -> dict:
@@ -84,9 +68,7 @@ def collectives(bed: netbed.Bed, n: int, link: str, a: argparse.Namespace) -> di
 
 
 def decode(bed: netbed.Bed, n: int, link: str, a: argparse.Namespace) -> list[dict]:
-    ns = argparse.Namespace(shapes=a.decode_shapes, modes=a.decode_modes, systems=a.decode_systems,
-                            rounds=a.decode_rounds, tokens=a.decode_tokens, repeat=2, job_timeout=a.job_timeout)
-    return tp_hosts.measure(Hosts(bed, n), ns, link)
+    return tp_hosts.measure(Hosts(bed, n), a, link)
 
 
 def _us(seconds: float) -> str:
@@ -126,43 +108,12 @@ def summary(runs: list[dict], systems: list[str]) -> str:
     return "\n".join(lines)
 
 
-def svg(runs: list[dict], systems: list[str]) -> str:
-    """Bars of each system's median time (log scale), a group per (hosts, link, op, size)."""
-    groups = [(r, op, size) for r in runs for op, size in _groups(r)]
-    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"]
-    bar, gap, top, height = 14, 18, 30, 300
-    width = 60 + len(groups) * (len(systems) * bar + gap)
-    lo, hi = 1e-6, 10.0  # 1 us .. 10 s
-    y = lambda s: top + height * (1 - (math.log10(s) - math.log10(lo)) / (math.log10(hi) - math.log10(lo)))
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{top + height + 90}" font-size="10" '
-           'font-family="sans-serif">', f'<text x="5" y="15">median time (log scale, 1 us to 10 s)</text>']
-    for exp in range(-6, 2):
-        out.append(f'<line x1="50" x2="{width}" y1="{y(10**exp):.1f}" y2="{y(10**exp):.1f}" stroke="#ddd"/>'
-                   f'<text x="2" y="{y(10**exp) + 3:.1f}">1e{exp} s</text>')
-    for g, (run, op, size) in enumerate(groups):
-        x0 = 60 + g * (len(systems) * bar + gap)
-        for k, system in enumerate(systems):
-            c = _cell(run["doc"]["points"], system, op, size)
-            if c:
-                yy = y(max(c["median_s"], lo))
-                out.append(f'<rect x="{x0 + k * bar}" y="{yy:.1f}" width="{bar - 2}" height="{top + height - yy:.1f}" '
-                           f'fill="{colors[k % len(colors)]}"/>')
-        out.append(f'<text x="{x0}" y="{top + height + 12}">{run["hosts"]}h {size}B</text>'
-                   f'<text x="{x0}" y="{top + height + 24}">{op.replace("all_", "")}</text>'
-                   f'<text x="{x0}" y="{top + height + 36}">{run["link"]}</text>')
-    for k, system in enumerate(systems):
-        out.append(f'<rect x="{60 + k * 110}" y="{top + height + 52}" width="10" height="10" '
-                   f'fill="{colors[k % len(colors)]}"/><text x="{74 + k * 110}" y="{top + height + 61}">{system}</text>')
-    return "\n".join(out + ["</svg>"])
-
-
 def _save(a: argparse.Namespace, doc: dict) -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     (out / "summary.md").write_text(summary(doc["collectives"], a.systems) + "\n\n"
                                     + (tp_hosts.table(doc["decode"]) if doc["decode"] else "") + "\n")
-    (out / "plot.svg").write_text(svg(doc["collectives"], a.systems))
 
 
 def _part(a: argparse.Namespace, doc: dict, t0: float, name: str, fn):
@@ -176,9 +127,8 @@ def _part(a: argparse.Namespace, doc: dict, t0: float, name: str, fn):
 
 def _on_bed(a: argparse.Namespace, doc: dict, t0: float, n: int, links: list[str], what: str, fn) -> None:
     """Build a bed of n hosts; for each link, probe it (once a run) and run fn(bed, n, link, a)."""
-    bed = netbed.Bed(n).build()
-    doc["beds"].append(bed.describe())
-    try:
+    with multihost.bed(a.bed, n) as bed:
+        doc["beds"].append(bed.describe())
         for link in links:
             bed.set_link(*parse_link(link))
             if not any(x["hosts"] == n and x["link"] == link for x in doc["links"]):
@@ -192,14 +142,13 @@ def _on_bed(a: argparse.Namespace, doc: dict, t0: float, n: int, links: list[str
             elif got is not None:
                 doc["decode"] += got
             _save(a, doc)
-    finally:
-        bed.teardown()
 
 
 def run_all(a: argparse.Namespace) -> dict:
     """The collectives on every host count first, then decode: a deadline cuts decode first."""
     t0 = time.monotonic()
-    doc = {"machine": harness.machine_info(), "command": " ".join(sys.argv), "tbf": netbed.kernel_has_tbf(),
+    tbf = netbed.kernel_has_tbf() if a.bed == "pinned" else "yes: the netns bed's rate is a tbf qdisc"
+    doc = {"machine": harness.machine_info(), "command": " ".join(sys.argv), "tbf": tbf,
            "beds": [], "links": [], "collectives": [], "decode": [], "skipped": []}
     for n in a.hosts:
         _on_bed(a, doc, t0, n, a.links, "collectives", collectives)
@@ -212,7 +161,8 @@ def run_all(a: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
-    p.add_argument("--hosts", default="2,4")
+    p.add_argument("--bed", choices=tuple(multihost.BEDS), default="pinned")
+    p.add_argument("--hosts", default="2,4", help="host counts for the collectives ('': none)")
     p.add_argument("--links", default="unshaped,1gbit+50us")
     p.add_argument("--systems", default="fastcoll-tcp,mlx-ring,mpi")
     p.add_argument("--ops", default="all_reduce,all_gather,broadcast")
@@ -223,19 +173,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--job-timeout", type=float, default=120)
     p.add_argument("--decode-hosts", default="", help="host counts for mlx-lm decode (none by default)")
     p.add_argument("--decode-links", default="unshaped,1gbit+50us")
-    p.add_argument("--decode-shapes", default="small")
-    p.add_argument("--decode-modes", default="tp")
-    p.add_argument("--decode-systems", default="fastcoll-graph,ring")
+    p.add_argument("--decode-shapes", default="small", help=", ".join(tp_hosts.SHAPES))
+    p.add_argument("--decode-modes", default="tp",
+                   help="tp (model.shard) in every shape, pp (model.model.pipeline) in the first shape")
+    p.add_argument("--decode-systems", default="fastcoll-graph,ring", help=", ".join(tp_hosts.SYSTEMS))
     p.add_argument("--decode-rounds", type=int, default=3)
-    p.add_argument("--decode-tokens", type=int, default=32)
+    p.add_argument("--decode-tokens", type=int, default=32, help="tokens a run generates")
+    p.add_argument("--decode-repeat", type=int, default=2, help="runs a job makes; its median is its figure")
     p.add_argument("--deadline", type=float, default=1e9, help="seconds after which no part starts")
     a = p.parse_args(argv)
     csv = lambda text, kind=str: [kind(s) for s in text.split(",") if s]
     a.hosts, a.decode_hosts, a.sizes = csv(a.hosts, int), csv(a.decode_hosts, int), csv(a.sizes, int)
     for name in ("links", "systems", "ops", "decode_links", "decode_shapes", "decode_modes", "decode_systems"):
         setattr(a, name, csv(getattr(a, name)))
-    for link in a.links + a.decode_links:
-        parse_link(link)
+    unknown = [s for s in a.decode_shapes if s not in tp_hosts.SHAPES]
+    unknown += [s for s in a.decode_systems if s.partition("/")[0] not in tp_hosts.SYSTEMS]
+    if unknown:
+        p.error(f"unknown decode shape or system: {', '.join(unknown)}")
+    try:
+        multihost.check_links(a.bed, a.links * bool(a.hosts) + a.decode_links * bool(a.decode_hosts))
+    except ValueError as e:
+        p.error(str(e))
     doc = run_all(a)
     print(summary(doc["collectives"], a.systems))
     if doc["decode"]:

@@ -1,18 +1,17 @@
-"""fastcoll and its peers across the hosts of the network-namespace bed (`tests/netns.py`: every
-byte crosses a veth pair and a bridge, not loopback; root and Linux only; docs/multihost.md).
+"""The beds' hosts and how each system's job starts across them, for bench/hostbed.py (the
+collectives) and bench/tp_hosts.py (mlx-lm decode); root and Linux only (docs/multihost.md).
 
-    python bench/multihost.py bench [--hosts 2] [--systems ...] [--sizes ...] [--links unshaped,1gbit] [--settle S]
-
-all_reduce of float32, one rank a host, through the localhost benchmark's harness, workers and
-report, each system started as across real hosts (Hosts.command): OUT/LINK/results.md and .json.
+Two beds: `pinned` (`tests/netbed.py`: each host its own cores where the machine has 8 CPUs or
+more, links shaped by bench/bedlink.c) and `netns` (`tests/netns.py`, the 2-core VM's bed: an
+sshd a host, links limited by a tbf qdisc, no delay). A link is `unshaped` or `RATE+DELAY`
+(`1gbit+50us`, `0+200us` for a delay alone, `1gbit` for a rate alone).
 """
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import json
 import os
-import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -20,20 +19,78 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+import netbed  # noqa: E402
 import netns  # noqa: E402
-from bench import harness, report  # noqa: E402
+from bench import harness  # noqa: E402
 
 REPO = harness.REPO_ROOT
 WORKERS = REPO / "bench" / "workers"
 PYTHON = sys.executable
 SYSTEMS = ("fastcoll-tcp", "fastcoll-zmq", "mlx-ring", "mpi")
-SIZES = [4 * 16**k for k in range(7)]  # 4 B .. 64 MiB, powers of 16
+UNITS = {"gbit": 10**9, "mbit": 10**6, "kbit": 10**3}
+
+
+def parse_link(text: str) -> tuple[float | None, int | None]:
+    """(one-way delay in us, rate in bit/s) of `unshaped`, `1gbit+50us`, `0+200us` or `1gbit`."""
+    if text == "unshaped":
+        return None, None
+    rate, _, delay = text.partition("+")
+    bps = 0
+    if rate not in ("", "0"):
+        unit = next((u for u in UNITS if rate.endswith(u)), None)
+        if unit is None:
+            raise ValueError(f"link {text!r}: the rate must end in gbit, mbit or kbit (or be 0)")
+        bps = int(float(rate.removesuffix(unit)) * UNITS[unit])
+    if delay and not delay.endswith("us"):
+        raise ValueError(f"link {text!r}: the delay must end in us")
+    return float(delay.removesuffix("us") or 0), bps
+
+
+class NetnsBed(netns.TestBed):
+    """The 2-core VM's bed behind the calls of netbed.Bed that the benchmark makes: its rate is a
+    tbf qdisc, which spins no core (bedlink would take one of the VM's two)."""
+
+    def __init__(self, hosts: int) -> None:
+        super().__init__(hosts=hosts, data_links=1)
+
+    def set_link(self, delay_us: float | None = None, rate_bps: int | None = None) -> None:
+        if delay_us:
+            raise ValueError("the netns bed has no delay (this kernel has no netem): use --bed pinned")
+        self.heal()
+        if rate_bps:
+            self.shape(f"{rate_bps}bit")
+
+    def relay_stats(self) -> dict:
+        return {}  # no bedlink: nothing holds the frames
+
+    def describe(self) -> dict:
+        return {"bed": "netns", "prefix": self.prefix, "cpus": os.cpu_count(), "pinned": False,
+                "hosts": [{"name": h.name, "mgmt": h.mgmt, "data": list(h.data)} for h in self.hosts]}
+
+
+BEDS = {"pinned": netbed.Bed, "netns": NetnsBed}
+
+
+def check_links(kind: str, links: list[str]) -> None:
+    """ValueError naming the first link that `parse_link` cannot read or the bed cannot give."""
+    if any(parse_link(link)[0] for link in links) and kind == "netns":
+        raise ValueError("the netns bed has no delay: its links are unshaped or a rate (1gbit)")
+
+
+@contextlib.contextmanager
+def bed(kind: str, hosts: int):
+    """A built bed of `kind` (BEDS) with `hosts` hosts, torn down after the block."""
+    built = BEDS[kind](hosts).build()
+    try:
+        yield built
+    finally:
+        built.teardown()
 
 
 class Hosts:
     """The bed's hosts and how each system's job is started across them."""
 
-    def __init__(self, bed: netns.TestBed, hosts: int) -> None:
+    def __init__(self, bed: netbed.Bed | NetnsBed, hosts: int) -> None:
         self.bed, self.port = bed, 41000
         bindir = bed.root / "bin"  # an `ssh` that reaches the bed's hosts, for mlx.launch and hydra
         if not (bindir / "ssh").exists():
@@ -53,25 +110,35 @@ class Hosts:
         self.mlx_hostfile = bed.root / "mlx_hosts.json"
         self.mlx_hostfile.write_text(json.dumps([{"ssh": h.name, "ips": [h.data[0]]} for h in self.hosts]))
 
+    def fastcoll_launch(self, timeout: float, env: dict[str, str]) -> list[str]:
+        """fastcoll-launch over the bed's ssh with the ranks' PYTHONPATH and `env`; a fresh port
+        range for the job (MLX's ring listens on it)."""
+        self.port += 10
+        pairs = {"PYTHONPATH": self.pythonpath, **env}
+        return [PYTHON, "-m", "fastcoll.launch", "--ssh", self.bed.ssh_command, "--hostfile", self.hostfile,
+                *[f"--env={k}={v}" for k, v in pairs.items()], "--grace", "1", "--timeout", str(timeout)]
+
+    def mlx_launch_ring(self, script: Path, args: list[str], env: dict[str, str]) -> list[str]:
+        """`mlx.launch --backend ring` over the bed's ssh, as MLX's users start a job."""
+        pairs = {"PYTHONPATH": self.pythonpath, **env}
+        return [self.mlx_launch, "--backend", "ring", "--hostfile", str(self.mlx_hostfile), "--starting-port",
+                str(self.port), "--python", PYTHON, "--cwd", str(REPO), *[f"--env={k}={v}" for k, v in pairs.items()],
+                "--", str(script), *args]
+
     def command(self, system: str, args: list[str], timeout: float) -> list[str]:
         """The launcher's command line for one job of `system` running its worker with `args`."""
-        pythonpath = self.pythonpath
-        launch = [PYTHON, "-m", "fastcoll.launch", "--ssh", self.bed.ssh_command, "--hostfile",
-                  self.hostfile, "--env", f"PYTHONPATH={pythonpath}", "--grace", "1", "--timeout", str(timeout)]
-        self.port += 10
+        launch = self.fastcoll_launch(timeout, {})
         if system.startswith("fastcoll-"):
             transport, _, variant = system.split("-", 1)[1].partition("/")
             return [*launch, "--env", f"FASTCOLL_TRANSPORT={transport}", "--env", "FASTCOLL_TIMEOUT=120",
                     "--env", f"FASTCOLL_NATIVE={0 if variant == 'py' else 1}", "--env", f"BENCH_SYSTEM={system}",
                     PYTHON, str(WORKERS / "fastcoll_worker.py"), *args]
         if system == "mlx-ring":
-            return [self.mlx_launch, "--backend", "ring", "--hostfile",
-                    str(self.mlx_hostfile), "--starting-port", str(self.port), "--python", PYTHON, "--cwd",
-                    str(REPO), "--env", f"PYTHONPATH={pythonpath}", "--", str(WORKERS / "mlx_worker.py"), *args]
+            return self.mlx_launch_ring(WORKERS / "mlx_worker.py", args, {})
         if system == "mpi":
             return [self.mpiexec, "-launcher", "ssh", "-hosts",
                     ",".join(h.name for h in self.hosts), "-n", str(len(self.hosts)), "-ppn", "1",
-                    "-localhost", netns.CTL_ADDR, "-genv", "PYTHONPATH", pythonpath, "-genv",
+                    "-localhost", netns.CTL_ADDR, "-genv", "PYTHONPATH", self.pythonpath, "-genv",
                     "MPIR_CVAR_CH4_NETMOD", "ofi", "-genv", "FI_PROVIDER", "tcp", "-genv", "FI_TCP_IFACE", "d0",
                     "-wdir", str(REPO), PYTHON, str(WORKERS / "mpi_worker.py"), *args]
         raise ValueError(f"unknown system {system!r}; known: {', '.join(SYSTEMS)}, fastcoll-tcp/py")
@@ -83,46 +150,3 @@ class Hosts:
             return harness.run_job([(cmd, self.bed.launcher_env(PATH=self.path))], timeout + 30)
         finally:
             self.bed.kill_strays()
-
-
-def bench(args: argparse.Namespace) -> int:
-    bed = netns.TestBed(hosts=args.hosts, data_links=1).build()
-    try:
-        hosts = Hosts(bed, args.hosts)
-        for link in args.links:
-            bed.heal()
-            if link != "unshaped":
-                bed.shape(link)
-            config = harness.Config(systems=args.systems, ops=["all_reduce"], worlds=[args.hosts],
-                                    sizes=args.sizes, rounds=args.rounds, budget_s=args.budget,
-                                    settle_s=args.settle, max_iters=1000, timeout_s=args.job_timeout)
-            doc = report.assemble(harness.run(config, hosts.launch, lambda m: print(f"[{link}] {m}", flush=True)))
-            doc["meta"]["link"] = link
-            written = report.write(doc, Path(args.out) / link, plots=False)
-            print(f"[{link}] wrote {', '.join(map(str, written))}", flush=True)
-    finally:
-        bed.teardown()
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="what", required=True)
-    b = sub.add_parser("bench", help="fastcoll beside its peers across simulated hosts")
-    b.add_argument("--systems", default=",".join(SYSTEMS))
-    b.add_argument("--hosts", type=int, default=2, choices=(2, 4), help="hosts, one rank each")
-    b.add_argument("--sizes", default=",".join(map(str, SIZES)))
-    b.add_argument("--links", default="unshaped,1gbit", help="unshaped, or a tbf rate (1gbit, 100mbit, ...)")
-    b.add_argument("--rounds", type=int, default=2)
-    b.add_argument("--budget", type=float, default=0.25, help="seconds per point and round")
-    b.add_argument("--settle", type=float, default=harness.Config.settle_s, help="untimed seconds at each job's start")
-    b.add_argument("--job-timeout", type=float, default=240)
-    b.add_argument("--out", default=str(REPO / "bench" / "out" / "multihost"))
-    args = p.parse_args(argv)
-    csv = lambda text, kind=str: [kind(s) for s in text.split(",") if s]
-    args.systems, args.sizes, args.links = csv(args.systems), csv(args.sizes, int), csv(args.links)
-    return bench(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

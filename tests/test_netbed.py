@@ -1,9 +1,10 @@
 """The bed of tests/netbed.py and what bench/hostbed.py reads of it: the core plan, the ssh
-command line its `ssh` understands, the link settings and the summary (test_netbed_built.py
+command line its `ssh` understands, the link settings (bench/multihost.py) and the summary (test_netbed_built.py
 builds one)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -15,7 +16,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, ROOT)
 
 import netbed  # noqa: E402
-from bench import hostbed  # noqa: E402
+from bench import hostbed, multihost  # noqa: E402
 
 
 def test_sixteen_cpus_give_each_host_cores_of_its_own():
@@ -56,13 +57,13 @@ def test_ssh_without_a_host_is_refused():
     ("100mbit", (0.0, 10**8)), ("2.5gbit+10us", (10.0, 2_500_000_000)),
 ])
 def test_link_settings(text, want):
-    assert hostbed.parse_link(text) == want
+    assert multihost.parse_link(text) == want
 
 
 @pytest.mark.parametrize("text", ["1gb+50us", "1gbit+50ms", "fast"])
 def test_a_link_setting_it_cannot_read_is_refused(text):
     with pytest.raises(ValueError, match="link"):
-        hostbed.parse_link(text)
+        multihost.parse_link(text)
 
 
 def test_the_summary_compares_each_peer_with_fastcoll():
@@ -75,7 +76,6 @@ def test_the_summary_compares_each_peer_with_fastcoll():
     text = hostbed.summary(runs, ["fastcoll-tcp", "mlx-ring", "mpi"])
     row = text.splitlines()[2]
     assert "| 2 | unshaped | all_reduce | 4 | 20.0 us" in row and "failed" in row and "1.50x" in row
-    assert hostbed.svg(runs, ["fastcoll-tcp", "mlx-ring", "mpi"]).count("<rect") == 2 + 3  # 2 bars, 3 keys
 
 
 def test_the_summary_keeps_each_op_apart_and_marks_an_emulated_one():
@@ -90,4 +90,46 @@ def test_the_summary_keeps_each_op_apart_and_marks_an_emulated_one():
     assert [r.split(" | ")[2] for r in rows] == ["all_reduce", "broadcast"]
     assert "4.00x" in rows[0] and "10.0 us" in rows[0] and "*" not in rows[0]
     assert "1.50x" in rows[1] and "30.0 us (1.000)*" in rows[1]
-    assert hostbed.svg(runs, ["fastcoll-tcp", "mlx-ring"]).count("<rect") == 4 + 2  # 4 bars, 2 keys
+
+
+def test_the_netns_bed_takes_a_rate_but_refuses_a_delay():
+    """`--bed netns` (the 2-core VM's bed) limits a link by tbf and has no delay: a link with one is
+    refused before any bed is built; the pinned bed takes it."""
+    multihost.check_links("netns", ["unshaped", "1gbit"])
+    multihost.check_links("pinned", ["unshaped", "1gbit+50us", "0+200us"])
+    with pytest.raises(ValueError, match="no delay"):
+        multihost.check_links("netns", ["unshaped", "1gbit+50us"])
+
+
+class _FakeBed:
+    """What multihost.Hosts reads of a bed, without building one."""
+
+    ssh_command = "/bed/bin/ssh"
+
+    def __init__(self, root):
+        self.root = root
+
+    def host(self, i):
+        return netbed.Host(i, f"host{i}", f"ns{i}", f"10.201.0.{i}", (f"10.202.0.{i}",))
+
+    def hostfile(self, hosts, fmt):
+        return str(self.root / "hostfile")
+
+
+def test_every_job_on_the_bed_starts_through_one_launcher_line(tmp_path):
+    """The collectives' and decode's jobs share Hosts' launcher lines: fastcoll-launch over the bed's
+    ssh with the ranks' PYTHONPATH (and decode's one thread a rank), mlx.launch on the job's ports."""
+    from bench import tp_hosts
+
+    hosts = multihost.Hosts(_FakeBed(tmp_path), 2)
+    fast = hosts.command("fastcoll-tcp/py", ["--sizes", "4"], 30)
+    assert fast[fast.index("--ssh") + 1] == "/bed/bin/ssh" and f"--env=PYTHONPATH={hosts.pythonpath}" in fast
+    assert "FASTCOLL_NATIVE=0" in fast and fast[-2:] == ["--sizes", "4"]
+    graph = tp_hosts.command(hosts, "fastcoll-graph/yield_reads=0", ["--mode", "tp"], 60)
+    assert "--env=OMP_NUM_THREADS=1" in graph and "FASTCOLL_MLX_GRAPH=1" in graph
+    assert "FASTCOLL_TUNING=yield_reads=0" in graph and graph[graph.index("--timeout") + 1] == "60"
+    ring = tp_hosts.command(hosts, "ring-mlx.launch", ["--mode", "tp"], 60)
+    assert ring[ring.index("--starting-port") + 1] == str(hosts.port) and "--env=OPENBLAS_NUM_THREADS=1" in ring
+    assert ring[-3:] == [str(tp_hosts.WORKER), "--mode", "tp"]
+    a = argparse.Namespace(decode_shapes=["small", "large"], decode_modes=["tp", "pp"])
+    assert tp_hosts.combos(a) == [("small", "tp"), ("large", "tp"), ("small", "pp")]
