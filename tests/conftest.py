@@ -261,6 +261,15 @@ SLOW: dict[str, tuple[str, Callable[[dict], bool] | None]] = {
                            lambda p: p["test"] not in ("test_remote_ranks_env_output_and_no_token_on_command_lines",
                                                        "test_the_ssh_config_advice_for_user_at_host_is_valid_ssh_config")),
 }
+# A test that runs on both engines keeps its native run in the default run where the extension is
+# built; its pure-Python twin is `slow` (CI's slow step and its pure-Python step run it).
+PYTHON_TWINS = "the pure-Python engine's twin of a test that runs on both engines"
+
+
+def python_twin(params: dict) -> bool:
+    return params.get("engine") in ("0", "python") or params.get("native") == "0"
+
+
 # Fixtures that start an OpenSSH server: their tests are also marked `sshd`.
 SSHD_FIXTURES = ("sshd", "bed")
 _deselected_slow = 0
@@ -268,12 +277,17 @@ _deselected_slow = 0
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the SLOW tests `slow` and the tests that start sshd `sshd`."""
+    """Mark the SLOW tests and the pure-Python twins `slow`, and the tests that start sshd `sshd`."""
+    from engines import native_missing
+
+    twins = native_missing() is None  # without the extension, the pure-Python runs are all there is
     for item in items:
         what = SLOW.get(item.path.name)
         spec = getattr(item, "callspec", None)
+        params = spec.params if spec else {}
         # A rule reads the test's parameters and, under "test", its name.
-        if what is not None and (what[1] is None or what[1]({**(spec.params if spec else {}), "test": item.originalname})):
+        if (what is not None and (what[1] is None or what[1]({**params, "test": item.originalname}))) or \
+                (twins and python_twin(params)):
             item.add_marker(pytest.mark.slow)
         if any(f in SSHD_FIXTURES for f in getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.sshd)
@@ -288,5 +302,5 @@ def pytest_terminal_summary(terminalreporter) -> None:
     """Say what the deselected slow tests are and how to run them."""
     if _deselected_slow:
         terminalreporter.write_line(
-            f"{_deselected_slow} slow test(s) deselected ({'; '.join(w for w, _ in SLOW.values())}): CI runs "
+            f"{_deselected_slow} slow test(s) deselected ({'; '.join([w for w, _ in SLOW.values()] + [PYTHON_TWINS])}): CI runs "
             "them after this command (.ci/run); `python -m pytest -q -m slow` runs them here")
