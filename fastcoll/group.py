@@ -56,7 +56,7 @@ _get_ident = threading.get_ident
 NOT_PLANNED = object()  # Group.run_plan's answer when a call must take the ordinary way
 NOT_GATED = object()  # Group.launch_gated's answer when the gate does not take the call
 _PLANS_MAX = 64  # kinds of repeated call a group remembers (a model repeats a handful)
-# A numpy result this large is made over memory from the engine (Engine.result_memory); a smaller
+# A numpy result this large is made over memory from the engine (Prepared.result_memory); a smaller
 # one is numpy's: malloc's free lists serve it without fresh pages anyway.
 ENGINE_RESULT_BYTES = 1 << 20
 

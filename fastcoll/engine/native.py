@@ -262,7 +262,7 @@ class NativeEngine(Engine):
                        for ch, link in enumerate(ls)]
         try:
             # In ascending (peer, channel) order on every rank: a kind whose open waits for the
-            # peer's matching add_link (verbs exchanges its queue pairs) then never waits in a
+            # peer's matching links.add (verbs exchanges its queue pairs) then never waits in a
             # circle, since the lowest pair still pending is open on both of its ranks.
             deadline = time.monotonic() + config.timeout if deadline is None else deadline
             for p, ls in sorted(links.items()):
@@ -445,7 +445,7 @@ class NativeEngine(Engine):
                                  recv_bounds=_bounds(op.recv_bounds), agree_counts=op.agree_counts)
 
 
-# The longest a verbs link's set-up may wait for its peer (add_link's bound: a day).
+# The longest a verbs link's set-up may wait for its peer (links.add's bound: a day).
 MAX_SETUP_SECONDS = 86400.0
 
 

@@ -10,7 +10,7 @@ collectives' timeout. Cases:
   collectives  every collective over several dtypes and sizes, exact; then the link's description
   fault        all_reduce until one fails: prints "ERROR <type> <message>" and how long it took
   kill         rank 1 kills itself in the second call; rank 0 prints its error as for `fault`
-  open         only the links: "OPENED", or "ERROR <type> <message>" of add_link
+  open         only the links: "OPENED", or "ERROR <type> <message>" of links.add
 """
 
 from __future__ import annotations

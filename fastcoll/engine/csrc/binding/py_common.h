@@ -152,7 +152,7 @@ PyObject *py_spec_new(EngineObject *self, PyObject *const *args, Py_ssize_t narg
 int py_spec_bind(PyObject *spec, const fc_engine *e, PyObject *seq, PyObject *src, PyObject *dst, py_op *o);
 int py_spec_bind_into(PyObject *spec, const fc_engine *e, long long seq, uint8_t *dst, size_t nbytes, py_op *o);
 
-/* py_items.c: queue an OpSpec's call (submit: seq, src, dst), a gate (gate_submit: call_seq,
+/* py_items.c: queue an OpSpec's call (submit: seq, src, dst), a gate (GateHost.submit: call_seq,
  * gate_seq, nbytes, its exchange the spec's all_gather into the receive mailbox) or a Python
  * function; each returns a Completion. task and work are what on_failure gets. */
 PyObject *py_completion_new(fc_done *d);
