@@ -289,8 +289,8 @@ class NativeEngine(Engine):
             return
         page, lay = host.page, host.page.layout
         self._gate.attach(page.raw, L.ARRIVAL, L.RELEASE, L.STATUS, L.ACK, L.SPIN_ITERS, L.SPIN_FAILED,
-                            lay.send_offset, lay.recv_offset, lay.mailbox_bytes, lay.ranks, L.OK, L.ERROR,
-                            L.CLOSED, host.next_seq(), host.profiled())
+                          lay.send_offset, lay.recv_offset, lay.mailbox_bytes, lay.ranks, L.OK, L.ERROR,
+                          L.CLOSED, host.next_seq(), host.profiled())
         host.served_by(self._gate)
 
     # ----- prepared calls (base.Prepared) -----
