@@ -56,7 +56,7 @@ _get_ident = threading.get_ident
 NOT_PLANNED = object()  # Group.run_plan's answer when a call must take the ordinary way
 NOT_GATED = object()  # Group.launch_gated's answer when the gate does not take the call
 _PLANS_MAX = 64  # kinds of repeated call a group remembers (a model repeats a handful)
-# A numpy result this large is made over memory from the engine (Engine.result_memory); a smaller
+# A numpy result this large is made over memory from the engine (Prepared.result_memory); a smaller
 # one is numpy's: malloc's free lists serve it without fresh pages anyway.
 ENGINE_RESULT_BYTES = 1 << 20
 
@@ -128,8 +128,8 @@ class Group:
         """A new numpy array for a collective's result (uninitialised, as numpy.empty's): a large
         one over memory the engine keeps between calls, where it keeps any."""
         nbytes = math.prod(shape) * dtype.itemsize
-        engine = self._job.engine
-        memory = engine.result_memory(nbytes) if engine is not None and nbytes >= ENGINE_RESULT_BYTES else None
+        prepared = self._job.prepared
+        memory = prepared.result_memory(nbytes) if prepared is not None and nbytes >= ENGINE_RESULT_BYTES else None
         if memory is None:
             return np.empty(shape, dtype)
         return np.frombuffer(memory, dtype=dtype).reshape(shape)
@@ -233,12 +233,12 @@ class Group:
         """The engine's table that runs this group's collectives from MLX's evaluation thread
         without Python (fastcoll.mlx_compat.graph), or None where the engine has none. Give it a
         group of its own (`split`): the table numbers the calls, so Python must make none here."""
-        job = self._job
-        if job.engine is None:
+        prepared = self._job.prepared
+        if prepared is None:
             return None
         labels = self.rank_names()
         rules = [select.by_size(c, self.size(), self.config) for c in ("all_reduce", "all_gather")]
-        return job.engine.graph_table(self._prefix, self._ranks, self.rank(), self.config.timeout,
+        return prepared.graph_table(self._prefix, self._ranks, self.rank(), self.config.timeout,
                                       self.config.piece_bytes, *rules, labels)
 
     def drain_gate(self) -> None:
@@ -291,7 +291,7 @@ class Group:
             return work.wait()
         except BaseException:
             if not work.is_completed():  # Ctrl-C while the queue runs it: end it there
-                job.engine.interrupt(f"rank {self.rank()} was interrupted during {sig}")
+                job.engine.transport.interrupt(f"rank {self.rank()} was interrupted during {sig}")
             raise
 
     def _thread_tag(self, thread: threading.Thread) -> str:
@@ -316,12 +316,12 @@ class Group:
         no more. The collective files it in `plans` under a key that fixes every check and
         choice the call made, so that a call with that key skips them."""
         job = self._job
-        if (job.tracer is not None or job.gate is not None or _get_ident() != _MAIN_IDENT
+        if (job.prepared is None or job.tracer is not None or job.gate is not None or _get_ident() != _MAIN_IDENT
                 or len(self.plans) >= _PLANS_MAX):
             return None  # run_plan refuses every plan under a gate: one would only hold a slot
         task = Task(0, self._prefix + sig, self.config.timeout, self.config.rank, self.config.world_size,
                     self._ranks, op, job.recorded, _no_fail, self.config.piece_bytes)
-        return job.engine.plan(task)
+        return job.prepared.plan(task)
 
     def run_plan(self, plan: Any, src: Any, dst: Any, result: Any) -> Any:
         """Run a call that `prepare` planned with these buffers: its result, or NOT_PLANNED when
@@ -332,7 +332,7 @@ class Group:
             return NOT_PLANNED
         if job.before_call is not None:
             job.before_call()
-        engine = job.engine
+        engine = job.prepared  # (a plan comes from it)
         lock = job.lock
         lock.acquire()
         if not engine.claim():
@@ -397,10 +397,10 @@ class Group:
         task = Task(0, sig, config.timeout, config.rank, config.world_size, self._ranks,
                     Op("gate", algorithm, gate=serve), job.recorded,
                     functools.partial(job.failed, config.rank, sig, config.timeout, True), config.piece_bytes)
-        plan = job.engine.plan(task)
+        plan = None if job.prepared is None else job.prepared.plan(task)
         if plan is None:
             return None
-        engine, lock, general = job.engine, job.lock, functools.partial(self._run_gate, sig, None)
+        engine, lock, general = job.prepared, job.lock, functools.partial(self._run_gate, sig, None)
 
         def submit(serve: Any) -> Any:
             if _get_ident() != _MAIN_IDENT:

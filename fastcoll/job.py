@@ -26,7 +26,8 @@ log = logging.getLogger("fastcoll")
 class Job:
     """What every group made from one `init()` shares.
 
-    `engine` is the job's Engine (fastcoll/engine/base.py), None for a world of one; `gate` its
+    `engine` is the job's Engine (fastcoll/engine/base.py), None for a world of one, and
+    `prepared` what it offers beyond Engine (base.Prepared: the native engine), else None; `gate` its
     fence gate, or None; `hosts` each rank's host name, for error messages; `processes` each
     rank's process where it shares this rank's host (diagnosis.this_process), else None."""
 
@@ -34,6 +35,7 @@ class Job:
                  processes: list | None = None):
         self.config = config
         self.engine = engine
+        self.prepared = None if engine is None else engine.prepared
         self.gate = gate
         self.hosts = hosts or []
         self.processes = processes or []
@@ -99,7 +101,7 @@ class Job:
         lost: set[int] = set()
         # (collected even where nobody stopped: reading them also takes in what the peers were
         # still sending, so that their notices get through before this rank's finalize() closes)
-        self.engine.notices(time.monotonic() + diagnosis.window(limit), reports, lost)
+        self.engine.transport.notices(time.monotonic() + diagnosis.window(limit), reports, lost)
         if getattr(error, "moving", False):  # the data still moved: nobody to look for
             explained = CollectiveTimeoutError(
                 f"{error}; no rank stopped answering: data still moved between the ranks when the "

@@ -111,15 +111,16 @@ def test_graph_table_takes_the_names_of_fastcoll_dtypes_and_refuses_others():
     e = _native.Engine(0, 2, 1, 0, 0, threading.main_thread().ident, 0)
     try:
         ring = _native.ALGORITHMS.index("ring")
-        head = ("s0c0/", (0, 1), 0, 10.0, 1 << 16, (0, ring, ring), (0, ring, ring), ("rank 0", "rank 1"))
+        head = dict(prefix="s0c0/", ranks=(0, 1), rank=0, limit=10.0, piece_bytes=1 << 16, all_reduce=(0, ring, ring),
+                    all_gather=(0, ring, ring), labels=("rank 0", "rank 1"))
         for names, ops, says in [(dtypes.names()[:-1], dtypes.OPS, "14 dtype names"),
                                  (dtypes.names(), dtypes.OPS + ("xor",), "5 op names"),
                                  (dtypes.names(), ("sum", "", "min", "max", "mean"), "a bad op name"),
                                  (dtypes.names()[:-1] + ("c" * 40,), dtypes.OPS, "a bad dtype name"),
                                  (dtypes.names()[:-1] + (7,), dtypes.OPS, "a bad dtype name")]:
             with pytest.raises(ValueError, match=says):
-                e.graph_open(*head, names, ops)
-        assert e.graph_open(*head, dtypes.names(), dtypes.OPS) is not None
+                e.runner.graph_open(**head, dtype_names=names, op_names=ops)
+        assert e.runner.graph_open(**head, dtype_names=dtypes.names(), op_names=dtypes.OPS) is not None
     finally:
         e.close(0.0, 0.0)
 

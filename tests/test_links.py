@@ -1,5 +1,5 @@
 """The native engine's links behind one interface (fastcoll/engine/csrc/links/fc_link.h): the kinds a
-build has, Engine.add_link's keywords and its errors, frames across each kind between two engines
+build has, Engine.links.add's keywords and its errors, frames across each kind between two engines
 in this process, and the order NativeEngine.over adds links in."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def test_an_unknown_kind_is_a_value_error_naming_it_and_the_kinds_built():
     e = _engine(0)
     a, b = socket.socketpair()
     with a, b, pytest.raises(ValueError, match=r"no link kind 'pigeon' in this build \(it has tcp, shm"):
-        e.add_link(1, 0, a.fileno(), kind="pigeon")
+        e.links.add(1, 0, a.fileno(), kind="pigeon")
     e.close(0.0, 0.0)
 
 
@@ -48,10 +48,10 @@ def test_a_failed_open_is_a_runtime_error_with_the_kinds_reason_and_leaves_the_s
     a, b = socket.socketpair()
     with a, b:
         with pytest.raises(RuntimeError, match="the shm link to rank 1 could not open: .*needs a segment"):
-            e.add_link(1, 0, a.fileno(), kind="shm")
+            e.links.add(1, 0, a.fileno(), kind="shm")
         os.fstat(a.fileno())  # still open: the caller's to close
         with pytest.raises(ValueError, match="bad peer 0 or channel 0"):
-            e.add_link(0, 0, a.fileno())
+            e.links.add(0, 0, a.fileno())
         os.fstat(a.fileno())
     e.close(0.0, 0.0)
 
@@ -63,11 +63,11 @@ def _pair(kind: str):
     if kind == "shm":
         seg = mmap.mmap(-1, 2 * (RING_CONTROL + CAPACITY))
         far = RING_CONTROL + CAPACITY
-        e0.add_link(1, 0, a.detach(), kind="shm", segment=seg, tx_offset=0, rx_offset=far, capacity=CAPACITY)
-        e1.add_link(0, 0, b.detach(), kind="shm", segment=seg, tx_offset=far, rx_offset=0, capacity=CAPACITY)
+        e0.links.add(1, 0, a.detach(), kind="shm", segment=seg, tx_offset=0, rx_offset=far, capacity=CAPACITY)
+        e1.links.add(0, 0, b.detach(), kind="shm", segment=seg, tx_offset=far, rx_offset=0, capacity=CAPACITY)
         return e0, e1, seg
-    e0.add_link(1, 0, a.detach(), kind="tcp")
-    e1.add_link(0, 0, b.detach())  # (tcp: the default)
+    e0.links.add(1, 0, a.detach(), kind="tcp")
+    e1.links.add(0, 0, b.detach())  # (tcp: the default)
     return e0, e1, None
 
 
@@ -79,16 +79,16 @@ def test_frames_cross_each_kind_whole_and_in_order(kind):
     payloads = [os.urandom(n) for n in (0, 7, 4095, 4096, 100_000, 1 << 20, 33)]
     flushed = []
     for i, p in enumerate(payloads):
-        e0.send(1, 0, i, b"sig", 0, p or None)
-    sender = threading.Thread(target=lambda: flushed.append(e0.flush(10.0)))
+        e0.links.send(1, 0, i, b"sig", 0, p or None)
+    sender = threading.Thread(target=lambda: flushed.append(e0.links.flush(10.0)))
     sender.start()
     try:
         for i, p in enumerate(payloads):
-            kind_, seq, sig, chunk, nbytes = e1.next_header(0, 0, 10.0)
+            kind_, seq, sig, chunk, nbytes = e1.links.next_header(0, 0, 10.0)
             assert (kind_, seq, sig, chunk, nbytes) == (0, i, b"sig", 0, len(p))
             out = bytearray(len(p))
             if p:
-                e1.read_payload(0, 0, out, 10.0)
+                e1.links.read_payload(0, 0, out, 10.0)
             assert bytes(out) == p
     finally:
         sender.join(15)
@@ -100,16 +100,16 @@ def test_frames_cross_each_kind_whole_and_in_order(kind):
 
 
 def test_over_adds_links_in_ascending_peer_and_channel_order(monkeypatch):
-    """A kind whose open waits for the peer's add_link (verbs) needs every rank to add links in
+    """A kind whose open waits for the peer's links.add (verbs) needs every rank to add links in
     one order, or two ranks each wait for the other: over sorts them, whatever order it is given."""
     from fastcoll.engine import native
     added = []
 
     class Engine:  # records the links in the order they come, and fails at the last
-        def __init__(self, *args):
-            pass
+        def __init__(self, **kw):
+            self.links = self
 
-        def add_link(self, peer, channel, fd, **kw):
+        def add(self, peer, channel, fd, **kw):
             added.append((peer, channel, kw.get("kind")))
             if len(added) == 4:
                 raise OSError("enough")

@@ -157,18 +157,18 @@ def test_link_info_says_what_carries_a_link():
     e = _native.Engine(0, 2, 1, 0, 0, threading.main_thread().ident, 0)
     a, b = socket.socketpair()
     try:
-        e.add_link(1, 0, a.fileno())
+        e.links.add(1, 0, a.fileno())
         a.detach()
-        assert e.link_info(1, 0) == ("tcp", "")  # (a verbs link's detail: test_every_collective_is_exact)
+        assert e.links.info(1, 0) == ("tcp", "")  # (a verbs link's detail: test_every_collective_is_exact)
         with pytest.raises(ValueError, match="no link to rank 0 on channel 0"):
-            e.link_info(0, 0)
+            e.links.info(0, 0)
         with pytest.raises(ValueError, match="no link to rank 1 on channel 1"):
-            e.link_info(1, 1)
+            e.links.info(1, 1)
     finally:
         e.close(0.0, 0.0)
         b.close()
     with pytest.raises(RuntimeError, match="closed"):
-        e.link_info(1, 0)
+        e.links.info(1, 0)
 
 
 def leaks(report: str) -> list[str]:

@@ -68,10 +68,11 @@ def test_native_engine_takes_this_hosts_waits(monkeypatch, machine, mine, local_
     made = []
 
     class Engine:  # records the waits the engine was made with, and fails at the first link
-        def __init__(self, rank, size, channels, spin_us, yield_us, main_thread, long_wait_us):
+        def __init__(self, *, rank, size, channels, spin_us, yield_us, main_thread, long_wait_us):
             made.append((yield_us, long_wait_us))
+            self.links = self
 
-        def add_link(self, *args, **kwargs):
+        def add(self, *args, **kwargs):
             raise OSError("no link in this test")
 
         def close(self, *args):

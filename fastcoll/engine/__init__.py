@@ -16,7 +16,8 @@ import warnings
 from typing import Any
 
 from fastcoll import transport
-from fastcoll.engine.base import Engine, Task
+from fastcoll.engine import door
+from fastcoll.engine.base import Engine, Prepared, Task
 from fastcoll.engine.ops import Op
 from fastcoll.engine.python import PythonEngine
 from fastcoll.transport.shm import host_id  # the job's "host" capability: which ranks may share memory
@@ -26,13 +27,15 @@ log = logging.getLogger("fastcoll")
 # FASTCOLL_TRANSPORT values whose connections the native engine can own.
 NATIVE_TRANSPORTS = ("tcp", "rdma")
 
-__all__ = ["Engine", "Op", "Task", "connect", "host_id", "link_kinds", "native_available"]
+__all__ = ["Engine", "Op", "Prepared", "Task", "connect", "host_id", "link_kinds", "native_available"]
 
 
 def native_available() -> str | None:
     """None where the native engine can run here, else why not."""
     try:
         from fastcoll.engine import native
+    except door.SurfaceError as e:  # built from other sources than this fastcoll
+        return str(e)
     except ImportError as e:  # the extension was not built (no compiler at install time)
         return f"its extension, fastcoll.engine._native, was not built at install time (no C compiler then?): {e}"
     return native.unavailable()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from fastcoll.engine.ops import Op
 from fastcoll.errors import FastcollError
@@ -55,15 +55,19 @@ LET_GO_SECONDS = 5.0
 
 
 class Engine(abc.ABC):
-    """The data plane of one job on this rank."""
+    """The data plane of one job on this rank: what both engines implement. What only an engine
+    that prepares calls offers (the native one) is its `prepared` (see Prepared), None here."""
 
     name: str = ""
     # close() has begun: a call it ended fails without an abort notice, since close() says
     # goodbye instead (the peers hear that this rank finalized, not that it failed).
     finalizing: bool = False
-    # The message interface (fastcoll/transport/base.py): what Python schedules and the
-    # diagnosis of a timeout use.
+    # The message interface (fastcoll/transport/base.py): what Python schedules, the diagnosis
+    # of a timeout (notices), an interrupt from another thread and the tests' connections use.
     transport: Transport
+    # Prepared calls, gates served natively, graph tables, result memory; None: every call goes
+    # through enqueue, numpy allocates results, and nothing runs without Python.
+    prepared: "Prepared | None" = None
 
     @abc.abstractmethod
     def enqueue(self, task: Task, async_op: bool) -> Work | None:
@@ -75,73 +79,16 @@ class Engine(abc.ABC):
     def run_inline(self, task: Task) -> Any:
         """Run a task that `enqueue` gave back to this thread; its result, or raise."""
 
-    def plan(self, task: Task) -> Any:
-        """A prepared form of task's call, for calls that repeat it with new buffers of the same
-        sizes (`run_planned`; its `sig` is the call's signature); None where this engine prepares
-        nothing (then every call runs through enqueue)."""
-        return None
-
-    def graph_table(self, prefix: str, ranks: tuple[int, ...], rank: int, limit: float, piece_bytes: int,
-                    all_reduce: tuple[int, str, str], all_gather: tuple[int, str, str],
-                    labels: tuple[str, ...]) -> Any:
-        """A capsule of the table that runs one group's collectives from MLX's evaluation thread
-        without Python (fastcoll/engine/csrc/binding/fc_graph.h), or None where this engine has none. The
-        group (`prefix`, the job's `ranks`, this `rank` in it) must run nothing else: the table
-        numbers its calls. all_reduce, all_gather: select.by_size's rule; labels: each member's
-        name in error messages."""
-        return None
-
-    def claim(self) -> bool:
-        """Take the run lock for this thread if nothing is queued or running (for run_planned;
-        the caller holds the order lock); `release()` gives it back."""
-        raise NotImplementedError
-
-    def release(self) -> None:
-        raise NotImplementedError
-
-    def run_planned(self, plan: Any, seq: int, src: Any, dst: Any) -> None:
-        """Run a planned call as this group's call `seq` with these buffers, on this thread,
-        which holds the run lock; raises the call's FastcollError (the job is not broken yet)."""
-        raise NotImplementedError
-
-    def submit_gate(self, plan: Any, seq: int, serve: Any, task: Task) -> Work:
-        """Queue a gate's host half (`serve`: fastcoll/gate/host/serve.py's Serve) as this group's call
-        `seq`, its exchange prepared by `plan(task)` (the caller holds the order lock). `task`
-        is the template of such calls (any seq): only a failure needs it."""
-        raise NotImplementedError
-
+    @abc.abstractmethod
     def attach_gate(self, gate: Any) -> None:
-        """The job's fence gate, once its mode is fixed: an engine may serve its host half."""
-
-    def result_memory(self, nbytes: int) -> Any:
-        """Writable memory of `nbytes` for a large numpy result, which this engine takes back
-        once no array uses it (so that the next call of that size finds its pages mapped), or
-        None where numpy should allocate."""
-        return None
+        """The job's fence gate, once its mode is fixed: an engine may serve its host half, and
+        stops it at exit (end_at_exit)."""
 
     def abort(self, error: FastcollError) -> None:
         """Tell every peer this rank gave up (the peers raise an error of the same class); not
         while closing (see `finalizing`)."""
         if not self.finalizing:
             self.transport.abort(error)
-
-    def notices(self, deadline: float, reports: dict, lost: set) -> None:
-        """After a timeout: collect the peers' notices of whom they wait for (Transport.notices)."""
-        self.transport.notices(deadline, reports, lost)
-
-    def interrupt(self, why: str) -> None:
-        """From another thread: end the call under way with FastcollError(why) at its next wait."""
-        self.transport.interrupt(why)
-
-    def connections(self) -> list[tuple[int, int, str, Any, Any]]:
-        """Each connection as (peer, channel, kind ("tcp" or "shm"), this end's address, the
-        peer's), for diagnostics and tests."""
-        return self.transport.connections()
-
-    def send_raw(self, peer: int, data: bytes) -> None:
-        """For tests only: write `data` as it is on the connection to `peer` (channel 0), as a
-        misbehaving peer would (a malformed or truncated frame)."""
-        self.transport.send_raw(peer, data)
 
     def describe(self) -> str:
         """What carries the messages and which engine moves them, for Group.transport_info()."""
@@ -158,3 +105,43 @@ class Engine(abc.ABC):
         """End a call that another thread runs on its own thread (it raises, saying the group was
         finalized), run what is queued (for at most `timeout` seconds), tell the peers, release
         everything; never free what a call still uses."""
+
+
+class Prepared(Protocol):
+    """What an engine that prepares calls offers beyond Engine (the native engine, as its
+    `prepared`): callers ask `engine.prepared is not None` once, and take the general way
+    (Engine.enqueue) where it is None."""
+
+    def plan(self, task: Task) -> Any:
+        """A prepared form of task's call, for calls that repeat it with new buffers of the same
+        sizes (`run_planned`; its `sig` is the call's signature); None where this call is not
+        one it prepares (then it runs through enqueue)."""
+
+    def claim(self) -> bool:
+        """Take the run lock for this thread if nothing is queued or running (for run_planned;
+        the caller holds the order lock); `release()` gives it back."""
+
+    def release(self) -> None: ...
+
+    def run_planned(self, plan: Any, seq: int, src: Any, dst: Any) -> None:
+        """Run a planned call as this group's call `seq` with these buffers, on this thread,
+        which holds the run lock; raises the call's FastcollError (the job is not broken yet)."""
+
+    def submit_gate(self, plan: Any, seq: int, serve: Any, task: Task) -> Work:
+        """Queue a gate's host half (`serve`: fastcoll/gate/host/serve.py's Serve) as this group's call
+        `seq`, its exchange prepared by `plan(task)` (the caller holds the order lock). `task`
+        is the template of such calls (any seq): only a failure needs it."""
+
+    def graph_table(self, prefix: str, ranks: tuple[int, ...], rank: int, limit: float, piece_bytes: int,
+                    all_reduce: tuple[int, str, str], all_gather: tuple[int, str, str],
+                    labels: tuple[str, ...]) -> Any:
+        """A capsule of the table that runs one group's collectives from MLX's evaluation thread
+        without Python (fastcoll/engine/csrc/binding/fc_graph.h). The group (`prefix`, the job's
+        `ranks`, this `rank` in it) must run nothing else: the table numbers its calls.
+        all_reduce, all_gather: select.by_size's rule; labels: each member's name in error
+        messages."""
+
+    def result_memory(self, nbytes: int) -> Any:
+        """Writable memory of `nbytes` for a large numpy result, which this engine takes back
+        once no array uses it (so that the next call of that size finds its pages mapped), or
+        None where numpy should allocate (the cache is off)."""

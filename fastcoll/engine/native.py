@@ -11,6 +11,10 @@ failure as the error the pure-Python transport raises (`error_from`).
 Calls whose steps need Python between messages (monitored_barrier, a check after the exchange,
 FASTCOLL_TRACE's phases) run their Python schedule over `NativeTransport`, the message
 interface the pure-Python algorithms use, whose waits are native too.
+
+The extension's surface is fastcoll/engine/door.py's, checked as this module is imported: an
+`_native.Engine` whose `runner` runs and queues collectives (each an `OpSpec`, made once per call
+or plan), whose `links` carry the messages, and whose `gate` serves the fence gate's host half.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import numpy as np
 from fastcoll import dtypes, wire
 from fastcoll.algorithms import select
 from fastcoll.config import AUTO_SPIN_US, for_host
-from fastcoll.engine import _native
+from fastcoll.engine import _native, door
 from fastcoll.engine.base import Engine, Task, finalized_mid_call
 from fastcoll.engine.ops import KINDS, Op
 from fastcoll.engine.python import run_task
@@ -39,6 +43,8 @@ from fastcoll.service import Work
 from fastcoll.transport import rdma, tcp
 from fastcoll.transport.base import LAST_WORD_SECONDS, Transport, abort_error, other_call, other_chunk
 from fastcoll.wire import ABORT, Header
+
+door.check(_native)  # an extension of another surface is an ImportError naming what differs
 
 # The codes of fc_engine.h's enum fc_code, by name.
 _CODES = ("ok", "timeout_wait", "timeout_payload", "timeout_send", "closed", "closed_mid", "conn", "finalized",
@@ -111,12 +117,14 @@ def _remaining(deadline: float | None) -> float:
 
 
 class NativeTransport(Transport):
-    """The message interface (fastcoll/transport/base.py) over the native engine's links."""
+    """The message interface (fastcoll/transport/base.py) over the native engine's links
+    (`native`: an `_native.Engine`; its `links` carry the messages)."""
 
     def __init__(self, native: Any, rank: int, size: int, timeout: float, described: str,
                  connections: list[tuple]):
         super().__init__(rank, size)
-        self._n = native
+        self._engine = native  # (its abort and interrupt reach every link and the call under way)
+        self._n = native.links
         self._timeout = timeout
         self._described = described
         self._connections = connections
@@ -169,11 +177,11 @@ class NativeTransport(Transport):
 
     def _send_abort(self, header: Header) -> None:
         self.last_word_until = time.monotonic() + LAST_WORD_SECONDS
-        self._n.abort(wire.pack(header), LAST_WORD_SECONDS)
+        self._engine.abort(wire.pack(header), LAST_WORD_SECONDS)
 
     def interrupt(self, why: str) -> None:
         super().interrupt(why)
-        self._n.interrupt()
+        self._engine.interrupt()
 
     def send_raw(self, peer: int, data: bytes) -> None:
         self._n.send_raw(peer, bytes(data))
@@ -217,20 +225,25 @@ class NativeWork(Work):
 
 
 class NativeEngine(Engine):
-    """The native data plane of one job on this rank (see the module's docstring)."""
+    """The native data plane of one job on this rank (see the module's docstring). It is its own
+    `prepared` (fastcoll/engine/base.py's Prepared): it plans calls, serves gates, opens graph
+    tables and keeps memory for results."""
 
     name = "native"
 
     def __init__(self, native: Any, transport: NativeTransport, timeout: float, result_cache_bytes: int = 0):
         self._n = native
+        self._runner = native.runner
+        self._gate = native.gate  # (one object: a gate's host half asks whether this serves it)
         self.transport = transport
+        self.prepared = self
         self._timeout = timeout
         self._results = _native.ResultCache(result_cache_bytes) if result_cache_bytes else None
         self._ranks: dict[tuple, bytes] = {}  # a group's ranks, as the int32 array C reads
-        native.set_failure_handler(self._queued_failed)
+        self._runner.on_failure(self._queued_failed)
         # The planned path's run lock, without a Python frame each (a small call's fixed cost).
-        self.claim = native.claim_if_idle
-        self.release = native.release
+        self.claim = self._runner.claim_if_idle
+        self.release = self._runner.release
 
     @classmethod
     def over(cls, config: Any, links: dict[int, list[Any]], local_ranks: int = 1,
@@ -241,30 +254,31 @@ class NativeEngine(Engine):
         FASTCOLL_TIMEOUT from now)."""
         channels = len(next(iter(links.values())))
         config = for_host(config, cpus_per_rank(local_ranks))
-        native = _native.Engine(config.rank, config.world_size, channels, spin_us(config, local_ranks),
-                                config.yield_us, threading.main_thread().ident, config.long_wait_us)
+        native = _native.Engine(rank=config.rank, size=config.world_size, channels=channels,
+                                spin_us=spin_us(config, local_ranks), yield_us=config.yield_us,
+                                main_thread=threading.main_thread().ident, long_wait_us=config.long_wait_us)
         connections = [(p, ch, link.kind) + tcp.ends(link.sock) for p, ls in sorted(links.items())
                        for ch, link in enumerate(ls)]
         try:
             # In ascending (peer, channel) order on every rank: a kind whose open waits for the
-            # peer's matching add_link (verbs exchanges its queue pairs) then never waits in a
+            # peer's matching links.add (verbs exchanges its queue pairs) then never waits in a
             # circle, since the lowest pair still pending is open on both of its ranks.
             deadline = time.monotonic() + config.timeout if deadline is None else deadline
             for p, ls in sorted(links.items()):
                 for ch, link in enumerate(ls):
-                    _add_link(native, config, p, ch, link, deadline)
+                    _add_link(native.links, config, p, ch, link, deadline)
         except BaseException:
             native.close(0.0, 0.0)
             tcp.close_links(links)
             raise
         kinds = [link.kind for ls in links.values() for link in ls]
-        details = [native.link_info(p, ch)[1] for p, ls in sorted(links.items()) for ch, link in enumerate(ls)
+        details = [native.links.info(p, ch)[1] for p, ls in sorted(links.items()) for ch, link in enumerate(ls)
                    if link.kind == "verbs"]  # the link's own words: its device, UC or RC, its MTU
         described = rdma.describe(kinds, details)
         transport = NativeTransport(native, config.rank, config.world_size, config.timeout, described, connections)
         return cls(native, transport, config.timeout, min(config.result_cache_mb, 1 << 30) << 20)
 
-    # ----- the engine interface -----
+    # ----- the engine interface (base.Engine) -----
 
     def attach_gate(self, gate: Any) -> None:
         """Serve the host mode's gates here (fastcoll/engine/csrc/gate/fc_gate.c): the arrival poll,
@@ -273,18 +287,19 @@ class NativeEngine(Engine):
         if host is None:
             return
         page = host.page
-        self._n.attach_gate(page.raw, page.layout, host.next_seq(), host.profiled())
-        host.served_by(self._n)
+        self._gate.attach(page.raw, page.layout, host.next_seq(), host.profiled())
+        host.served_by(self._gate)
+
+    # ----- prepared calls (base.Prepared) -----
 
     def plan(self, task: Task) -> Any:
         op = task.body
         kind = None
-        if type(op) is Op and op.kind == "gate" and op.gate.host.is_served_by(self._n) and task.tracer is None:
+        if type(op) is Op and op.kind == "gate" and op.gate.host.is_served_by(self._gate) and task.tracer is None:
             kind = "all_gather"  # the gate's exchange: every rank's bytes into the receive mailbox
         elif not _runs_natively(task) or op.kind not in _PLANNED or op.bounds is not None:
             return None
-        args = self._arguments(task, kind)  # (kind, algorithm, seq, sig, limit, ..., itemsize, src, dst, root, ...)
-        return _native.Plan(*args[:2], *args[3:12], op.root, self.transport.size, self.transport.rank, task.sig)
+        return self._spec(task, kind)
 
     def graph_table(self, prefix: str, ranks: tuple[int, ...], rank: int, limit: float, piece_bytes: int,
                     all_reduce: tuple[int, str, str], all_gather: tuple[int, str, str],
@@ -292,22 +307,22 @@ class NativeEngine(Engine):
         rules = [(most, _ALGORITHM[small], _ALGORITHM[large]) for most, small, large in (all_reduce, all_gather)]
         try:
             # the signatures name dtypes and ops as the eager path does, from fastcoll.dtypes
-            return self._n.graph_open(prefix, tuple(ranks), rank, limit, piece_bytes, *rules, tuple(labels),
-                                      dtypes.names(), dtypes.OPS)
+            return self._runner.graph_open(prefix=prefix, ranks=tuple(ranks), rank=rank, limit=limit,
+                                           piece_bytes=piece_bytes, all_reduce=rules[0], all_gather=rules[1],
+                                           labels=tuple(labels), dtype_names=dtypes.names(), op_names=dtypes.OPS)
         except _native.NativeError as e:  # closed: finalize() ran
             raise error_from(e.args, self.transport.rank) from None
 
     def run_planned(self, plan: Any, seq: int, src: Any, dst: Any) -> None:
         try:
-            self._n.run_planned(plan, seq, src, dst)
+            self._runner.run(plan, seq, src, dst)
         except _native.NativeError as e:
             raise self._error(e.args, None, seq, plan.sig) from None
 
     def submit_gate(self, plan: Any, seq: int, serve: Any, task: Task) -> Work:
         work = NativeWork(None)
         try:
-            work.completion = self._n.gate_submit_planned(plan, seq, serve.ticket.seq, serve.ticket.nbytes,
-                                                          (task, seq), work)
+            work.completion = self._gate.submit(plan, seq, serve.ticket.seq, serve.ticket.nbytes, (task, seq), work)
         except _native.NativeError as e:  # closed: finalize() began after the group's check
             raise error_from(e.args, self.transport.rank) from None
         return work
@@ -320,20 +335,20 @@ class NativeEngine(Engine):
 
     def _enqueue(self, task: Task, async_op: bool) -> Work | None:
         body = task.body
-        if type(body) is Op and body.kind == "gate" and body.gate.host.is_served_by(self._n):
+        if type(body) is Op and body.kind == "gate" and body.gate.host.is_served_by(self._gate):
             work = NativeWork(None)
             serve = body.gate
-            work.completion = self._n.gate_submit(serve.ticket.seq, serve.ticket.nbytes,
-                                                  *self._arguments(task, "all_gather"), task, work)
+            work.completion = self._gate.submit(self._spec(task, "all_gather"), task.seq, serve.ticket.seq,
+                                                serve.ticket.nbytes, task, work)
             return work
-        if not async_op and self._n.claim_if_idle():
+        if not async_op and self._runner.claim_if_idle():
             return None
         if _runs_natively(task):
-            work = NativeWork(task.body.result)
-            work.completion = self._n.submit(*self._arguments(task), task, work)
+            work = NativeWork(body.result)
+            work.completion = self._runner.submit(self._spec(task), task.seq, body.src, body.dst, task, work)
             return work
         work = Work()
-        self._n.submit_call(functools.partial(self._run_queued_python, task, work))
+        self._runner.submit_call(functools.partial(self._run_queued_python, task, work))
         return work
 
     def run_inline(self, task: Task) -> Any:
@@ -342,7 +357,7 @@ class NativeEngine(Engine):
                 return self._run_native(task)
             return run_task(self.transport, task)
         finally:
-            self._n.release()
+            self._runner.release()
 
     def result_memory(self, nbytes: int) -> Any:
         """A block of fastcoll/engine/csrc/binding/py_results.c's cache: it comes back to the cache when
@@ -365,8 +380,9 @@ class NativeEngine(Engine):
         if err is not None:
             raise err
         started = time.monotonic()
+        op = task.body
         try:
-            self._n.run(*self._arguments(task))
+            self._runner.run(self._spec(task), task.seq, op.src, op.dst)
         except _native.NativeError as e:
             task.fail(self._error(e.args, task), started)
         except BaseException as e:  # a Ctrl-C that a signal handler raised during the wait
@@ -409,9 +425,9 @@ class NativeEngine(Engine):
             return said
         return err
 
-    def _arguments(self, task: Task, kind: str | None = None) -> tuple:
-        """The 18 arguments of _native.Engine.run and submit (py_common.h) for task's Op (as a
-        collective of `kind`, if given)."""
+    def _spec(self, task: Task, kind: str | None = None) -> Any:
+        """The `_native.OpSpec` of task's Op (as a collective of `kind`, if given): everything
+        but the call's sequence number and buffers, which each run or submit gives."""
         op: Op = task.body
         buf = op.src if op.src is not None else op.dst
         itemsize = 1 if buf is None else buf.itemsize
@@ -419,17 +435,19 @@ class NativeEngine(Engine):
         ranks = self._ranks.get(task.ranks)
         if ranks is None:
             ranks = self._ranks[task.ranks] = np.asarray(task.ranks, dtype=np.int32).tobytes()
-        return (_KIND[kind or op.kind], _ALGORITHM[op.algorithm], task.seq, task.sig.encode(), task.limit, task.rank,
-                task.size, ranks, task.piece_bytes, dtype, _REDUCE[op.reduce or "sum"], itemsize, op.src, op.dst,
-                op.root, _bounds(op.bounds), _bounds(op.recv_bounds), op.agree_counts)
+        return self._runner.spec(kind=_KIND[kind or op.kind], algorithm=_ALGORITHM[op.algorithm], sig=task.sig,
+                                 limit=task.limit, rank=task.rank, size=task.size, ranks=ranks,
+                                 piece_bytes=task.piece_bytes, dtype=dtype, itemsize=itemsize,
+                                 reduce=_REDUCE[op.reduce or "sum"], root=op.root, bounds=_bounds(op.bounds),
+                                 recv_bounds=_bounds(op.recv_bounds), agree_counts=op.agree_counts)
 
 
-# The longest a verbs link's set-up may wait for its peer (add_link's bound: a day).
+# The longest a verbs link's set-up may wait for its peer (links.add's bound: a day).
 MAX_SETUP_SECONDS = 86400.0
 
 
-def _add_link(native: Any, config: Any, peer: int, channel: int, link: Any, deadline: float) -> None:
-    """Give `link`'s connection to the native engine as a link of its kind. A verbs link's set-up
+def _add_link(links: Any, config: Any, peer: int, channel: int, link: Any, deadline: float) -> None:
+    """Give `link`'s connection to the native engine (`links`: its `_native.Links`) as a link of its kind. A verbs link's set-up
     waits for the peer's, until `deadline`; one that fails is the error _setup_failed says."""
     options: dict[str, Any] = {"kind": link.kind}
     limit = 0.0
@@ -445,7 +463,7 @@ def _add_link(native: Any, config: Any, peer: int, channel: int, link: Any, dead
                        setup_timeout=limit, same_host=link.same_host)
     started = time.monotonic()
     try:
-        native.add_link(peer, channel, link.sock.fileno(), **options)
+        links.add(peer, channel, link.sock.fileno(), **options)
     except RuntimeError as e:
         if link.kind != "verbs" or isinstance(e, FastcollError):
             raise

@@ -12,7 +12,7 @@ import fastcoll
 
 g = fastcoll.init()
 # (peer, channel, kind, this end's address, the peer's) of every connection
-ends = sorted({(mine if p > g.rank() else theirs)[0] for p, ch, kind, mine, theirs in g._job.engine.connections()})
+ends = sorted({(mine if p > g.rank() else theirs)[0] for p, ch, kind, mine, theirs in g._job.engine.transport.connections()})
 x = np.arange(3_000_000, dtype=np.float32) * (g.rank() + 1)  # 12 MB: the ring, in pieces
 y = fastcoll.all_reduce(x)
 want = np.arange(3_000_000, dtype=np.float32) * sum(range(1, g.size() + 1))

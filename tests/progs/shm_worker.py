@@ -26,7 +26,7 @@ def main() -> None:
             x[:] = want
         y = fastcoll.broadcast(x, root=0)
         check(np.array_equal(y, want), f"broadcast of {nbytes} bytes from an unaligned buffer")
-    kinds = sorted({kind for _, _, kind, _, _ in g._job.engine.connections()})  # "shm" or "tcp"
+    kinds = sorted({kind for _, _, kind, _, _ in g._job.engine.transport.connections()})  # "shm" or "tcp"
     info = g.transport_info()
     fastcoll.finalize()
     print(json.dumps({"rank": g.rank(), "links": kinds, "info": info}))

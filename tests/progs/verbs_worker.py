@@ -10,7 +10,7 @@ collectives' timeout. Cases:
   collectives  every collective over several dtypes and sizes, exact; then the link's description
   fault        all_reduce until one fails: prints "ERROR <type> <message>" and how long it took
   kill         rank 1 kills itself in the second call; rank 0 prints its error as for `fault`
-  open         only the links: "OPENED", or "ERROR <type> <message>" of add_link
+  open         only the links: "OPENED", or "ERROR <type> <message>" of links.add
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ TIMEOUT = float(os.environ.get("VERBS_TIMEOUT", "30"))
 def open_links(native) -> None:
     device = os.environ.get("VERBS_DEVICE", f"fcfab{RANK % 4}")
     for peer in sorted(FDS):  # ascending (peer, channel), as the job's links are added
-        native.add_link(peer, 0, FDS[peer], kind="verbs", device=device, library=os.environ.get("FASTCOLL_VERBS_LIB"),
-                        reliable=os.environ.get("VERBS_RELIABLE") == "1", setup_timeout=float(
-                            os.environ.get("VERBS_SETUP_TIMEOUT", "10")))
+        native.links.add(peer, 0, FDS[peer], kind="verbs", device=device,
+                         library=os.environ.get("FASTCOLL_VERBS_LIB"), reliable=os.environ.get("VERBS_RELIABLE") == "1",
+                         setup_timeout=float(os.environ.get("VERBS_SETUP_TIMEOUT", "10")))
 
 
 def group() -> tuple[Group, object]:
@@ -121,7 +121,7 @@ def collectives() -> None:
     for n in (1, 2_000_000):
         point_to_point(g, n)
     fastcoll.barrier(group=g)
-    info = [native.link_info(p, 0) for p in sorted(FDS)]
+    info = [native.links.info(p, 0) for p in sorted(FDS)]
     nodelay = []
     for fd in FDS.values():  # (the engine's sockets: asked through a duplicate)
         with socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM) as s:

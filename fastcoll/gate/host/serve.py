@@ -56,14 +56,14 @@ class Ticket:
 
 
 class NativeServer(Protocol):
-    """A native engine that serves this host half's gates itself (fastcoll/engine/native.py): it
-    owns the stores of STATUS and RELEASE (sticky, never backwards) and counts what it has not
-    served yet."""
+    """A native engine's gate (its `_native.GateHost`, fastcoll/engine/native.py) that serves this
+    host half's gates itself: it owns the stores of STATUS and RELEASE (sticky, never backwards)
+    and counts what it has not served yet."""
 
-    def gate_release(self, seq: int, status: int) -> None: ...
-    def gate_outstanding(self) -> int: ...
-    def gate_stop(self) -> None: ...
-    def gate_timings(self) -> list[tuple]: ...
+    def release(self, seq: int, status: int) -> None: ...
+    def outstanding(self) -> int: ...
+    def stop(self) -> None: ...
+    def timings(self) -> list[tuple]: ...
 
 
 @dataclass(slots=True)
@@ -151,7 +151,7 @@ class HostHalf:
         if self._error is not None or self._stop.is_set():
             return False
         if not self.direct:
-            return (self._native.gate_outstanding() if self._native is not None else self._outstanding) > 0
+            return (self._native.outstanding() if self._native is not None else self._outstanding) > 0
         with self._lock:
             busy = seq_diff(self._issued, self.completed()) > 0
             self._watching = busy  # a watcher that sees nothing pending stops; issue() wakes it
@@ -193,7 +193,7 @@ class HostHalf:
         """Stop waiting for arrivals and release every issued gate, so no GPU spin is left."""
         self._stop.set()
         if self._native is not None:
-            self._native.gate_stop()
+            self._native.stop()
         with self._lock:
             self._release_locked(self._issued, L.CLOSED)
 
@@ -290,7 +290,7 @@ class HostHalf:
         """Move the native server's per-gate timings into the profile (FASTCOLL_GATE_PROFILE)."""
         if self._native is None or self._profile is None:
             return
-        for seq, arrival, exchange, host, release, iters in self._native.gate_timings():
+        for seq, arrival, exchange, host, release, iters in self._native.timings():
             acked = release >= 0
             self._profile.record(GateTiming(seq, arrival, exchange, host, release if acked else None,
                                             iters if acked else None, "ok"))
@@ -302,7 +302,7 @@ class HostHalf:
         if seq_diff(seq, self._released) < 0:
             seq = self._released
         if self._native is not None:  # it stores them, under the lock its own serving takes
-            self._native.gate_release(seq, self._status)
+            self._native.release(seq, self._status)
             self._released = seq
             return
         self.page.fence()  # the receive mailbox is written before STATUS and RELEASE

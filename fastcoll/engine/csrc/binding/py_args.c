@@ -1,7 +1,8 @@
-/* A collective's arguments from Python, checked before anything runs: every count, bound and
- * rank is held against the buffers it indexes, so no call can make the engine read or write
- * outside them. The call's fixed part (which collective, its signature, its group) is parsed
- * apart from its buffers, so that a Plan can fix it once for calls that repeat (py_plan.c). */
+/* A collective's fields and buffers from Python, checked before anything runs: every count,
+ * bound and rank is held against the buffers it indexes, so no call can make the engine read or
+ * write outside them. The fixed part (an OpSpec's fields: which collective, its signature, its
+ * group) is checked apart from the buffers, once per OpSpec (py_spec.c), since a loop repeats
+ * one OpSpec with new buffers. */
 #include "py_common.h"
 
 #include <stdlib.h>
@@ -17,12 +18,21 @@ static int fail(const char *what)
     return -1;
 }
 
-static long long as_ll(PyObject *arg, int *bad)
+/* An int field of an OpSpec (its default where absent), or -1 with a TypeError naming it. */
+static int int_field(PyObject *const *f, int i, long long dflt, long long *out)
 {
-    long long v = PyLong_AsLongLong(arg);
-    if (v == -1 && PyErr_Occurred())
-        *bad = 1;
-    return v;
+    if (!f[i]) {
+        *out = dflt;
+        return 0;
+    }
+    long long v = PyLong_AsLongLong(f[i]);
+    if (v == -1 && PyErr_Occurred()) {
+        PyErr_Format(PyExc_TypeError, "OpSpec field '%s' must be an int that fits 64 bits, not %.60s",
+                     py_field_names[i], Py_TYPE(f[i])->tp_name);
+        return -1;
+    }
+    *out = v;
+    return 0;
 }
 
 /* A copy of a bytes-like argument (malloc'd: freed without the GIL). */
@@ -33,7 +43,7 @@ static void *copy_of(PyObject *arg, size_t item, size_t want_items, size_t *len)
         return NULL;
     void *copy = NULL;
     if (want_items != SIZE_MAX && (size_t)v.len != want_items * item) {
-        fail("ranks must hold an int32 for every rank of the group");
+        fail("OpSpec field 'ranks' must hold an int32 for every rank of the group");
     } else if (!(copy = malloc(v.len ? (size_t)v.len : 1))) {
         PyErr_NoMemory();
     } else {
@@ -49,45 +59,91 @@ static int check_ranks(py_op *o, int job_size, int job_rank)
 {
     for (int i = 0; i < o->size; i++)
         if (o->ranks[i] < 0 || o->ranks[i] >= job_size || (o->ranks[i] == job_rank) != (i == o->rank))
-            return fail("the group's ranks are not distinct ranks of the job with this one at its rank");
+            return fail("OpSpec field 'ranks': not distinct ranks of the job with this one at 'rank'");
     return 0;
 }
 
-int py_op_fix(py_op *o, PyObject *const *a, int job_size, int job_rank)
+/* The int fields, each range-checked where its value alone can be wrong. */
+static int int_fields(py_op *o, PyObject *const *f)
+{
+    fc_op *op = &o->op;
+    long long v[PF_COUNT];
+    static const int ints[] = {PF_KIND, PF_ALGORITHM, PF_RANK, PF_SIZE, PF_PIECE_BYTES, PF_DTYPE, PF_REDUCE,
+                               PF_ITEMSIZE, PF_ROOT};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        if (int_field(f, ints[i], 0, &v[ints[i]]))
+            return -1;
+    if (v[PF_KIND] < 0 || v[PF_KIND] >= FC_K_COUNT || v[PF_ALGORITHM] < 0 || v[PF_ALGORITHM] >= FC_A_COUNT)
+        return fail("OpSpec field 'kind' or 'algorithm' is not a code of _native.KINDS or ALGORITHMS");
+    if (v[PF_DTYPE] < 0 || v[PF_DTYPE] >= FC_DTYPE_COUNT || v[PF_REDUCE] < 0 || v[PF_REDUCE] >= FC_OP_COUNT)
+        return fail("OpSpec field 'dtype' or 'reduce' is not a code of _native.DTYPES or OPS");
+    if (v[PF_SIZE] < 1 || v[PF_SIZE] > INT32_MAX || v[PF_RANK] < 0 || v[PF_RANK] >= v[PF_SIZE])
+        return fail("OpSpec field 'size' or 'rank' out of range (0 <= rank < size)");
+    if (v[PF_ROOT] < 0 || v[PF_ROOT] >= v[PF_SIZE])
+        return fail("OpSpec field 'root' is not a rank of the group");
+    if (v[PF_PIECE_BYTES] < 1 || v[PF_ITEMSIZE] < 1)
+        return fail("OpSpec field 'piece_bytes' or 'itemsize' is not positive");
+    op->kind = (int)v[PF_KIND];
+    op->algo = (int)v[PF_ALGORITHM];
+    op->dtype = (int)v[PF_DTYPE];
+    op->redop = (int)v[PF_REDUCE];
+    op->root = (int)v[PF_ROOT];
+    op->itemsize = (size_t)v[PF_ITEMSIZE];
+    o->rank = (int)v[PF_RANK];
+    o->size = (int)v[PF_SIZE];
+    o->piece_bytes = (size_t)v[PF_PIECE_BYTES];
+    return 0;
+}
+
+/* The signature (a str, copied as UTF-8) and the group's ranks (int32 for every rank). */
+static int copies(py_op *o, PyObject *const *f)
+{
+    Py_ssize_t len;
+    const char *sig = PyUnicode_Check(f[PF_SIG]) ? PyUnicode_AsUTF8AndSize(f[PF_SIG], &len) : NULL;
+    if (!sig) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "OpSpec field 'sig' must be a str");
+        return -1;
+    }
+    if (!(o->sig = malloc(len ? (size_t)len : 1))) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(o->sig, sig, (size_t)len);
+    o->sig_len = (size_t)len;
+    size_t n;
+    if (!(o->ranks = copy_of(f[PF_RANKS], sizeof(int32_t), (size_t)o->size, &n)))
+        return -1;
+    return 0;
+}
+
+int py_op_fix(py_op *o, PyObject *const *f, int job_size, int job_rank)
 {
     memset(o, 0, sizeof *o);
     fc_op *op = &o->op;
-    int bad = 0;
-    op->kind = (int)as_ll(a[0], &bad);
-    op->algo = (int)as_ll(a[1], &bad);
-    o->seq = as_ll(a[2], &bad);
-    o->limit = PyFloat_AsDouble(a[4]);
-    bad |= o->limit == -1.0 && PyErr_Occurred();
-    o->rank = (int)as_ll(a[5], &bad);
-    o->size = (int)as_ll(a[6], &bad);
-    o->piece_bytes = (size_t)as_ll(a[8], &bad);
-    op->dtype = (int)as_ll(a[9], &bad);
-    op->redop = (int)as_ll(a[10], &bad);
-    op->itemsize = (size_t)as_ll(a[11], &bad);
-    op->root = (int)as_ll(a[12], &bad);
-    if (bad)
+    if (int_fields(o, f))
         return -1;
+    o->limit = PyFloat_AsDouble(f[PF_LIMIT]);
+    if (o->limit == -1.0 && PyErr_Occurred()) {
+        PyErr_Format(PyExc_TypeError, "OpSpec field 'limit' must be a number of seconds");
+        return -1;
+    }
+    int agree = f[PF_AGREE_COUNTS] ? PyObject_IsTrue(f[PF_AGREE_COUNTS]) : 0;
+    if (agree < 0)
+        return -1;
+    op->agree_counts = agree && op->kind == FC_K_ALL_TO_ALL;
     if (!fc_can_run(op->algo, op->kind))
-        return fail("no native algorithm runs this collective");
-    if (o->size < 1 || o->size > job_size || o->rank < 0 || o->rank >= o->size || o->piece_bytes < 1)
-        return fail("rank, size or piece size out of range");
-    if (op->dtype < 0 || op->dtype >= FC_DTYPE_COUNT || op->itemsize != fc_itemsize(op->dtype))
-        return fail("unknown dtype, or an item size that is not the dtype's");
+        return fail("OpSpec field 'algorithm' names no native schedule of this 'kind'");
+    if (o->size > job_size)
+        return fail("OpSpec field 'size' is larger than the job");
+    if (op->itemsize != fc_itemsize(op->dtype))
+        return fail("OpSpec field 'itemsize' is not the size of its 'dtype'");
     int reducing = op->kind == FC_K_ALL_REDUCE || op->kind == FC_K_REDUCE_SCATTER || op->kind == FC_K_REDUCE;
     if (reducing && !fc_reduction_valid(op->dtype, op->redop))
-        return fail("this reduction does not apply to this dtype");
-    if (op->root < 0 || op->root >= o->size)
-        return fail("root or peer is not a rank of the group");
+        return fail("OpSpec field 'reduce' does not apply to its 'dtype'");
     if ((op->kind == FC_K_SEND || op->kind == FC_K_RECV) && op->root == o->rank)
-        return fail("a message to or from this rank itself");
-    size_t n;
-    if (!(o->sig = copy_of(a[3], 1, SIZE_MAX, &o->sig_len)) ||
-        !(o->ranks = copy_of(a[7], sizeof(int32_t), (size_t)o->size, &n)))
+        return fail("OpSpec field 'root' names this rank itself as a message's peer");
+    if (copies(o, f))
         return -1;
     return check_ranks(o, job_size, job_rank);
 }
@@ -202,18 +258,6 @@ int py_op_bind_into(py_op *o, uint8_t *dst, size_t nbytes)
     o->op.dst = dst;
     o->op.dst_count = nbytes / o->op.itemsize;
     return check_kind(o, Py_None, Py_None);
-}
-
-int py_op_parse(py_op *o, PyObject *const *a, int job_size, int job_rank)
-{
-    PyObject *fixed[13] = {a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[14]};
-    if (py_op_fix(o, fixed, job_size, job_rank))
-        return -1;
-    int agree = PyObject_IsTrue(a[17]);
-    if (agree < 0)
-        return -1;
-    o->op.agree_counts = agree && o->op.kind == FC_K_ALL_TO_ALL;
-    return py_op_bind(o, a[12], a[13], a[15], a[16]);
 }
 
 void py_op_unbind(py_op *o)

@@ -1,14 +1,24 @@
 /* The Python side of the native engine: what the binding files share.
  *
+ * The door: what Python sees is fastcoll/engine/door.py's PUBLIC_API, which native.py checks
+ * against this module at import. An Engine (one rank's data plane) offers three small objects
+ * over the one EngineObject below, each of few methods: its `runner` (collectives: an OpSpec
+ * made once per call or plan, then run or queued with the call's own sequence number and
+ * buffers; the graph table), its `links` (adding links, and the messages the pure-Python
+ * schedules send over them) and its `gate` (the fence gate's host half). Every call takes an
+ * OpSpec or keywords, or a few values of its own call (a sequence number, buffers, the task).
+ *
  *   py_module.c   the module: its types, NativeError, the codes, reduce() and finish_mean()
- *   py_engine.c   the Engine type: set up, inline runs, queued calls
- *   py_links.c    the Engine's links: add_link, link_info, the module's link_kinds()
- *   py_messages.c the Engine's message calls (the pure-Python schedules over native links)
- *   py_gate.c     the Engine's gate calls: the control page, releases, the profile, submits
+ *   py_engine.c   the Engine type: set up, abort, interrupt; its three objects (py_facet)
+ *   py_runner.c   the Runner: the run lock, inline runs, queued calls, the graph table
+ *   py_spec.c     the OpSpec type: a call's fixed part by name, checked once; its binding
+ *   py_args.c     an OpSpec's fields and a call's buffers from Python, checked, as an fc_op
+ *   py_links.c    the Links: add, info, and the module's link_kinds()
+ *   py_messages.c the Links' message calls (the pure-Python schedules over native links)
+ *   py_gate.c     the GateHost: the control page, releases, the profile, submits
  *   py_close.c    the Engine's end: the last words after an abort, close() (finalize())
  *   py_items.c    what the service thread runs: queued calls, Python functions, gates, the
  *                 last words; completions; the references released later with the GIL
- *   py_args.c     a collective's arguments from Python, checked, as an fc_op
  *   py_graph.c    the graph table: collectives MLX's evaluation thread calls without Python
  *   py_graph_names.c  the graph table's signatures, in the user's terms (fastcoll.dtypes' names)
  *   py_results.c  the ResultCache type: memory for large results, kept between calls
@@ -83,20 +93,24 @@ typedef struct py_op {
     int64_t *even[2]; /* bounds computed here (None from Python: even blocks) */
 } py_op;
 
-#define PY_OP_ARGS 18
+/* An OpSpec's fields (Runner.spec's keywords), in this order; the first PF_REQUIRED must be
+ * given, the others default to 0, None or False. */
+enum py_field {
+    PF_KIND, PF_ALGORITHM, PF_SIG, PF_LIMIT, PF_RANK, PF_SIZE, PF_RANKS, PF_PIECE_BYTES, PF_DTYPE, PF_ITEMSIZE,
+    PF_REDUCE, PF_ROOT, PF_BOUNDS, PF_RECV_BOUNDS, PF_AGREE_COUNTS, PF_COUNT
+};
+#define PF_REQUIRED PF_REDUCE
+extern const char *const py_field_names[PF_COUNT];
 
-/* The 13 fixed arguments (kind, algorithm, seq, sig, limit, rank, size, ranks, piece_bytes,
- * dtype, reduce, itemsize, root); 0, or -1 with a Python error. */
-int py_op_fix(py_op *o, PyObject *const *args, int job_size, int job_rank);
+/* Fix o's fixed part from the fields (f[PF_*], NULL where absent), each checked, with an error
+ * that names the field; 0, or -1 with a Python error (release o either way). */
+int py_op_fix(py_op *o, PyObject *const *f, int job_size, int job_rank);
 /* The buffers (src, dst: a buffer or None; bounds, recv_bounds: int64 pairs, or None for even
  * blocks), checked against the fixed part; 0, or -1 with a Python error. */
 int py_op_bind(py_op *o, PyObject *src, PyObject *dst, PyObject *bounds, PyObject *recv_bounds);
-/* All PY_OP_ARGS arguments (kind, algorithm, seq, sig, limit, rank, size, ranks, piece_bytes,
- * dtype, reduce, itemsize, src, dst, root, bounds, recv_bounds, agree_counts). */
 /* Bind the engine's own memory (a gate's receive mailbox) as the destination, no source, even
  * bounds; 0, or -1 with a Python error. */
 int py_op_bind_into(py_op *o, uint8_t *dst, size_t nbytes);
-int py_op_parse(py_op *o, PyObject *const *args, int job_size, int job_rank);
 /* Release the buffers (holds the GIL); py_op_release also frees the fixed part. */
 void py_op_unbind(py_op *o);
 void py_op_release(py_op *o);
@@ -111,30 +125,46 @@ PyObject *py_raise(const fc_err *err);
 
 extern PyObject *py_native_error;
 extern PyTypeObject py_engine_type;
+extern PyTypeObject py_runner_type;
+extern PyTypeObject py_links_type;
+extern PyTypeObject py_gate_type;
+extern PyTypeObject py_spec_type;
 extern PyTypeObject py_completion_type;
-extern PyTypeObject py_plan_type;
 extern PyTypeObject py_result_cache_type;
+
+/* One of an Engine's three objects (its runner, links or gate): a view that keeps the
+ * EngineObject alive; its methods reach the engine through FACET(self). */
+typedef struct {
+    PyObject_HEAD
+    EngineObject *engine;
+} py_facet;
+#define FACET(o) (((py_facet *)(o))->engine)
+void py_facet_dealloc(PyObject *self);
 
 /* py_results.c: ready its types (0, or -1 with a Python error). */
 int py_results_ready(void);
 
-/* py_plan.c: a Plan fixes a call's fixed part once, for calls that repeat with new buffers. */
-PyObject *py_run_planned(EngineObject *self, PyObject *const *args, Py_ssize_t nargs);
-/* The plan's fixed part (borrowed: valid while the plan lives), or NULL with a Python error. */
-const py_op *py_plan_fixed(PyObject *plan, const fc_engine *e);
+/* py_spec.c: Runner.spec(**fields) -> an OpSpec for this engine's job. */
+PyObject *py_spec_new(EngineObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+/* o = the OpSpec `spec` as call `seq` (sharing its signature and ranks: py_op_unbind, never
+ * py_op_release, ends it), bound to src and dst (py_spec_bind) or to the engine's own memory
+ * (py_spec_bind_into, dst != NULL); 0, or -1 with a Python error and nothing held. */
+int py_spec_bind(PyObject *spec, const fc_engine *e, PyObject *seq, PyObject *src, PyObject *dst, py_op *o);
+int py_spec_bind_into(PyObject *spec, const fc_engine *e, long long seq, uint8_t *dst, size_t nbytes, py_op *o);
 
-/* py_items.c */
+/* py_items.c: queue an OpSpec's call (submit: seq, src, dst), a gate (GateHost.submit: call_seq,
+ * gate_seq, nbytes, its exchange the spec's all_gather into the receive mailbox) or a Python
+ * function; each returns a Completion. task and work are what on_failure gets. */
 PyObject *py_completion_new(fc_done *d);
 PyObject *py_submit_op(EngineObject *self, PyObject *const *args, Py_ssize_t nargs);
-PyObject *py_submit_call(EngineObject *self, PyObject *fn);
 PyObject *py_submit_gate(EngineObject *self, PyObject *const *args, Py_ssize_t nargs);
-PyObject *py_submit_planned_gate(EngineObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *py_submit_call(EngineObject *self, PyObject *fn);
 
-/* py_graph.c: graph_open(prefix, ranks, rank, limit, piece_bytes, (small_max, small_algo,
- * large_algo) for all_reduce, the same for all_gather, labels, dtype names, op names) -> a
- * capsule of fc_graph_api; close refuses later calls (after the one under way); free at the
- * engine's end. */
-PyObject *py_graph_open(EngineObject *self, PyObject *args);
+/* py_graph.c: graph_open(*, prefix, ranks, rank, limit, piece_bytes, all_reduce=(small_max,
+ * small_algo, large_algo), all_gather=(the same), labels, dtype_names, op_names) -> a capsule
+ * of fc_graph_api; close refuses later calls (after the one under way); free at the engine's
+ * end. */
+PyObject *py_graph_open(EngineObject *self, PyObject *args, PyObject *kw);
 void py_graph_close(EngineObject *self);
 void py_graph_free(EngineObject *self);
 
@@ -173,20 +203,13 @@ void py_graph_sig_all_gather(const py_graph_names *n, char *out, size_t size, co
  * was never set up; NativeError(FC_E_SHUT), "this group was finalized", once closed). */
 int py_usable(EngineObject *self);
 
-/* py_messages.c and py_gate.c: the Engine's methods (see each). */
-PyObject *py_send(EngineObject *self, PyObject *args);
-PyObject *py_send_raw(EngineObject *self, PyObject *args);
-PyObject *py_flush(EngineObject *self, PyObject *arg);
-PyObject *py_next_header(EngineObject *self, PyObject *args);
-PyObject *py_read_payload(EngineObject *self, PyObject *args);
-PyObject *py_keep_unread(EngineObject *self, PyObject *args);
-PyObject *py_attach_gate(EngineObject *self, PyObject *args);
-PyObject *py_gate_release(EngineObject *self, PyObject *args);
-PyObject *py_gate_outstanding(EngineObject *self, PyObject *unused);
-PyObject *py_gate_stop(EngineObject *self, PyObject *unused);
-PyObject *py_gate_timings(EngineObject *self, PyObject *unused);
-PyObject *py_gate_submit(EngineObject *self, PyObject *const *args, Py_ssize_t nargs);
-PyObject *py_gate_submit_planned(EngineObject *self, PyObject *const *args, Py_ssize_t nargs);
+/* py_messages.c: the Links' message calls (see each). */
+PyObject *py_send(PyObject *links, PyObject *args);
+PyObject *py_send_raw(PyObject *links, PyObject *args);
+PyObject *py_flush(PyObject *links, PyObject *arg);
+PyObject *py_next_header(PyObject *links, PyObject *args);
+PyObject *py_read_payload(PyObject *links, PyObject *args);
+PyObject *py_keep_unread(PyObject *links, PyObject *args);
 
 /* py_close.c: the Engine's abort(frame, seconds) and close(flush_seconds, linger_seconds);
  * py_engine_end frees everything as the object goes. */
@@ -194,10 +217,8 @@ PyObject *py_engine_abort(EngineObject *self, PyObject *args);
 PyObject *py_engine_close(EngineObject *self, PyObject *args);
 void py_engine_end(EngineObject *self);
 
-/* py_links.c: Engine.add_link (keywords; see there), Engine.link_info and the module's link_kinds(). */
-PyObject *py_add_link(EngineObject *self, PyObject *args, PyObject *kw);
+/* py_links.c: the module's link_kinds(). */
 PyObject *py_link_kinds(PyObject *module, PyObject *unused);
-PyObject *py_link_info(EngineObject *self, PyObject *args);
 
 /* Release the Python references of finished items (holds the GIL). */
 void py_reap(EngineObject *self);

@@ -1,5 +1,6 @@
-/* The Engine's half of the fence gate's host mode: the control page attached, releases, the
- * profile's records, gates queued for the service thread (fc_gate.c does the work). */
+/* The GateHost: an Engine's half of the fence gate's host mode (Engine.gate): the control page
+ * attached, releases, the profile's records, gates queued for the service thread (fc_gate.c
+ * does the work). */
 #include "py_common.h"
 
 #include <limits.h>
@@ -47,10 +48,11 @@ static int layout_of(PyObject *layout, Py_ssize_t len, fc_gate_layout *l)
     return 0;
 }
 
-/* attach_gate(page, layout, start_seq, profile): the control page (a writable buffer) and its
+/* attach(page, layout, start_seq, profile): the control page (a writable buffer) and its
  * layout (fastcoll/gate/protocol/layout.py's ControlLayout). */
-PyObject *py_attach_gate(EngineObject *self, PyObject *args)
+static PyObject *attach(PyObject *gate, PyObject *args)
 {
+    EngineObject *self = FACET(gate);
     fc_gate_layout l;
     unsigned int start;
     int profile;
@@ -86,9 +88,10 @@ static int gated(EngineObject *self)
     return py_usable(self);
 }
 
-/* gate_release(seq, status): store STATUS then RELEASE (sticky, never backwards). */
-PyObject *py_gate_release(EngineObject *self, PyObject *args)
+/* release(seq, status): store STATUS then RELEASE (sticky, never backwards). */
+static PyObject *release(PyObject *gate, PyObject *args)
 {
+    EngineObject *self = FACET(gate);
     unsigned int seq, status;
     if (!PyArg_ParseTuple(args, "II", &seq, &status) || !gated(self))
         return NULL;
@@ -96,24 +99,27 @@ PyObject *py_gate_release(EngineObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-PyObject *py_gate_outstanding(EngineObject *self, PyObject *unused)
+static PyObject *outstanding(PyObject *gate, PyObject *unused)
 {
     (void)unused;
+    EngineObject *self = FACET(gate);
     return PyLong_FromLong(self->gated ? atomic_load(&self->gate.outstanding) : 0);
 }
 
-PyObject *py_gate_stop(EngineObject *self, PyObject *unused)
+static PyObject *stop(PyObject *gate, PyObject *unused)
 {
     (void)unused;
+    EngineObject *self = FACET(gate);
     if (self->gated)
         atomic_store(&self->gate.stop, 1);
     Py_RETURN_NONE;
 }
 
-/* gate_timings() -> [(seq, arrival_us, exchange_us, host_us, release_us, spin_iters), ...] */
-PyObject *py_gate_timings(EngineObject *self, PyObject *unused)
+/* timings() -> [(seq, arrival_us, exchange_us, host_us, release_us, spin_iters), ...] */
+static PyObject *timings(PyObject *gate, PyObject *unused)
 {
     (void)unused;
+    EngineObject *self = FACET(gate);
     if (!gated(self))
         return NULL;
     PyObject *list = PyList_New(0);
@@ -134,12 +140,29 @@ PyObject *py_gate_timings(EngineObject *self, PyObject *unused)
     return list;
 }
 
-PyObject *py_gate_submit(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *submit(PyObject *gate, PyObject *const *args, Py_ssize_t nargs)
 {
+    EngineObject *self = FACET(gate);
     return gated(self) ? py_submit_gate(self, args, nargs) : NULL;
 }
 
-PyObject *py_gate_submit_planned(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    return gated(self) ? py_submit_planned_gate(self, args, nargs) : NULL;
-}
+static PyMethodDef gate_methods[] = {
+    {"attach", attach, METH_VARARGS, "the gate's control page and layout"},
+    {"release", release, METH_VARARGS, "release(seq, status)"},
+    {"stop", stop, METH_NOARGS, "stop waiting for arrivals"},
+    {"outstanding", outstanding, METH_NOARGS, "gates queued and not yet served"},
+    {"timings", timings, METH_NOARGS, "the profile's new records"},
+    {"submit", (PyCFunction)(void (*)(void))submit, METH_FASTCALL,
+     "submit(spec, call_seq, gate_seq, nbytes, task, work) -> Completion: a gate, its exchange the spec's"},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject py_gate_type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "fastcoll.engine._native.GateHost",
+    .tp_basicsize = sizeof(py_facet),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "An Engine's half of the fence gate's host mode (Engine.gate).",
+    .tp_dealloc = py_facet_dealloc,
+    .tp_methods = gate_methods,
+};

@@ -287,17 +287,24 @@ static void capsule_free(PyObject *capsule)
         Py_DECREF(g->owner);
 }
 
-/* Fill g from (prefix, ranks, rank, limit, piece_bytes, all_reduce (small_max, small_algo,
- * large_algo), all_gather (the same), labels, dtype names, op names); 0, or -1 with a Python
- * error. */
-static int graph_fill(py_graph *g, PyObject *args, int job_size)
+/* Fill g from the keywords prefix, ranks, rank, limit, piece_bytes, all_reduce (small_max,
+ * small_algo, large_algo), all_gather (the same), labels, dtype_names, op_names; 0, or -1 with a
+ * Python error. */
+static int graph_fill(py_graph *g, PyObject *args, PyObject *kw, int job_size)
 {
+    static char *kwlist[] = {"prefix", "ranks", "rank", "limit", "piece_bytes", "all_reduce", "all_gather",
+                             "labels", "dtype_names", "op_names", NULL};
     const char *prefix;
     PyObject *ranks, *labels, *dtypes, *ops;
     long long sm[G_KINDS];
-    if (!PyArg_ParseTuple(args, "sO!idn(Lii)(Lii)O!OO", &prefix, &PyTuple_Type, &ranks, &g->rank, &g->limit,
-                          &g->piece_bytes, &sm[0], &g->small_algo[0], &g->large_algo[0], &sm[1],
-                          &g->small_algo[1], &g->large_algo[1], &PyTuple_Type, &labels, &dtypes, &ops) ||
+    if (PyTuple_GET_SIZE(args)) {
+        PyErr_SetString(PyExc_TypeError, "graph_open takes keywords only");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO!idn(Lii)(Lii)O!OO", kwlist, &prefix, &PyTuple_Type, &ranks,
+                                     &g->rank, &g->limit, &g->piece_bytes, &sm[0], &g->small_algo[0],
+                                     &g->large_algo[0], &sm[1], &g->small_algo[1], &g->large_algo[1],
+                                     &PyTuple_Type, &labels, &dtypes, &ops) ||
         py_graph_names_take(&g->names, dtypes, ops))
         return -1;
     g->size = (int)PyTuple_GET_SIZE(ranks);
@@ -335,7 +342,7 @@ static int graph_fill(py_graph *g, PyObject *args, int job_size)
     return 0;
 }
 
-PyObject *py_graph_open(EngineObject *self, PyObject *args)
+PyObject *py_graph_open(EngineObject *self, PyObject *args, PyObject *kw)
 {
     if (self->graph) {
         PyErr_SetString(PyExc_RuntimeError, "an engine opens its graph table once");
@@ -348,7 +355,7 @@ PyObject *py_graph_open(EngineObject *self, PyObject *args)
         free(g);
         return PyErr_NoMemory();
     }
-    if (graph_fill(g, args, self->engine.size)) {
+    if (graph_fill(g, args, kw, self->engine.size)) {
         graph_free(g);
         return NULL;
     }

@@ -13,8 +13,7 @@ struct py_item {
     fc_item base;
     EngineObject *owner;
     int type;
-    int has_op;
-    int borrowed; /* op's signature and ranks are a Plan's (held in fn), not its own */
+    int has_op; /* op's signature and ranks are an OpSpec's (held in fn), its buffers its own */
     py_op op;
     uint32_t gate_seq;
     size_t gate_nbytes;
@@ -113,10 +112,8 @@ PyTypeObject py_completion_type = {
 /* Free an item that holds no GIL-free state any more (holds the GIL). */
 static void free_item(py_item *it)
 {
-    if (it->has_op && it->borrowed)
+    if (it->has_op)
         py_op_unbind(&it->op);
-    else if (it->has_op)
-        py_op_release(&it->op);
     Py_XDECREF(it->fn);
     Py_XDECREF(it->task);
     Py_XDECREF(it->work);
@@ -254,30 +251,26 @@ static PyObject *queue(EngineObject *self, py_item *it)
     return completion;
 }
 
-static py_item *op_item(EngineObject *self, int type, PyObject *const *args, PyObject *task, PyObject *work)
+/* submit(spec, seq, src, dst, task, work): the item borrows the OpSpec's fixed part (it holds
+ * the spec) and holds the buffers until it has run. */
+PyObject *py_submit_op(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    py_item *it = new_item(self, type);
+    if (nargs != 6)
+        return PyErr_Format(PyExc_TypeError, "submit(spec, seq, src, dst, task, work)");
+    py_reap(self);
+    py_item *it = new_item(self, ITEM_OP);
     if (!it)
         return NULL;
-    it->has_op = 1;
-    if (py_op_parse(&it->op, args, self->engine.size, self->engine.rank)) {
-        py_op_release(&it->op);
+    if (py_spec_bind(args[0], &self->engine, args[1], args[2], args[3], &it->op)) {
         fc_done_unref(it->done);
         free(it);
         return NULL;
     }
-    it->task = Py_NewRef(task);
-    it->work = Py_NewRef(work);
-    return it;
-}
-
-PyObject *py_submit_op(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != PY_OP_ARGS + 2)
-        return PyErr_Format(PyExc_TypeError, "submit takes %d arguments", PY_OP_ARGS + 2);
-    py_reap(self);
-    py_item *it = op_item(self, ITEM_OP, args, args[PY_OP_ARGS], args[PY_OP_ARGS + 1]);
-    return it ? queue(self, it) : NULL;
+    it->has_op = 1;
+    it->fn = Py_NewRef(args[0]); /* keeps the signature and ranks alive */
+    it->task = Py_NewRef(args[4]);
+    it->work = Py_NewRef(args[5]);
+    return queue(self, it);
 }
 
 /* Check a gate item's exchange (it must gather nbytes from every rank into the receive mailbox)
@@ -299,30 +292,16 @@ static PyObject *queue_gate(EngineObject *self, py_item *it, unsigned long seq, 
     return queue(self, it);
 }
 
+/* gate.submit(spec, call_seq, gate_seq, nbytes, task, work): the spec's exchange (an all_gather
+ * of bytes) into the receive mailbox, bound here, once the GPU has arrived at gate_seq. */
 PyObject *py_submit_gate(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != PY_OP_ARGS + 4)
-        return PyErr_Format(PyExc_TypeError, "gate_submit takes %d arguments", PY_OP_ARGS + 4);
-    unsigned long seq = PyLong_AsUnsignedLong(args[0]);
-    Py_ssize_t nbytes = PyLong_AsSsize_t(args[1]);
-    if (PyErr_Occurred())
-        return NULL;
-    py_reap(self);
-    py_item *it = op_item(self, ITEM_GATE, args + 2, args[PY_OP_ARGS + 2], args[PY_OP_ARGS + 3]);
-    return it ? queue_gate(self, it, seq, nbytes) : NULL;
-}
-
-/* gate_submit_planned(plan, call_seq, gate_seq, nbytes, task, work): gate_submit with the
- * exchange's fixed part from a Plan (an all_gather of bytes) and the receive mailbox bound here. */
-PyObject *py_submit_planned_gate(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
     if (nargs != 6)
-        return PyErr_Format(PyExc_TypeError, "gate_submit_planned(plan, call_seq, gate_seq, nbytes, task, work)");
-    const py_op *fixed = py_plan_fixed(args[0], &self->engine);
+        return PyErr_Format(PyExc_TypeError, "submit(spec, call_seq, gate_seq, nbytes, task, work)");
     long long call_seq = PyLong_AsLongLong(args[1]);
     unsigned long seq = PyLong_AsUnsignedLong(args[2]);
     Py_ssize_t nbytes = PyLong_AsSsize_t(args[3]);
-    if (!fixed || PyErr_Occurred())
+    if (PyErr_Occurred())
         return NULL;
     if (nbytes < 0 || (size_t)nbytes > self->gate.l.mailbox_bytes)
         return PyErr_Format(PyExc_ValueError, "a gate of %zd bytes does not fit its mailbox", nbytes);
@@ -330,19 +309,17 @@ PyObject *py_submit_planned_gate(EngineObject *self, PyObject *const *args, Py_s
     py_item *it = new_item(self, ITEM_GATE);
     if (!it)
         return NULL;
-    it->op = *fixed;
-    it->op.seq = call_seq;
-    it->op.held = 0;
-    it->op.even[0] = it->op.even[1] = NULL;
-    it->has_op = it->borrowed = 1;
+    uint8_t *recv = (uint8_t *)self->page.buf + self->gate.l.recv_offset;
+    if (py_spec_bind_into(args[0], &self->engine, call_seq, recv, (size_t)self->gate.l.ranks * (size_t)nbytes,
+                          &it->op)) {
+        fc_done_unref(it->done);
+        free(it);
+        return NULL;
+    }
+    it->has_op = 1;
     it->fn = Py_NewRef(args[0]); /* keeps the signature and ranks alive */
     it->task = Py_NewRef(args[4]);
     it->work = Py_NewRef(args[5]);
-    uint8_t *recv = (uint8_t *)self->page.buf + self->gate.l.recv_offset;
-    if (py_op_bind_into(&it->op, recv, (size_t)self->gate.l.ranks * (size_t)nbytes)) {
-        free_item(it);
-        return NULL;
-    }
     return queue_gate(self, it, seq, nbytes);
 }
 

@@ -1,4 +1,6 @@
-/* Links handed over from Python (Engine.add_link) and the kinds this build has (link_kinds()). */
+/* The Links: an Engine's links, handed over from Python (add), what carries each (info), and the
+ * message calls of the pure-Python schedules (py_messages.c); the kinds this build has
+ * (the module's link_kinds()). */
 #include "py_common.h"
 
 #include <string.h>
@@ -90,12 +92,13 @@ static PyObject *open_link(EngineObject *self, int peer, int ch, const fc_link_k
     Py_RETURN_NONE;
 }
 
-/* add_link(peer, channel, fd, *, kind="tcp", segment=None, tx_offset=0, rx_offset=0, capacity=0,
+/* add(peer, channel, fd, *, kind="tcp", segment=None, tx_offset=0, rx_offset=0, capacity=0,
  * device=None, library=None, reliable=False, setup_timeout=10.0, same_host=False): the engine
  * takes the connected socket fd (not on failure); shared memory's `segment` is the mapping that
  * holds both rings; a verbs link's `same_host` says its peer runs on this machine. */
-PyObject *py_add_link(EngineObject *self, PyObject *args, PyObject *kw)
+static PyObject *add(PyObject *links, PyObject *args, PyObject *kw)
 {
+    EngineObject *self = FACET(links);
     static char *kwlist[] = {"peer", "channel", "fd", "kind", "segment", "tx_offset", "rx_offset", "capacity",
                              "device", "library", "reliable", "setup_timeout", "same_host", NULL};
     int peer, ch, reliable = 0, same_host = 0;
@@ -124,11 +127,12 @@ PyObject *py_add_link(EngineObject *self, PyObject *args, PyObject *kw)
     return open_link(self, peer, ch, kind, &p);
 }
 
-/* link_info(peer, channel) -> (kind, detail): what carries the link to `peer` on `channel`, for
+/* info(peer, channel) -> (kind, detail): what carries the link to `peer` on `channel`, for
  * transport_info() (detail: the kind's own words, e.g. "mlx5_0, UC, MTU 1024"; "" where its name
  * says it all). */
-PyObject *py_link_info(EngineObject *self, PyObject *args)
+static PyObject *info(PyObject *links, PyObject *args)
 {
+    EngineObject *self = FACET(links);
     int peer, ch;
     if (!PyArg_ParseTuple(args, "ii", &peer, &ch))
         return NULL;
@@ -145,3 +149,28 @@ PyObject *py_link_info(EngineObject *self, PyObject *args)
         l->kind->describe(l, detail, sizeof detail);
     return Py_BuildValue("(ss)", l->kind->name, detail);
 }
+
+static PyMethodDef links_methods[] = {
+    {"add", (PyCFunction)(void (*)(void))add, METH_VARARGS | METH_KEYWORDS,
+     "add(peer, channel, fd, *, kind='tcp', segment=None, tx_offset=0, rx_offset=0, capacity=0, device=None, "
+     "library=None, reliable=False, setup_timeout=10.0, same_host=False)"},
+    {"info", info, METH_VARARGS,
+     "info(peer, channel) -> (kind, detail): what carries that link (detail: e.g. 'mlx5_0, UC, MTU 1024')"},
+    {"send", py_send, METH_VARARGS, "send(peer, kind, seq, sig, chunk, payload)"},
+    {"send_raw", py_send_raw, METH_VARARGS, "send_raw(peer, data): for tests, bytes as they are"},
+    {"flush", py_flush, METH_O, "flush(seconds)"},
+    {"next_header", py_next_header, METH_VARARGS, "next_header(peer, chunk, seconds)"},
+    {"read_payload", py_read_payload, METH_VARARGS, "read_payload(peer, chunk, out, seconds)"},
+    {"keep_unread", py_keep_unread, METH_VARARGS, "keep_unread(peer, chunk)"},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject py_links_type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "fastcoll.engine._native.Links",
+    .tp_basicsize = sizeof(py_facet),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "An Engine's links and the messages over them (Engine.links).",
+    .tp_dealloc = py_facet_dealloc,
+    .tp_methods = links_methods,
+};

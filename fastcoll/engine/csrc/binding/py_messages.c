@@ -1,4 +1,4 @@
-/* The Engine's message calls, which fastcoll/engine/native.py's NativeTransport makes for the
+/* The Links' message calls, which fastcoll/engine/native.py's NativeTransport makes for the
  * Python schedules that run over the native links: send, flush, the next header, its payload. */
 #include "py_common.h"
 
@@ -13,8 +13,9 @@ static int peer_ok(EngineObject *self, int peer, long long chunk)
 
 /* send(peer, kind, seq, sig, chunk, payload): queue a frame; the payload (a buffer, or None)
  * must stay alive and unchanged until flush() returns. */
-PyObject *py_send(EngineObject *self, PyObject *args)
+PyObject *py_send(PyObject *links, PyObject *args)
 {
+    EngineObject *self = FACET(links);
     int peer, kind;
     long long seq, chunk;
     Py_buffer sig, payload = {0};
@@ -42,8 +43,9 @@ PyObject *py_send(EngineObject *self, PyObject *args)
 
 /* send_raw(peer, data), for tests: `data` as it is on channel 0 to peer (a frame of a
  * misbehaving peer: malformed, or cut short). */
-PyObject *py_send_raw(EngineObject *self, PyObject *args)
+PyObject *py_send_raw(PyObject *links, PyObject *args)
 {
+    EngineObject *self = FACET(links);
     int peer;
     Py_buffer data;
     if (!py_usable(self) || !PyArg_ParseTuple(args, "iy*", &peer, &data))
@@ -61,8 +63,9 @@ PyObject *py_send_raw(EngineObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-PyObject *py_flush(EngineObject *self, PyObject *arg)
+PyObject *py_flush(PyObject *links, PyObject *arg)
 {
+    EngineObject *self = FACET(links);
     double seconds = PyFloat_AsDouble(arg);
     if ((seconds == -1.0 && PyErr_Occurred()) || !py_usable(self))
         return NULL;
@@ -75,8 +78,9 @@ PyObject *py_flush(EngineObject *self, PyObject *arg)
 }
 
 /* next_header(peer, chunk, seconds) -> (kind, seq, sig, chunk, nbytes) */
-PyObject *py_next_header(EngineObject *self, PyObject *args)
+PyObject *py_next_header(PyObject *links, PyObject *args)
 {
+    EngineObject *self = FACET(links);
     int peer;
     long long chunk;
     double seconds;
@@ -95,8 +99,9 @@ PyObject *py_next_header(EngineObject *self, PyObject *args)
 }
 
 /* read_payload(peer, chunk, out, seconds): the payload after the header just taken. */
-PyObject *py_read_payload(EngineObject *self, PyObject *args)
+PyObject *py_read_payload(PyObject *links, PyObject *args)
 {
+    EngineObject *self = FACET(links);
     int peer;
     long long chunk;
     double seconds;
@@ -116,8 +121,9 @@ PyObject *py_read_payload(EngineObject *self, PyObject *args)
     return rc ? py_raise(&err) : Py_NewRef(Py_None);
 }
 
-PyObject *py_keep_unread(EngineObject *self, PyObject *args)
+PyObject *py_keep_unread(PyObject *links, PyObject *args)
 {
+    EngineObject *self = FACET(links);
     int peer;
     long long chunk;
     if (!py_usable(self) || !PyArg_ParseTuple(args, "iL", &peer, &chunk) || !peer_ok(self, peer, chunk))

@@ -1,5 +1,6 @@
 /* The module fastcoll.engine._native: its types, its error, the codes Python maps names to,
- * and the reductions on their own (for tests). */
+ * and the reductions on their own (for tests). Its public names, and each type's, are
+ * fastcoll/engine/door.py's PUBLIC_API, which fastcoll/engine/native.py holds it to at import. */
 #include "py_common.h"
 
 #include <pthread.h>
@@ -170,7 +171,8 @@ PyMODINIT_FUNC PyInit__native(void);
 
 PyMODINIT_FUNC PyInit__native(void)
 {
-    if (PyType_Ready(&py_engine_type) || PyType_Ready(&py_completion_type) || PyType_Ready(&py_plan_type) ||
+    if (PyType_Ready(&py_engine_type) || PyType_Ready(&py_runner_type) || PyType_Ready(&py_links_type) ||
+        PyType_Ready(&py_gate_type) || PyType_Ready(&py_spec_type) || PyType_Ready(&py_completion_type) ||
         py_results_ready())
         return NULL;
     if (pthread_atfork(NULL, NULL, forked_child)) {
@@ -186,7 +188,10 @@ PyMODINIT_FUNC PyInit__native(void)
     Py_XINCREF(py_native_error);
     if (add(m, "NativeError", py_native_error) || add(m, "Engine", Py_NewRef((PyObject *)&py_engine_type)) ||
         add(m, "Completion", Py_NewRef((PyObject *)&py_completion_type)) ||
-        add(m, "Plan", Py_NewRef((PyObject *)&py_plan_type)) ||
+        add(m, "Runner", Py_NewRef((PyObject *)&py_runner_type)) ||
+        add(m, "Links", Py_NewRef((PyObject *)&py_links_type)) ||
+        add(m, "GateHost", Py_NewRef((PyObject *)&py_gate_type)) ||
+        add(m, "OpSpec", Py_NewRef((PyObject *)&py_spec_type)) ||
         add(m, "ResultCache", Py_NewRef((PyObject *)&py_result_cache_type)) ||
         add(m, "DTYPES", names(DTYPE_NAMES, FC_DTYPE_COUNT)) || add(m, "OPS", names(OP_NAMES, FC_OP_COUNT)) ||
         add(m, "KINDS", names(KIND_NAMES, FC_K_COUNT)) || add(m, "ALGORITHMS", names(ALGO_NAMES, FC_A_COUNT))) {
