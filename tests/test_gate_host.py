@@ -309,7 +309,7 @@ def test_arrival_poll_does_not_starve_the_caller():
 
 
 def test_the_native_host_half_takes_the_layout_by_name_and_its_words_from_layout_py():
-    """attach_gate takes the page's ControlLayout itself (read by name) and the words and status
+    """Engine.gate.attach takes the page's ControlLayout itself (read by name) and the words and status
     codes from gate/fc_gate_page.h, generated from fastcoll/gate/protocol/layout.py: a release
     lands on layout.py's RELEASE and STATUS words, and a layout this build does not share (another
     send mailbox) or a page too small for it is refused with a message that says so."""
@@ -324,13 +324,13 @@ def test_the_native_host_half_takes_the_layout_by_name_and_its_words_from_layout
                                 mailbox_bytes=lay.mailbox_bytes, ranks=lay.ranks)
         with pytest.raises(ValueError, match=f"send mailbox is at byte {2 * L.SEND_OFFSET}, this build's at "
                                              f"{L.SEND_OFFSET}"):
-            e.attach_gate(page, other, 1, False)
+            e.gate.attach(page, other, 1, False)
         with pytest.raises(ValueError, match="lie outside its page"):
-            e.attach_gate(page[: lay.recv_offset + lay.mailbox_bytes], lay, 1, False)
+            e.gate.attach(page[: lay.recv_offset + lay.mailbox_bytes], lay, 1, False)
         with pytest.raises(AttributeError, match="recv_offset"):
-            e.attach_gate(page, SimpleNamespace(send_offset=L.SEND_OFFSET), 1, False)
-        e.attach_gate(page, lay, 1, False)
-        e.gate_release(1, L.ERROR)
+            e.gate.attach(page, SimpleNamespace(send_offset=L.SEND_OFFSET), 1, False)
+        e.gate.attach(page, lay, 1, False)
+        e.gate.release(1, L.ERROR)
         words = page.view(np.uint32)
         assert (words[L.RELEASE], words[L.STATUS]) == (1, L.ERROR)
         assert words[L.ARRIVAL] == words[L.ACK] == 0  # nothing else written
