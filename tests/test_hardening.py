@@ -323,11 +323,12 @@ def test_per_call_timeout_bounds_a_stall_mid_payload(launch, transport, world, e
 @pytest.mark.parametrize("engine", engines())
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_a_limit_too_short_for_the_call_is_named_so_not_a_stopped_peer(launch, transport, engine):
-    # A 256 MiB all_reduce with timeout=0.05, every rank running: each rank's error used to say
+    # A 1 GiB all_reduce with timeout=0.05, every rank running: each rank's error used to say
     # its peer "stopped sending in the middle of a message" (or "stopped taking data", "did not
     # answer"), and the comparison of waits then found a rank that was "gone" or a cycle.
     results = outcome(launch(2, WORKER, "short-limit", transport=transport, timeout="30",
                              FASTCOLL_NATIVE=engine), 60)
+    assert all("ERROR" in lines for _, lines, _, _ in results), show(results)
     errors = [error_of(lines) for _, lines, _, _ in results]
     moving = ["the call's time limit ran out while" in message for _, _, message in errors]
     for r, (cls, _, message) in enumerate(errors):

@@ -339,6 +339,10 @@ int fc_engine_wait(fc_engine *e, fc_step step, void *ctx, fc_chan *awaited, fc_n
             return -1;
         }
         fc_ns now = fc_now();
+        /* The call's limit holds while data moves too: a call whose data never stops arriving
+         * would otherwise run past it for as long as it lasts. */
+        if (now >= deadline)
+            return 1;
         if (moved) {
             idled(e, now - idle_since);
             idle_since = now;
@@ -346,8 +350,6 @@ int fc_engine_wait(fc_engine *e, fc_step step, void *ctx, fc_chan *awaited, fc_n
             yielded = 0;
             continue;
         }
-        if (now >= deadline)
-            return 1;
         fc_ns idle = now - idle_since;
         if (!looked) {
             looked = 1;
