@@ -158,3 +158,50 @@ def test_a_bad_rendezvous_table_is_an_error_naming_the_coordinator(case):
     finally:
         listener.close()
         job.kill()
+
+
+def test_a_listener_gone_during_the_handshake_is_a_lost_peer_not_an_os_error(monkeypatch):
+    """A peer killed between its accept and the connector's proof resets the connection under
+    the connector's send (seen once when a rank was killed in the set-up: a bare
+    ConnectionResetError out of init()). The window held open: the connector's handshake starts
+    only once the listener has reset the connection. It is the peer's loss, PeerLostError."""
+    import socket
+    import struct
+    import threading
+    import time
+
+    from fastcoll.errors import PeerLostError
+    from fastcoll.transport import rendezvous
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    was_reset, connector = threading.Event(), []
+
+    def reset() -> None:  # accept, then close with a reset at once, as a killed process's socket ends
+        server.settimeout(5)
+        while not was_reset.is_set():
+            conn, peer = server.accept()
+            while not connector:
+                time.sleep(0.001)
+            if peer == connector[0]:  # (a stray connection to this port, another test's, is not ours)
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                was_reset.set()
+            conn.close()
+
+    real = rendezvous.client_handshake
+
+    def after_the_reset(sock, *args):
+        connector.append(sock.getsockname())
+        assert was_reset.wait(5)
+        time.sleep(0.05)  # the reset has reached this socket
+        return real(sock, *args)
+
+    monkeypatch.setattr(rendezvous, "client_handshake", after_the_reset)
+    t = threading.Thread(target=reset)
+    t.start()
+    try:
+        with pytest.raises(PeerLostError, match="rank 1 at 127.0.0.1:.* closed the connection during the handshake"):
+            rendezvous.connect("127.0.0.1", port, b"t" * 32, 0, time.monotonic() + 5, "rank 1")
+    finally:
+        t.join()
+        server.close()

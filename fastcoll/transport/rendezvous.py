@@ -78,6 +78,9 @@ def connect(host: str, port: int, token: bytes, rank: int, deadline: float, what
             continue
         try:
             client_handshake(sock, token, rank, deadline)
+        except OSError as e:  # the listener's process ended between its accept and our proof
+            sock.close()
+            raise PeerLostError(f"{what} at {host}:{port} closed the connection during the handshake ({e})") from None
         except BaseException:
             sock.close()
             raise

@@ -339,9 +339,7 @@ int fc_engine_wait(fc_engine *e, fc_step step, void *ctx, fc_chan *awaited, fc_n
             return -1;
         }
         fc_ns now = fc_now();
-        /* The call's limit holds while data moves too: a call whose data never stops arriving
-         * would otherwise run past it for as long as it lasts. */
-        if (now >= deadline)
+        if (now >= deadline) /* while data moves too */
             return 1;
         if (moved) {
             idled(e, now - idle_since);
