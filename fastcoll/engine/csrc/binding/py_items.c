@@ -251,6 +251,22 @@ static PyObject *queue(EngineObject *self, py_item *it)
     return completion;
 }
 
+/* An item whose OpSpec was bound (`failed` 0) holds the spec, task and work of a submit's
+ * arguments (args[0], args[4], args[5]) until it has run; one that failed is freed (-1). */
+static int hold_op(py_item *it, int failed, PyObject *const *args)
+{
+    if (failed) {
+        fc_done_unref(it->done);
+        free(it);
+        return -1;
+    }
+    it->has_op = 1;
+    it->fn = Py_NewRef(args[0]); /* keeps the signature and ranks alive */
+    it->task = Py_NewRef(args[4]);
+    it->work = Py_NewRef(args[5]);
+    return 0;
+}
+
 /* submit(spec, seq, src, dst, task, work): the item borrows the OpSpec's fixed part (it holds
  * the spec) and holds the buffers until it has run. */
 PyObject *py_submit_op(EngineObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -261,16 +277,8 @@ PyObject *py_submit_op(EngineObject *self, PyObject *const *args, Py_ssize_t nar
     py_item *it = new_item(self, ITEM_OP);
     if (!it)
         return NULL;
-    if (py_spec_bind(args[0], &self->engine, args[1], args[2], args[3], &it->op)) {
-        fc_done_unref(it->done);
-        free(it);
-        return NULL;
-    }
-    it->has_op = 1;
-    it->fn = Py_NewRef(args[0]); /* keeps the signature and ranks alive */
-    it->task = Py_NewRef(args[4]);
-    it->work = Py_NewRef(args[5]);
-    return queue(self, it);
+    int failed = py_spec_bind(args[0], &self->engine, args[1], args[2], args[3], &it->op);
+    return hold_op(it, failed, args) ? NULL : queue(self, it);
 }
 
 /* Check a gate item's exchange (it must gather nbytes from every rank into the receive mailbox)
@@ -310,17 +318,9 @@ PyObject *py_submit_gate(EngineObject *self, PyObject *const *args, Py_ssize_t n
     if (!it)
         return NULL;
     uint8_t *recv = (uint8_t *)self->page.buf + self->gate.l.recv_offset;
-    if (py_spec_bind_into(args[0], &self->engine, call_seq, recv, (size_t)self->gate.l.ranks * (size_t)nbytes,
-                          &it->op)) {
-        fc_done_unref(it->done);
-        free(it);
-        return NULL;
-    }
-    it->has_op = 1;
-    it->fn = Py_NewRef(args[0]); /* keeps the signature and ranks alive */
-    it->task = Py_NewRef(args[4]);
-    it->work = Py_NewRef(args[5]);
-    return queue_gate(self, it, seq, nbytes);
+    int failed = py_spec_bind_into(args[0], &self->engine, call_seq, recv,
+                                   (size_t)self->gate.l.ranks * (size_t)nbytes, &it->op);
+    return hold_op(it, failed, args) ? NULL : queue_gate(self, it, seq, nbytes);
 }
 
 PyObject *py_submit_call(EngineObject *self, PyObject *fn)
