@@ -1,9 +1,4 @@
-"""Benchmark fastcoll beside its peers on localhost: `python bench/compare.py --help`.
-
-    python bench/compare.py --quick                      # smoke run: 2 ranks, 4 B and 4 KiB
-    python bench/compare.py                              # the full sweep: 4 B..64 MiB, 2 and 4 ranks
-    python bench/compare.py --ops all_reduce --world 2 --sizes 4KiB,64MiB --systems mlx-ring,mpi
-
+"""Benchmark fastcoll beside its peers on localhost (bench/README.md has the commands; `--help`).
 Writes results.json, results.md, latency.png and busbw.png into --out (default bench/out/, which
 git ignores; runs of record are copied into a dated folder under bench/records/).
 """
@@ -30,9 +25,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--ops", default=",".join(OPS), help=f"collectives to measure, of {','.join(ALL_OPS)}")
     p.add_argument("--world", default=None, help="world sizes (default 2,4; --quick: 2)")
-    p.add_argument("--min-bytes", default="4", help="smallest size (powers of 4 from here)")
-    p.add_argument("--max-bytes", default="64MiB", help="largest size")
-    p.add_argument("--sizes", default=None, help="explicit sizes instead of the powers of 4, e.g. 4KiB,64MiB")
+    p.add_argument("--sizes", default=None, help="sizes, e.g. 4KiB,64MiB (default 4 B..64 MiB, powers of 4; --quick: 4,4KiB)")
     p.add_argument("--systems", default=",".join(systems.DEFAULT_SYSTEMS),
                    help="systems and variants (bench/systems.py): /cN connections, /aN loopback addresses, "
                         "/mx mx.array inputs, /noshm, /rdma verbs on the test fabric, /py the Python engine, /KEY=VALUE a FASTCOLL_TUNING knob")
@@ -44,8 +37,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="untimed seconds at each job's start, before the first point (default 0.5; --quick: 0)")
     p.add_argument("--budget", type=float, default=0.25,
                    help="seconds per point and round when --iters is not given")
-    p.add_argument("--min-iters", type=int, default=5)
-    p.add_argument("--max-iters", type=int, default=2000)
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds one job (system x world x round) may take (default 600; --quick: 60)")
     p.add_argument("--out", default=str(harness.REPO_ROOT / "bench" / "out"), help="output folder")
@@ -66,16 +57,14 @@ def build_config(args: argparse.Namespace) -> harness.Config:
     if args.sizes:
         sizes = sorted({metrics.parse_size(s) for s in _csv(args.sizes)})
     else:
-        sizes = [4, 4096] if args.quick else metrics.sizes_pow4(
-            metrics.parse_size(args.min_bytes), metrics.parse_size(args.max_bytes))
+        sizes = [4, 4096] if args.quick else metrics.sizes_pow4(4, 64 << 20)
     quick = lambda value, given, normal: given if given is not None else (value if args.quick else normal)
     return harness.Config(
         systems=[systems.parse_system(s) for s in _csv(args.systems)], ops=ops,
         worlds=[int(w) for w in _csv(quick("2", args.world, "2,4"))], sizes=sizes,
         rounds=quick(1, args.rounds, 3), iters=quick(5, args.iters, 0), warmup=quick(1, args.warmup, 3),
         settle_s=quick(0.0, args.settle, harness.Config.settle_s),
-        budget_s=args.budget, min_iters=args.min_iters, max_iters=args.max_iters,
-        timeout_s=quick(60.0, args.timeout, 600.0))
+        budget_s=args.budget, timeout_s=quick(60.0, args.timeout, 600.0))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -72,15 +72,13 @@ def parts(out: Path) -> dict[str, tuple[bool | None, float, list[str], dict[str,
     rows = ["--rows", env("RANKS_ROWS")] if env("RANKS_ROWS") else []
     exact = ["--exact", env("RANKS_EXACT")] if env("RANKS_EXACT") else []
     decode = [PY, "bench/decode_bench.py", "--shape", env("DECODE_SHAPE", "8b")]
-    gate = [PY, "bench/gate_bench.py"]
+    gate, two = [PY, "bench/gate_bench.py"], ["--world", "2", "--gpus", "0,0", "--out", str(out)]  # under MPS
     return {
         "build": (None, 200, [PY, "setup.py", "-q", "build_ext", "--inplace", "--force"],
                   {"FASTCOLL_BUILD_STRICT": "1"}),
         "tests": (False, 200, [PY, "-m", "pytest", "-q", "-x", *GATE_TESTS], {}),
-        "ranks": (True, 400, [*gate, "ranks", "--world", "2", "--gpus", "0,0", "--tokens", "20", "--out",
-                              str(out), *rows, *exact], {}),
-        "profile": (True, 300, [*gate, "profile", "--world", "2", "--gpus", "0,0", "--tokens", "10", "--out",
-                                str(out)], {}),
+        "ranks": (True, 400, [*gate, "ranks", *two, "--tokens", "20", *rows, *exact], {}),
+        "profile": (True, 300, [*gate, "profile", *two, "--tokens", "10"], {}),
         "kill": (True, 200, [*gate, "kill", "--out", str(out)], {}),
         "decode": (True, 500, [*decode, "--out", str(out), "--runs",
                                env("DECODE_RUNS", "single,host,gate,gate_host_mode"), "--tokens",

@@ -1,21 +1,8 @@
-"""The cross-host set on a bed of bench/multihost.py (`--bed pinned`, the default: `tests/netbed.py`,
-whose hosts have cores of their own on a machine of 8 CPUs or more, e.g. 4 a host at 2 hosts and 3
-at 4 on 16; `--bed netns`: the 2-core VM's bed, a tbf rate and no delay), written as one record.
-
-    python bench/hostbed.py --out bench/records/DATE-WHAT [--bed pinned] [--hosts 2,4]
-        [--links unshaped,1gbit+50us] [--systems fastcoll-tcp,mlx-ring,mpi]
-        [--ops all_reduce,all_gather,broadcast] [--sizes 4,4096,67108864] [--rounds 3]
-        [--decode-hosts 2] [--decode-links unshaped,1gbit+50us] [--decode-systems fastcoll-graph,ring]
-        [--deadline SECONDS]
-
-For each host count: build the bed; for each link (`unshaped`: veths into a bridge; `RATE+DELAY`,
-e.g. `1gbit+50us` or `0+50us` for a delay alone: bench/bedlink.c) probe it (bench/linkprobe.py:
-round trips and one stream, host1 -> host2, and bedlink's lateness), then run the collectives
-(`--ops`, every op in each job) through `bench/multihost.Hosts` (each system started as across
-real hosts) and, where asked, mlx-lm decode through `bench/tp_hosts.measure`. Writes
-OUT/results.json (everything), OUT/summary.md, and each collectives run's report and plots in
-OUT/collectives-<N>hosts-<link>/. Parts that would start after `--deadline` seconds are
-skipped and listed as such.
+"""The cross-host set on a bed of bench/multihost.py, written as one record: for each host count a
+bed; for each link, a probe (bench/linkprobe.py), the collectives (through multihost.Hosts, every
+op in each job) and, where asked, mlx-lm decode (bench/tp_hosts.py). docs/multihost.md has the
+command, the beds, the links and what it writes. Parts that would start after `--deadline` seconds
+are skipped and listed, so that a lent machine's time limit cuts decode, which runs last, first.
 """
 
 from __future__ import annotations
@@ -65,10 +52,6 @@ def collectives(bed: netbed.Bed, n: int, link: str, a: argparse.Namespace) -> di
     doc["meta"] |= {"link": link, "bed": bed.describe()}
     report.write(doc, Path(a.out) / f"collectives-{n}hosts-{link}", plots=True)
     return doc
-
-
-def decode(bed: netbed.Bed, n: int, link: str, a: argparse.Namespace) -> list[dict]:
-    return tp_hosts.measure(Hosts(bed, n), a, link)
 
 
 def _us(seconds: float) -> str:
@@ -153,7 +136,7 @@ def run_all(a: argparse.Namespace) -> dict:
     for n in a.hosts:
         _on_bed(a, doc, t0, n, a.links, "collectives", collectives)
     for n in a.decode_hosts:
-        _on_bed(a, doc, t0, n, a.decode_links, "decode", decode)
+        _on_bed(a, doc, t0, n, a.decode_links, "decode", tp_hosts.measure)
     _save(a, doc)
     return doc
 
@@ -192,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown decode shape or system: {', '.join(unknown)}")
     try:
         multihost.check_links(a.bed, a.links * bool(a.hosts) + a.decode_links * bool(a.decode_hosts))
+        for system in a.systems:  # a system the bed cannot start is refused before any bed is built
+            multihost.bed_system(system)
     except ValueError as e:
         p.error(str(e))
     doc = run_all(a)

@@ -71,28 +71,16 @@ def _summary(us: list[float]) -> dict:
 
 
 def _connect(addr: str, port: int, kind: bytes) -> socket.socket:
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            s = socket.create_connection((addr, port), timeout=10)
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+    """A connection to `serve` (listening before it said so) of this kind, Nagle off."""
+    s = socket.create_connection((addr, port), timeout=10)
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     s.sendall(kind)
     return s
 
 
-def _recv_exact(s: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        more = s.recv(n - len(data))
-        if not more:
-            raise ConnectionError("the echo server closed the connection")
-        data += more
-    return data
+def _echoed(s: socket.socket, n: int) -> None:
+    if len(s.recv(n, socket.MSG_WAITALL)) != n:
+        raise ConnectionError("the echo server closed the connection")
 
 
 def _round_trips(send, recv, count: int) -> list[float]:
@@ -109,7 +97,7 @@ def _round_trips(send, recv, count: int) -> list[float]:
 def probe(addr: str, port: int, count: int, mib: int) -> dict:
     msg = b"x" * 64
     with _connect(addr, port, b"e") as t:
-        tcp = _round_trips(lambda: t.sendall(msg), lambda: _recv_exact(t, 64), count)
+        tcp = _round_trips(lambda: t.sendall(msg), lambda: _echoed(t, 64), count)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
         u.settimeout(2)
         u.connect((addr, port))

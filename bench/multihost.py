@@ -22,11 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import netbed  # noqa: E402
 import netns  # noqa: E402
 from bench import harness  # noqa: E402
+from bench.systems import WORKERS, System, fastcoll_env, parse_system  # noqa: E402
 
 REPO = harness.REPO_ROOT
-WORKERS = REPO / "bench" / "workers"
 PYTHON = sys.executable
-SYSTEMS = ("fastcoll-tcp", "fastcoll-zmq", "mlx-ring", "mpi")
 UNITS = {"gbit": 10**9, "mbit": 10**6, "kbit": 10**3}
 
 
@@ -75,6 +74,14 @@ def check_links(kind: str, links: list[str]) -> None:
     """ValueError naming the first link that `parse_link` cannot read or the bed cannot give."""
     if any(parse_link(link)[0] for link in links) and kind == "netns":
         raise ValueError("the netns bed has no delay: its links are unshaped or a rate (1gbit)")
+
+
+def bed_system(name: str) -> System:
+    """A system of bench/systems.py that the bed can start; ValueError for one it cannot."""
+    s = parse_system(name)
+    if s.addresses > 1 or s.rdma or (s.kind == "mlx" and s.connections > 1):
+        raise ValueError(f"{name}: /aN, /rdma and mlx-ring's /cN are localhost's variants, not the bed's")
+    return s
 
 
 @contextlib.contextmanager
@@ -126,22 +133,19 @@ class Hosts:
                 "--", str(script), *args]
 
     def command(self, system: str, args: list[str], timeout: float) -> list[str]:
-        """The launcher's command line for one job of `system` running its worker with `args`."""
-        launch = self.fastcoll_launch(timeout, {})
-        if system.startswith("fastcoll-"):
-            transport, _, variant = system.split("-", 1)[1].partition("/")
-            return [*launch, "--env", f"FASTCOLL_TRANSPORT={transport}", "--env", "FASTCOLL_TIMEOUT=120",
-                    "--env", f"FASTCOLL_NATIVE={0 if variant == 'py' else 1}", "--env", f"BENCH_SYSTEM={system}",
-                    PYTHON, str(WORKERS / "fastcoll_worker.py"), *args]
-        if system == "mlx-ring":
-            return self.mlx_launch_ring(WORKERS / "mlx_worker.py", args, {})
-        if system == "mpi":
-            return [self.mpiexec, "-launcher", "ssh", "-hosts",
-                    ",".join(h.name for h in self.hosts), "-n", str(len(self.hosts)), "-ppn", "1",
-                    "-localhost", netns.CTL_ADDR, "-genv", "PYTHONPATH", self.pythonpath, "-genv",
-                    "MPIR_CVAR_CH4_NETMOD", "ofi", "-genv", "FI_PROVIDER", "tcp", "-genv", "FI_TCP_IFACE", "d0",
-                    "-wdir", str(REPO), PYTHON, str(WORKERS / "mpi_worker.py"), *args]
-        raise ValueError(f"unknown system {system!r}; known: {', '.join(SYSTEMS)}, fastcoll-tcp/py")
+        """The launcher's command line for one job of `system` (a name of bench/systems.py)
+        running its worker with `args`."""
+        s = bed_system(system)
+        if s.kind == "fastcoll":
+            env = fastcoll_env(s) | {"FASTCOLL_TIMEOUT": "120"}
+            return [*self.fastcoll_launch(timeout, env), PYTHON, str(s.worker), *args, *s.extra_args]
+        if s.kind == "mlx":
+            return self.mlx_launch_ring(s.worker, args, {})
+        return [self.mpiexec, "-launcher", "ssh", "-hosts",
+                ",".join(h.name for h in self.hosts), "-n", str(len(self.hosts)), "-ppn", "1",
+                "-localhost", netns.CTL_ADDR, "-genv", "PYTHONPATH", self.pythonpath, "-genv",
+                "MPIR_CVAR_CH4_NETMOD", "ofi", "-genv", "FI_PROVIDER", "tcp", "-genv", "FI_TCP_IFACE", "d0",
+                "-wdir", str(REPO), PYTHON, str(s.worker), *args]
 
     def launch(self, system: str, world: int, args: list[str], timeout: float) -> harness.JobResult:
         """harness.run's launch: one job across the hosts, started from the launcher namespace."""

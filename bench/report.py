@@ -110,23 +110,19 @@ def _cell(p: dict[str, Any] | None, what: str) -> str:
     return f"{p['busbw_GBps']:.3g}{mark}"
 
 
-def _settled(cfg: dict[str, Any]) -> str:
-    """The untimed start of every job, where the run had one (older documents have none)."""
-    return f" after {cfg['settle_s']} s of untimed calls once at each job's start" if cfg.get("settle_s") else ""
-
-
 def _header(doc: dict[str, Any]) -> list[str]:
     """The run's command, machine, settings, versions, skipped systems, failures and notes."""
     meta, points, cfg = doc["meta"], doc["points"], doc["meta"]["config"]
     how = (f"{cfg['iters']} iterations" if cfg["iters"] > 0
            else f"a {cfg['budget_s']} s budget ({cfg['min_iters']}-{cfg['max_iters']} iterations)")
+    settled = f" after {cfg['settle_s']} s of untimed calls once at each job's start" if cfg["settle_s"] else ""
     lines = ["# fastcoll benchmark", "", f"- command: `{' '.join(meta.get('argv', []))}`",
              f"- machine: {meta.get('cpu', '?')}, {meta.get('cpus')} CPUs, {meta.get('platform')}, "
              f"Python {meta.get('python')}",
              f"- when: {meta.get('time')}; load average at start {meta.get('loadavg_start')}, "
              f"at end {meta.get('loadavg_end')}",
              f"- {cfg['rounds']} interleaved round(s), {how} per point and round, {cfg['warmup']} warm-up "
-             f"iterations{_settled(cfg)}; float32; the time of an iteration is that of its slowest rank"]
+             f"iterations{settled}; float32; the time of an iteration is that of its slowest rank"]
     if doc.get("versions"):
         lines.append("- versions: " + "; ".join(f"{k}: {v}" for k, v in doc["versions"].items()))
     lines += [f"- **{name} skipped**: {reason}" for name, reason in doc.get("skipped", {}).items()]
@@ -166,14 +162,14 @@ def _op_tables(doc: dict[str, Any], op: str, world: int, present: list[str]) -> 
     for title, what in (("Median (p90) time per collective in µs:", "time"),
                         ("Bus bandwidth in GB/s (from the median):", "busbw"),
                         ("CPU time per collective and rank (all its threads), median in µs:", "cpu")):
-        lines += ["", title, ""] + _table(["size"] + present, [
+        lines += ["", title, ""] + md_table(["size"] + present, [
             [format_size(s)] + [_cell(idx.get((sy, op, world, s)), what) for sy in present] for s in sizes])
     pairs = [(f, q) for f in present if f.startswith("fastcoll") for q in present if not q.startswith("fastcoll")]
     if pairs:
         rindex = {(r["fastcoll"], r["peer"], r["size"]): r for r in doc["ratios"]
                   if r["op"] == op and r["world"] == world}
         lines += ["", "Speedup of fastcoll (peer time / fastcoll time; > 1: fastcoll faster):", ""]
-        lines += _table(["size"] + [f"{f} / {q}" for f, q in pairs], [
+        lines += md_table(["size"] + [f"{f} / {q}" for f, q in pairs], [
             [format_size(s)] + [f"{rindex[(f, q, s)]['speedup']:.2f}x" if (f, q, s) in rindex else ""
                                 for f, q in pairs] for s in sizes])
     return lines
@@ -190,7 +186,7 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     return out

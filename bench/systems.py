@@ -1,11 +1,5 @@
-"""The systems the benchmark compares, and the processes of one job of each on localhost.
-
-A name is `fastcoll-tcp`, `fastcoll-zmq`, `mlx-ring` or `mpi`, then `/`-separated
-variants: /cN N connections per neighbour (FASTCOLL_CONNECTIONS; mlx.launch
---connections-per-ip), and for fastcoll /aN (listen on 127.0.0.1..N), /mx (mx.array inputs),
-/noshm (FASTCOLL_SHM=0), /rdma (verbs links on the test fabric, tests/fabric/: FASTCOLL_TRANSPORT=rdma
-with FASTCOLL_VERBS_LIB), /py (FASTCOLL_NATIVE=0) and /KEY=VALUE (FASTCOLL_TUNING), e.g.
-`fastcoll-tcp/doubling=0`. fastcoll starts as N processes with their launchers'
+"""The systems the benchmark compares (names and variants: bench/README.md, "What it measures"),
+and the processes of one job of each on localhost: fastcoll as N processes with their launcher's
 variables set here, mlx-ring through `mlx.launch`, mpi through the mpich wheel's `mpiexec`.
 """
 
@@ -49,6 +43,10 @@ class System:
     @property
     def worker(self) -> Path:
         return WORKERS / f"{self.kind}_worker.py"
+
+    @property
+    def extra_args(self) -> list[str]:
+        return ["--array", "mlx"] if self.mx_arrays else []  # /mx: the worker hands fastcoll mx.arrays
 
 
 def parse_system(name: str) -> System:
@@ -132,20 +130,26 @@ def commands(system: System, world: int, worker_args: list[str]) -> list[Command
                   script, *worker_args], env)]
     if system.kind == "mpi":
         return [([tool("mpiexec") or "mpiexec", "-n", str(world), py, script, *worker_args], env)]
-    env |= {"FASTCOLL_TRANSPORT": "zmq" if system.base == "fastcoll-zmq" else "tcp",
-            "FASTCOLL_NATIVE": "0" if system.python_engine else "1"}
-    if system.connections > 1:
-        env["FASTCOLL_CONNECTIONS"] = str(system.connections)
-    if not system.shm:
-        env["FASTCOLL_SHM"] = "0"
+    env |= fastcoll_env(system)
     if system.rdma:
         env |= {"FASTCOLL_TRANSPORT": "rdma", "FASTCOLL_VERBS_LIB": fabric_library()}
     if system.addresses > 1:
         env["FASTCOLL_INTERFACE"] = ",".join(f"127.0.0.{i}" for i in range(1, system.addresses + 1))
+    return fastcoll_ranks(world, [py, script, *worker_args, *system.extra_args], env)
+
+
+def fastcoll_env(system: System) -> dict[str, str]:
+    """What a fastcoll system's ranks are told, here or across a bed's hosts: its transport,
+    engine, connections, shared memory and tuning knobs."""
+    env = {"FASTCOLL_TRANSPORT": "zmq" if system.base == "fastcoll-zmq" else "tcp",
+           "FASTCOLL_NATIVE": "0" if system.python_engine else "1", "BENCH_SYSTEM": system.name}
+    if system.connections > 1:
+        env["FASTCOLL_CONNECTIONS"] = str(system.connections)
+    if not system.shm:
+        env["FASTCOLL_SHM"] = "0"
     if system.tuning:
         env["FASTCOLL_TUNING"] = ",".join(system.tuning)
-    extra = ["--array", "mlx"] if system.mx_arrays else []
-    return fastcoll_ranks(world, [py, script, *worker_args, *extra], env)
+    return env
 
 
 def fabric_library() -> str:

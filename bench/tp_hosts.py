@@ -1,14 +1,8 @@
-"""mlx-lm decoding across a bed's hosts, bench/hostbed.py's decode part (`--decode-hosts`): fastcoll
-beside MLX's ring backend, tokens per second and the tokens themselves (docs/multihost.md tells
-what each system, shape and link is).
-
-One rank a host runs `bench/workers/tp_worker.py` (mlx-lm's `generate_step`, random weights,
-MLX's CPU backend), the systems alternating each round beside one process (`single`);
-`fastcoll-graph` is fastcoll with FASTCOLL_MLX_GRAPH=1 (MLX's graph runs the collectives);
-`fastcoll/KEY=VALUE` adds FASTCOLL_TUNING; `ring` is MLX's ring started as fastcoll is (by
-fastcoll-launch, with MLX's variables), `ring-mlx.launch` as its users start it; `floor` is the
-tensor-parallel split started as `ring` with its all-reduces left out (`tp_worker.py
---no-exchange`), so that ring's time less the floor's is what its all-reduces cost a token.
+"""mlx-lm decoding across a bed's hosts, bench/hostbed.py's decode part (`--decode-hosts`): one rank a
+host runs `bench/workers/tp_worker.py`, the systems alternating each round beside one process
+(`single`); docs/multihost.md tells what each system, shape and link is. `floor` is the
+tensor-parallel split started as `ring` with its all-reduces left out, so that ring's time less
+the floor's is what its all-reduces cost a token.
 """
 
 from __future__ import annotations
@@ -21,13 +15,10 @@ from bench import harness
 from bench.multihost import PYTHON, REPO, Hosts
 
 WORKER = REPO / "bench" / "workers" / "tp_worker.py"
-SHAPES = {
-    "small": ["--hidden", "256", "--layers", "4", "--heads", "8", "--kv-heads", "8", "--intermediate", "688",
-              "--vocab", "4096"],
-    "smaller": ["--hidden", "128", "--layers", "4", "--heads", "4", "--kv-heads", "4", "--intermediate", "344",
-               "--vocab", "1024"],
-    "large": ["--hidden", "512", "--layers", "8", "--heads", "8", "--kv-heads", "8", "--intermediate", "1408",
-              "--vocab", "8192"],
+SHAPES = {  # tp_worker's model arguments
+    "small": "--hidden 256 --layers 4 --heads 8 --kv-heads 8 --intermediate 688 --vocab 4096".split(),
+    "smaller": "--hidden 128 --layers 4 --heads 4 --kv-heads 4 --intermediate 344 --vocab 1024".split(),
+    "large": "--hidden 512 --layers 8 --heads 8 --kv-heads 8 --intermediate 1408 --vocab 8192".split(),
 }
 SYSTEMS = ("fastcoll", "fastcoll-graph", "ring", "ring-mlx.launch", "floor")
 THREADS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}  # one core a rank, as the ranks share two
@@ -43,13 +34,12 @@ def floor_ms(link: str, mode: str, layers: int) -> float:
 
 def command(hosts: Hosts, system: str, args: list[str], timeout: float) -> list[str]:
     """The launcher's command line for one decode job of `system` across the bed's hosts."""
-    launch = hosts.fastcoll_launch(timeout, THREADS)
     name, _, knobs = system.partition("/")  # fastcoll/NAME=VALUE/...: with those FASTCOLL_TUNING knobs
     if name in ("fastcoll", "fastcoll-graph"):
-        tuning = ["--env", "FASTCOLL_TUNING=" + knobs.replace("/", ",")] if knobs else []
-        tuning += ["--env", "FASTCOLL_MLX_GRAPH=1"] if name == "fastcoll-graph" else []
-        return [*launch, "--env", "FASTCOLL_TIMEOUT=60", *tuning, PYTHON, "-m", "fastcoll.mlx_compat", str(WORKER),
-                *args]
+        env = THREADS | {"FASTCOLL_TIMEOUT": "60"} | ({"FASTCOLL_TUNING": knobs.replace("/", ",")} if knobs else {})
+        env |= {"FASTCOLL_MLX_GRAPH": "1"} if name == "fastcoll-graph" else {}
+        return [*hosts.fastcoll_launch(timeout, env), PYTHON, "-m", "fastcoll.mlx_compat", str(WORKER), *args]
+    launch = hosts.fastcoll_launch(timeout, THREADS)
     ring = hosts.bed.root / f"ring-{hosts.port}.json"
     ring.write_text(json.dumps([[f"{h.data[0]}:{hosts.port + i}"] for i, h in enumerate(hosts.hosts)]))
     if system in ("ring", "floor"):
@@ -82,9 +72,10 @@ def combos(a: argparse.Namespace) -> list[tuple[str, str]]:
     return [(shape, "tp") for shape in shapes if "tp" in modes] + [(shapes[0], "pp")] * ("pp" in modes)
 
 
-def measure(hosts: Hosts, a: argparse.Namespace, link: str) -> list[dict]:
-    """Every shape and mode on this link, hostbed's `--decode-rounds` rounds, the systems alternating."""
-    rows = []
+def measure(bed, n: int, link: str, a: argparse.Namespace) -> list[dict]:
+    """Every shape and mode on this link of a bed of n hosts, hostbed's `--decode-rounds` rounds, the
+    systems alternating."""
+    hosts, rows = Hosts(bed, n), []
     for shape, mode in combos(a):
         args = ["--mode", mode, "--tokens", str(a.decode_tokens), "--repeat", str(a.decode_repeat), *SHAPES[shape]]
         single = ["--mode", "single", *args[2:]] + (["--model", "qwen2"] if mode == "pp" else [])

@@ -4,7 +4,7 @@
 
 BEFORE and AFTER are git revisions ("." the working tree) or folders that hold a tree already (a
 `git archive` carried to a machine without git: its native engine is built there, in place); each
-round runs each one's own `bench/compare.py` (`bench/run.py` before 2026-12-03), alternating so
+round runs each one's own `bench/compare.py` (a revision from 2026-12-03 on), alternating so
 that a drifting machine moves both. Prints, per system, op and size, the median of the rounds'
 medians and AFTER/BEFORE; `--raw` writes every round's medians as JSON.
 """
@@ -27,11 +27,11 @@ DEFAULT = ["--ops", "all_reduce,all_gather,reduce_scatter,broadcast", "--world",
 def checkout(rev: str, into: str, role: str) -> str:
     """A copy of revision `rev` ("." : the working tree) in folder `role` under `into` (one per
     role, so that a revision can be compared with itself), or `rev` itself where it is a folder
-    that holds a tree (bench/compare.py or bench/run.py in it), built in place."""
+    that holds a tree (bench/compare.py in it), built in place."""
     if rev == ".":
         return ROOT
     if os.path.isdir(rev):
-        if not any(os.path.exists(os.path.join(rev, "bench", f)) for f in ("compare.py", "run.py")):
+        if not os.path.exists(os.path.join(rev, "bench", "compare.py")):
             raise SystemExit(f"{rev}: a folder, but no tree of fastcoll in it (no bench/compare.py)")
         path = os.path.abspath(rev)
     else:
@@ -49,10 +49,7 @@ def run(tree: str, args: list[str], out: str) -> dict[tuple, float]:
     """One run of `tree`'s own benchmark: (system, op, ranks, bytes) -> median seconds."""
     # The tree first; then what was already there (a machine's carried packages live on PYTHONPATH).
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [tree, os.environ.get("PYTHONPATH")])))
-    script = os.path.join(tree, "bench", "compare.py")
-    if not os.path.exists(script):
-        script = os.path.join(tree, "bench", "run.py")  # its name before 2026-12-03
-    subprocess.run([sys.executable, script, *args, "--out", out],
+    subprocess.run([sys.executable, os.path.join(tree, "bench", "compare.py"), *args, "--out", out],
                    cwd=tree, env=env, check=True, stdout=subprocess.DEVNULL)
     with open(os.path.join(out, "results.json")) as f:
         return medians(json.load(f)["points"])

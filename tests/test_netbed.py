@@ -124,10 +124,12 @@ def test_every_job_on_the_bed_starts_through_one_launcher_line(tmp_path):
     hosts = multihost.Hosts(_FakeBed(tmp_path), 2)
     fast = hosts.command("fastcoll-tcp/py", ["--sizes", "4"], 30)
     assert fast[fast.index("--ssh") + 1] == "/bed/bin/ssh" and f"--env=PYTHONPATH={hosts.pythonpath}" in fast
-    assert "FASTCOLL_NATIVE=0" in fast and fast[-2:] == ["--sizes", "4"]
+    assert "--env=FASTCOLL_NATIVE=0" in fast and fast[-2:] == ["--sizes", "4"]
+    with pytest.raises(ValueError, match="localhost's variants"):
+        hosts.command("fastcoll-tcp/a2", [], 30)
     graph = tp_hosts.command(hosts, "fastcoll-graph/yield_reads=0", ["--mode", "tp"], 60)
-    assert "--env=OMP_NUM_THREADS=1" in graph and "FASTCOLL_MLX_GRAPH=1" in graph
-    assert "FASTCOLL_TUNING=yield_reads=0" in graph and graph[graph.index("--timeout") + 1] == "60"
+    assert "--env=OMP_NUM_THREADS=1" in graph and "--env=FASTCOLL_MLX_GRAPH=1" in graph
+    assert "--env=FASTCOLL_TUNING=yield_reads=0" in graph and graph[graph.index("--timeout") + 1] == "60"
     ring = tp_hosts.command(hosts, "ring-mlx.launch", ["--mode", "tp"], 60)
     assert ring[ring.index("--starting-port") + 1] == str(hosts.port) and "--env=OPENBLAS_NUM_THREADS=1" in ring
     assert ring[-3:] == [str(tp_hosts.WORKER), "--mode", "tp"]
