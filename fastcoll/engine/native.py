@@ -8,9 +8,10 @@ thread, which takes the GIL only to report a failure or to run a Python function
 native calls. It sends what the pure-Python engine sends, frame for frame, and reports each
 failure as the error the pure-Python transport raises (`error_from`).
 
-Calls whose steps need Python between messages (monitored_barrier, a check after the exchange,
-FASTCOLL_TRACE's phases) run their Python schedule over `NativeTransport`, the message
-interface the pure-Python algorithms use, whose waits are native too.
+Calls whose steps need Python between messages (monitored_barrier, a check after the exchange)
+run their Python schedule over `NativeTransport`, the message interface the pure-Python engine's
+schedules use, whose waits are native too; every rank runs such a call so. A traced call
+(FASTCOLL_TRACE, which each rank sets for itself) runs natively, recorded as one span.
 
 The extension's surface is fastcoll/engine/door.py's, checked as this module is imported: an
 `_native.Engine` whose `runner` runs and queues collectives (each an `OpSpec`, made once per call
@@ -297,7 +298,7 @@ class NativeEngine(Engine):
         kind = None
         if type(op) is Op and op.kind == "gate" and op.gate.host.is_served_by(self._gate) and task.tracer is None:
             kind = "all_gather"  # the gate's exchange: every rank's bytes into the receive mailbox
-        elif not _runs_natively(task) or op.kind not in _PLANNED or op.bounds is not None:
+        elif not _runs_natively(task) or task.tracer is not None or op.kind not in _PLANNED or op.bounds is not None:
             return None
         return self._spec(task, kind)
 
@@ -343,19 +344,17 @@ class NativeEngine(Engine):
             return work
         if not async_op and self._runner.claim_if_idle():
             return None
-        if _runs_natively(task):
+        if _runs_natively(task) and task.tracer is None:  # (a traced call records its span on the thread)
             work = NativeWork(body.result)
             work.completion = self._runner.submit(self._spec(task), task.seq, body.src, body.dst, task, work)
             return work
         work = Work()
-        self._runner.submit_call(functools.partial(self._run_queued_python, task, work))
+        self._runner.submit_call(functools.partial(self._run_queued, task, work))
         return work
 
     def run_inline(self, task: Task) -> Any:
         try:
-            if _runs_natively(task):
-                return self._run_native(task)
-            return run_task(self.transport, task)
+            return self._run(task)
         finally:
             self._runner.release()
 
@@ -375,6 +374,10 @@ class NativeEngine(Engine):
 
     # ----- running -----
 
+    def _run(self, task: Task) -> Any:
+        """Run `task` on this thread, which holds the run lock: natively, or its Python schedule."""
+        return self._run_native(task) if _runs_natively(task) else run_task(self.transport, task)
+
     def _run_native(self, task: Task) -> Any:
         err = task.broken()
         if err is not None:
@@ -382,7 +385,12 @@ class NativeEngine(Engine):
         started = time.monotonic()
         op = task.body
         try:
-            self._runner.run(self._spec(task), task.seq, op.src, op.dst)
+            if task.tracer is None:
+                self._runner.run(self._spec(task), task.seq, op.src, op.dst)
+            else:  # its phases are the native engine's own: the trace gets the queue and the call
+                task.tracer.span("queue", task.queued, seq=task.seq)
+                with task.tracer.phase(task.sig, seq=task.seq):
+                    self._runner.run(self._spec(task), task.seq, op.src, op.dst)
         except _native.NativeError as e:
             task.fail(self._error(e.args, task), started)
         except BaseException as e:  # a Ctrl-C that a signal handler raised during the wait
@@ -390,9 +398,9 @@ class NativeEngine(Engine):
             raise
         return task.body.result
 
-    def _run_queued_python(self, task: Task, work: Work) -> None:
+    def _run_queued(self, task: Task, work: Work) -> None:
         try:
-            work._finish(run_task(self.transport, task))
+            work._finish(self._run(task))
         except BaseException as e:  # the caller gets it through Work.wait()
             work._finish(error=e)
 
@@ -527,9 +535,11 @@ def cpus_per_rank(local_ranks: int) -> float:
 
 def _runs_natively(task: Task) -> bool:
     """Whether the native engine runs task's schedule itself (else its Python schedule runs over
-    the native messages): an Op without a check after it, and no trace to record phases in."""
+    the native messages): an Op without a check after it. A traced call runs natively too: a
+    rank's trace is its own setting, and the Python schedules are not the native ones, so a
+    traced rank that ran Python would send what its untraced peers do not expect."""
     body = task.body
-    return type(body) is Op and body.after is None and body.gate is None and task.tracer is None
+    return type(body) is Op and body.after is None and body.gate is None
 
 
 def _bounds(bounds: list[tuple[int, int]] | None) -> np.ndarray | None:
