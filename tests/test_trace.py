@@ -11,17 +11,22 @@ import time
 import pytest
 
 from conftest import ROOT, assert_ok, free_port, rank_env
+from engines import engines
 
 
-def test_trace_has_every_phase_per_rank(launch, tmp_path):
+@pytest.mark.parametrize("engine", engines())
+def test_trace_has_every_phase_per_rank(launch, tmp_path, engine):
+    """The Python engine records each message's phases; the native engine runs the call in C,
+    recorded as the queue and the call."""
     path = tmp_path / "trace.json"
-    assert_ok(launch(2, "trace_worker.py", FASTCOLL_TRACE=str(path)).wait(60))
+    assert_ok(launch(2, "trace_worker.py", FASTCOLL_TRACE=str(path), FASTCOLL_NATIVE=engine).wait(60))
     files = [tmp_path / f"trace.rank{r}.json" for r in range(2)]
+    phases = {"queue", "all_reduce"} | ({"send", "wait", "receive", "reduce", "flush"} if engine == "0" else set())
     for r, f in enumerate(files):
         events = json.loads(f.read_text())["traceEvents"]
         spans = [e for e in events if e["ph"] == "X"]
         names = {e["name"].split("(")[0] for e in spans}
-        assert {"queue", "all_reduce", "send", "wait", "receive", "reduce", "flush"} <= names, names
+        assert phases <= names, names
         assert all(e["pid"] == r and e["dur"] >= 0 for e in spans)
         assert sum(e["name"].startswith("all_reduce(") for e in spans) == 3
     merged = tmp_path / "merged.json"
@@ -31,6 +36,18 @@ def test_trace_has_every_phase_per_rank(launch, tmp_path):
     ).stdout
     assert "wrote" in out
     assert {e["pid"] for e in json.loads(merged.read_text())["traceEvents"]} == {0, 1}
+
+
+@pytest.mark.parametrize("traced", [0, 1])
+def test_one_rank_may_trace_alone(launch, tmp_path, traced):
+    """FASTCOLL_TRACE is each rank's own setting: a traced rank sends what its untraced peers
+    expect (on the native engine a traced call runs natively, as its peers' do), small and
+    large calls alike, on four ranks (where the native engine's small calls double)."""
+    path = tmp_path / "trace.json"
+    job = launch(4, "trace_worker.py", per_rank_env=lambda r: {"FASTCOLL_TRACE": str(path)} if r == traced else {})
+    assert_ok(job.wait(90))
+    assert (tmp_path / f"trace.rank{traced}.json").exists()
+    assert not any((tmp_path / f"trace.rank{r}.json").exists() for r in range(4) if r != traced)
 
 
 def _merge(*args: str, cwd) -> subprocess.CompletedProcess:

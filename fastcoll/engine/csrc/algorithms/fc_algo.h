@@ -1,6 +1,7 @@
-/* Collective algorithms in C: the schedules of fastcoll/algorithms/, step for step, so that the
- * native engine sends the messages the pure-Python engine sends and combines contributions in
- * the same order (every rank gets the same bits, and the same bits as the Python engine).
+/* Collective algorithms in C: the native engine's schedules, tuned, which the pure-Python
+ * engine's one schedule per collective (fastcoll/algorithms/reference.py) is the reference for.
+ * Every schedule combines each element in one order on every rank, so every rank gets the same
+ * bits; the direct exchange combines in rank order, as the Python engine does.
  *
  * An algorithm is one file that defines an fc_algorithm (a function per collective it runs,
  * NULL for the others) and one entry in fc_algo.c's registry; its functions see one fc_call

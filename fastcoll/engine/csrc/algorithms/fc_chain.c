@@ -1,4 +1,4 @@
-/* A pipelined chain for large rooted reductions (fastcoll/algorithms/chain.py): root+1 -> root+2
+/* A pipelined chain for large rooted reductions (the native engine's alone): root+1 -> root+2
  * -> ... -> root; each rank adds its contribution to a piece and forwards it at once. */
 #include <stdlib.h>
 

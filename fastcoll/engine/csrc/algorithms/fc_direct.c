@@ -1,4 +1,4 @@
-/* Direct exchange (fastcoll/algorithms/direct.py): one hop from every rank to every other.
+/* Direct exchange: one hop from every rank to every other, each buffer whole.
  * Latency-optimal for small messages; contributions are combined in rank order. */
 #include <stdlib.h>
 #include <string.h>

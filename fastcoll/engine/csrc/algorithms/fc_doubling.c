@@ -1,4 +1,4 @@
-/* Recursive doubling and halving (fastcoll/algorithms/doubling.py) for 4, 8, 16 ... ranks:
+/* Recursive doubling and halving (the native engine's alone) for 4, 8, 16 ... ranks:
  * log2(n) exchanges with one partner each; contributions combined lower block first. */
 #include <stdlib.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-/* Ring algorithms (fastcoll/algorithms/ring.py), pipelined in pieces: bandwidth-optimal for large
+/* Ring algorithms (the native engine's alone), pipelined in pieces: bandwidth-optimal for large
  * messages. Each rank sends only to its right neighbour and receives only from its left one; a
  * piece is forwarded as soon as it has been received (and reduced). */
 #include <stdlib.h>
