@@ -67,13 +67,16 @@ def rank_order(xs: list[np.ndarray], dtype: str, op: str) -> np.ndarray:
 @pytest.mark.parametrize("n", WORLDS)
 @pytest.mark.parametrize("count", [0, 1, 7, 100, 1000])
 @pytest.mark.parametrize("piece", PIECES)
-def test_all_reduce(n, count, piece):
+@pytest.mark.parametrize("small", [True, False])
+def test_all_reduce(n, count, piece, small):
+    """Both of the reference all_reduce's shapes: one round (a small call), or a reduce_scatter
+    then an all_gather."""
     xs = data(n, count)
     want = np.sum(xs, axis=0, dtype=np.float32)
 
     def body(call):
         buf = np.empty_like(xs[call.rank])
-        reference.all_reduce(call, xs[call.rank], buf, dtypes.reducer("float32", "sum"))
+        reference.all_reduce(call, xs[call.rank], buf, dtypes.reducer("float32", "sum"), small)
         return buf
 
     got = run_ranks(n, body, piece_bytes=piece)
@@ -84,7 +87,8 @@ def test_all_reduce(n, count, piece):
 
 @pytest.mark.parametrize("n", [3, 5, 8])
 @pytest.mark.parametrize("op", ["sum", "prod", "mean"])
-def test_reductions_combine_in_rank_order(n, op):
+@pytest.mark.parametrize("small", [True, False])
+def test_reductions_combine_in_rank_order(n, op, small):
     """Floats whose sum depends on the order: every rank gets ((x0 op x1) op x2) ..., bit for
     bit, as the native engine's direct exchange computes it (and float16 through float32)."""
     rng = np.random.default_rng(n)
@@ -98,7 +102,7 @@ def test_reductions_combine_in_rank_order(n, op):
 
         def body(call):
             buf = np.empty_like(xs[call.rank])
-            reference.all_reduce(call, xs[call.rank], buf, call.traced(dtypes.reducer(dtype, op)))
+            reference.all_reduce(call, xs[call.rank], buf, call.traced(dtypes.reducer(dtype, op)), small)
             if op == "mean":
                 dtypes.finish_mean(dtype, buf, n)
             return buf
@@ -107,13 +111,14 @@ def test_reductions_combine_in_rank_order(n, op):
             assert got.tobytes() == want.tobytes(), (dtype, op)
 
 
-def test_all_reduce_in_place():
+@pytest.mark.parametrize("small", [True, False])
+def test_all_reduce_in_place(small):
     """src and buf the same array: the contribution is read before the result overwrites it."""
     xs = data(3, 50)
 
     def body(call):
         buf = xs[call.rank].copy()
-        reference.all_reduce(call, buf, buf, dtypes.reducer("float32", "sum"))
+        reference.all_reduce(call, buf, buf, dtypes.reducer("float32", "sum"), small)
         return buf
 
     for got in run_ranks(3, body, piece_bytes=16):
@@ -183,7 +188,7 @@ def test_a_sub_group_maps_its_ranks_to_the_mesh():
 
     def body(call):
         buf = np.empty_like(xs[call.rank])
-        reference.all_reduce(call, xs[call.rank], buf, dtypes.reducer("float32", "sum"))
+        reference.all_reduce(call, xs[call.rank], buf, dtypes.reducer("float32", "sum"), True)
         return buf
 
     for got in run_ranks(6, body, ranks=[5, 1, 3]):

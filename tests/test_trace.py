@@ -14,21 +14,36 @@ from conftest import ROOT, assert_ok, free_port, rank_env
 from engines import engines
 
 
+# The phases within a call, as both engines write them (the native engine notes them in C).
+PHASES = {"send", "wait", "receive", "reduce", "flush"}
+# trace_worker.py's all_reduces of 16, 1 << 20 and 16 float32 on two ranks: each rank sends and
+# receives 64 bytes of each small one and half the large one twice (a reduce_scatter and an
+# all_gather), on either engine.
+MOVED = 64 + 4 * (1 << 20) + 64
+
+
 @pytest.mark.parametrize("engine", engines())
 def test_trace_has_every_phase_per_rank(launch, tmp_path, engine):
-    """The Python engine records each message's phases; the native engine runs the call in C,
-    recorded as the queue and the call."""
+    """Both engines write each call's phases (the native engine's noted by its C schedules),
+    inside the call's span, with the peer and the bytes of every send and receive."""
     path = tmp_path / "trace.json"
     assert_ok(launch(2, "trace_worker.py", FASTCOLL_TRACE=str(path), FASTCOLL_NATIVE=engine).wait(60))
     files = [tmp_path / f"trace.rank{r}.json" for r in range(2)]
-    phases = {"queue", "all_reduce"} | ({"send", "wait", "receive", "reduce", "flush"} if engine == "0" else set())
     for r, f in enumerate(files):
         events = json.loads(f.read_text())["traceEvents"]
         spans = [e for e in events if e["ph"] == "X"]
         names = {e["name"].split("(")[0] for e in spans}
-        assert phases <= names, names
+        assert {"queue", "all_reduce"} | PHASES <= names, names
         assert all(e["pid"] == r and e["dur"] >= 0 for e in spans)
-        assert sum(e["name"].startswith("all_reduce(") for e in spans) == 3
+        calls = [e for e in spans if e["name"].startswith("all_reduce(")]
+        assert len(calls) == 3
+        inner = [e for e in spans if e["name"] in PHASES]
+        assert all(any(c["ts"] <= e["ts"] and e["ts"] + e["dur"] <= c["ts"] + c["dur"] + 1 for c in calls)
+                   for e in inner), "a phase outside every call"
+        for name in ("send", "receive"):
+            moved = [e for e in inner if e["name"] == name]
+            assert {e["args"]["peer"] for e in moved} == {1 - r}, moved
+            assert sum(e["args"]["bytes"] for e in moved) == MOVED, name
     merged = tmp_path / "merged.json"
     out = subprocess.run(
         [sys.executable, "-m", "fastcoll.trace", str(merged), *map(str, files)],

@@ -72,7 +72,7 @@ class Call:
         if self.tracer is None:
             self.t.send(self.ranks[peer], header, mv, self.deadline)
         else:
-            with self.tracer.phase("send", peer=peer, bytes=header.nbytes):
+            with self.tracer.phase("send", peer=self.ranks[peer], bytes=header.nbytes):  # the job's rank, as wait's
                 self.t.send(self.ranks[peer], header, mv, self.deadline)
 
     def recv(self, peer: int, chunk: int, out: np.ndarray | None) -> None:

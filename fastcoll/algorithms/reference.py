@@ -102,17 +102,26 @@ def all_gather(call: Call, out: np.ndarray, bounds: Bounds) -> None:
     call.flush()
 
 
-def all_reduce(call: Call, src: np.ndarray, buf: np.ndarray, combine: Combine) -> None:
-    """buf (flat) becomes the reduction over all ranks of their src (flat, left unchanged):
-    a reduce_scatter into this rank's block of buf, then an all_gather of the blocks. Each rank
-    sends and receives 2(n - 1)/n of the buffer, as a ring does, in two steps."""
-    if np.shares_memory(src, buf):  # a block is reduced into buf while src's are still on their way
+def all_reduce(call: Call, src: np.ndarray, buf: np.ndarray, combine: Combine, small: bool) -> None:
+    """buf (flat) becomes the reduction over all ranks of their src (flat, left unchanged).
+
+    A small call (`small`: select.py's rule calls it so) is one round: every rank sends its src
+    to every peer and folds all of them in rank order, the fewest messages one after another
+    (ZeroMQ jobs' small calls, which run here, cost a message each). A large one is a
+    reduce_scatter into this rank's block of buf, then an all_gather of the blocks: each rank
+    sends and receives 2(n - 1)/n of the buffer, as a ring does, not n - 1 times it."""
+    if np.shares_memory(src, buf):  # buf is reduced into while src is still read and on its way
         src = src.copy()
-    bounds = blocks(buf.size, call.size)
     pairs = _Pairs(call, buf.itemsize)
-    a, b = bounds[call.rank]
-    _reduce_scatter(pairs, src, buf[a:b], bounds, combine)
-    _all_gather(pairs, buf, bounds)
+    if small:
+        for p in pairs.peers():
+            pairs.send(p, src)
+        _fold(pairs, src, buf, combine)
+    else:
+        bounds = blocks(buf.size, call.size)
+        a, b = bounds[call.rank]
+        _reduce_scatter(pairs, src, buf[a:b], bounds, combine)
+        _all_gather(pairs, buf, bounds)
     call.flush()
 
 

@@ -33,6 +33,13 @@ _SIZED = frozenset(("all_reduce", "all_gather", "reduce_scatter", "broadcast", "
 _DIRECT = frozenset(("gather", "scatter", "barrier", "send", "recv"))
 _LARGE = {"all_to_all": "pairwise", "reduce": "chain"}
 _DOUBLING = frozenset(("all_reduce", "all_gather", "reduce_scatter"))
+_SMALL = frozenset(("direct", "doubling"))
+
+
+def small(name: str) -> bool:
+    """Whether algorithm `name` is one the rule gives a small call (the pure-Python engine's
+    all_reduce is one round of direct sends for those: fastcoll/algorithms/reference.py)."""
+    return name in _SMALL
 
 
 def doubling_applies(size: int) -> bool:

@@ -11,7 +11,8 @@ failure as the error the pure-Python transport raises (`error_from`).
 Calls whose steps need Python between messages (monitored_barrier, a check after the exchange)
 run their Python schedule over `NativeTransport`, the message interface the pure-Python engine's
 schedules use, whose waits are native too; every rank runs such a call so. A traced call
-(FASTCOLL_TRACE, which each rank sets for itself) runs natively, recorded as one span.
+(FASTCOLL_TRACE, which each rank sets for itself) runs natively too, on the caller's thread or
+behind the queue, its phases noted by the engine and written as the Python engine's are.
 
 The extension's surface is fastcoll/engine/door.py's, checked as this module is imported: an
 `_native.Engine` whose `runner` runs and queues collectives (each an `OpSpec`, made once per call
@@ -32,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from fastcoll import dtypes, wire
+from fastcoll import dtypes, trace, wire
 from fastcoll.algorithms import select
 from fastcoll.config import AUTO_SPIN_US, for_host
 from fastcoll.engine import _native, door
@@ -56,6 +57,7 @@ CODE = {name: i for i, name in enumerate(_CODES)}
 _KIND = {name: i for i, name in enumerate(_native.KINDS)}
 _ALGORITHM = {name: i for i, name in enumerate(_native.ALGORITHMS)}
 _DTYPE = {name: i for i, name in enumerate(_native.DTYPES)}
+_PHASES = tuple(_native.PHASES)  # a traced run's phases, by code (fastcoll/trace.py's PHASES)
 _REDUCE = {name: i for i, name in enumerate(_native.OPS)}
 # A collective that only moves bytes names an unsigned type of its items' size.
 _MOVER = {1: _DTYPE["uint8"], 2: _DTYPE["uint16"], 4: _DTYPE["uint32"], 8: _DTYPE["uint64"]}
@@ -65,7 +67,7 @@ def unavailable() -> str | None:
     """None where this build of the extension matches this Python layer, else why not."""
     if tuple(_native.KINDS) != KINDS or set(_native.ALGORITHMS) != set(select.ALGORITHMS):
         return "the extension was built from other sources than this fastcoll (reinstall it)"
-    if tuple(_native.DTYPES) != dtypes.names() or tuple(_native.OPS) != dtypes.OPS:
+    if tuple(_native.DTYPES) != dtypes.names() or tuple(_native.OPS) != dtypes.OPS or _PHASES != trace.PHASES:
         return "the extension was built from other sources than this fastcoll (reinstall it)"
     return None
 
@@ -387,16 +389,36 @@ class NativeEngine(Engine):
         try:
             if task.tracer is None:
                 self._runner.run(self._spec(task), task.seq, op.src, op.dst)
-            else:  # its phases are the native engine's own: the trace gets the queue and the call
-                task.tracer.span("queue", task.queued, seq=task.seq)
-                with task.tracer.phase(task.sig, seq=task.seq):
-                    self._runner.run(self._spec(task), task.seq, op.src, op.dst)
+            else:
+                self._run_traced(task)
         except _native.NativeError as e:
             task.fail(self._error(e.args, task), started)
         except BaseException as e:  # a Ctrl-C that a signal handler raised during the wait
             task.fail(e, started)
             raise
         return task.body.result
+
+    def _run_traced(self, task: Task) -> None:
+        """Run task natively with its phases noted by the engine (fastcoll/engine/csrc/algorithms/
+        fc_trace.c), written as the spans the Python engine's trace has: the queue, the call, and
+        within it each send, wait, receive, reduce and flush (those of a failed call too)."""
+        tracer, op = task.tracer, task.body
+        tracer.span("queue", task.queued, seq=task.seq)
+        began = tracer.now()
+        noted = None
+        try:
+            noted = self._runner.run(self._spec(task, trace=True), task.seq, op.src, op.dst)
+        except _native.NativeError as e:
+            noted = getattr(e, "spans", None)
+            raise
+        finally:
+            spans, dropped = noted if noted is not None else ((), 0)
+            for phase, peer, nbytes, start, end in spans:  # (times since the run began, in ns)
+                args = {} if peer < 0 else {"peer": peer}
+                if _PHASES[phase] in ("send", "receive", "reduce"):
+                    args["bytes"] = nbytes
+                tracer.span(_PHASES[phase], began + start, began + end, **args)
+            tracer.span(task.sig, began, seq=task.seq, **({"dropped": dropped} if dropped else {}))
 
     def _run_queued(self, task: Task, work: Work) -> None:
         try:
@@ -433,9 +455,10 @@ class NativeEngine(Engine):
             return said
         return err
 
-    def _spec(self, task: Task, kind: str | None = None) -> Any:
-        """The `_native.OpSpec` of task's Op (as a collective of `kind`, if given): everything
-        but the call's sequence number and buffers, which each run or submit gives."""
+    def _spec(self, task: Task, kind: str | None = None, trace: bool = False) -> Any:
+        """The `_native.OpSpec` of task's Op (as a collective of `kind`, if given; `trace`: its
+        run notes its phases): everything but the call's sequence number and buffers, which each
+        run or submit gives."""
         op: Op = task.body
         buf = op.src if op.src is not None else op.dst
         itemsize = 1 if buf is None else buf.itemsize
@@ -447,7 +470,7 @@ class NativeEngine(Engine):
                                  limit=task.limit, rank=task.rank, size=task.size, ranks=ranks,
                                  piece_bytes=task.piece_bytes, dtype=dtype, itemsize=itemsize,
                                  reduce=_REDUCE[op.reduce or "sum"], root=op.root, bounds=_bounds(op.bounds),
-                                 recv_bounds=_bounds(op.recv_bounds), agree_counts=op.agree_counts)
+                                 recv_bounds=_bounds(op.recv_bounds), agree_counts=op.agree_counts, trace=trace)
 
 
 # The longest a verbs link's set-up may wait for its peer (links.add's bound: a day).

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from fastcoll import dtypes
-from fastcoll.algorithms import Call, reference
+from fastcoll.algorithms import Call, reference, select
 from fastcoll.engine.base import LET_GO_SECONDS, Engine, Task, finalized_mid_call
 from fastcoll.engine.ops import AGREEING, Op, bounds_of
 from fastcoll.errors import FastcollError
@@ -128,8 +128,9 @@ def run_op(call: Call, op: Op) -> None:
     """Run `op` as this rank's part of the call, through its collective's one reference schedule.
 
     The algorithm the Op names (select.py's rule) is the native engine's to follow; this engine
-    ignores it, here and nowhere else: its schedules are the simplest correct ones at every size
-    (fastcoll/algorithms/reference.py), and every rank of a job runs the same engine."""
+    reads from it, here and nowhere else, only whether the rule calls an all_reduce small
+    (select.small): its schedules are the simplest correct ones (fastcoll/algorithms/reference.py),
+    and every rank of a job runs the same engine."""
     bounds, recv_bounds = bounds_of(op, call.size)
     if op.kind in AGREEING or op.agree_counts:  # every peer's agreement is read before the call returns
         if op.agree_counts:
@@ -147,7 +148,7 @@ def _dispatch(call: Call, op: Op, bounds: Any, recv_bounds: Any) -> None:
     if kind in _REDUCING:
         combine = call.traced(dtypes.reducer(op.dtype, op.reduce))
         if kind == "all_reduce":
-            ref.all_reduce(call, op.src, op.dst, combine)
+            ref.all_reduce(call, op.src, op.dst, combine, select.small(op.algorithm))
         elif kind == "reduce_scatter":
             ref.reduce_scatter(call, op.src, op.dst, bounds, combine)
         else:

@@ -106,7 +106,7 @@ static int reduce_scatter_steps(ring *g, int forward_last, placer *pl)
             }
             uint8_t *dst = place(g, pl, s, pa, pb);
             /* each block meets this rank's contribution exactly once, on its way round */
-            fc_combine(g->op, tmp, FC_AT(g->src, pa, isz), dst, (size_t)(pb - pa));
+            fc_combine(g->c, g->op, tmp, FC_AT(g->src, pa, isz), dst, (size_t)(pb - pa));
             if (!failed && (!last || forward_last))
                 failed = send_piece(g, dst, (size_t)(pb - pa)) != 0;
         }
