@@ -53,6 +53,21 @@ def test_trace_has_every_phase_per_rank(launch, tmp_path, engine):
     assert {e["pid"] for e in json.loads(merged.read_text())["traceEvents"]} == {0, 1}
 
 
+@pytest.mark.parametrize("engine", engines())
+def test_a_failed_call_keeps_its_phases(launch, tmp_path, engine):
+    """A call that times out is traced up to its failure: its span, and within it the send that
+    went before (on the native engine its phases come back with the error)."""
+    path = tmp_path / "trace.json"
+    results = launch(2, "trace_worker.py", "fail", FASTCOLL_TRACE=str(path), FASTCOLL_NATIVE=engine).wait(60)
+    assert_ok(results)
+    assert "timed out:" in results[0].out, results[0].out
+    spans = [e for e in json.loads((tmp_path / "trace.rank0.json").read_text())["traceEvents"] if e["ph"] == "X"]
+    calls = [e for e in spans if e["name"].startswith("all_reduce(")]
+    sends = [e for e in spans if e["name"] == "send"]
+    assert len(calls) == 1 and sends and all(e["args"] == {"peer": 1, "bytes": 64} for e in sends), spans
+    assert all(calls[0]["ts"] <= e["ts"] <= calls[0]["ts"] + calls[0]["dur"] for e in sends)
+
+
 @pytest.mark.parametrize("traced", [0, 1])
 def test_one_rank_may_trace_alone(launch, tmp_path, traced):
     """FASTCOLL_TRACE is each rank's own setting: a traced rank sends what its untraced peers
