@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import ROOT, assert_ok, free_port, rank_env
-from engines import engines
+from engines import engines, native_missing
 
 
 # The phases within a call, as both engines write them (the native engine notes them in C).
@@ -66,6 +66,23 @@ def test_a_failed_call_keeps_its_phases(launch, tmp_path, engine):
     sends = [e for e in spans if e["name"] == "send"]
     assert len(calls) == 1 and sends and all(e["args"] == {"peer": 1, "bytes": 64} for e in sends), spans
     assert all(calls[0]["ts"] <= e["ts"] <= calls[0]["ts"] + calls[0]["dur"] for e in sends)
+
+
+def test_the_native_engine_keeps_a_calls_first_phases_and_counts_the_rest(launch, tmp_path):
+    """A call of more phases than its buffer holds (1 MiB by the ring in 64-byte pieces: about
+    49,000) keeps the first 16,384 and says how many it dropped."""
+    if native_missing():
+        pytest.skip(f"the bound is the native engine's, which is not built: {native_missing()}")
+    path = tmp_path / "trace.json"
+    tuning = "piece_bytes=64,direct_max_bytes_two_ranks=0"
+    assert_ok(launch(2, "trace_worker.py", "many", FASTCOLL_TRACE=str(path), FASTCOLL_NATIVE="1",
+                     FASTCOLL_TUNING=tuning).wait(120))
+    for r in range(2):
+        spans = [e for e in json.loads((tmp_path / f"trace.rank{r}.json").read_text())["traceEvents"]
+                 if e["ph"] == "X"]
+        calls = [e for e in spans if e["name"].startswith("all_reduce(")]
+        assert len(calls) == 1 and calls[0]["args"]["dropped"] > 16384, calls
+        assert sum(e["name"] in PHASES for e in spans) == 16384
 
 
 @pytest.mark.parametrize("traced", [0, 1])

@@ -1,5 +1,6 @@
 """A few collectives, small and large, with FASTCOLL_TRACE set by the test; with argument
-`fail`, one all_reduce that rank 1 never joins (rank 0's times out; rank 1 waits it out)."""
+`fail`, one all_reduce that rank 1 never joins (rank 0's times out; rank 1 waits it out); with
+`many`, one all_reduce of 1 MiB (the test cuts it into small pieces)."""
 
 import sys
 import time
@@ -18,6 +19,10 @@ if sys.argv[1:] == ["fail"]:
     else:
         time.sleep(3)
     sys.exit(0)  # (no finalize: the job failed; the trace is written at exit)
+if sys.argv[1:] == ["many"]:  # one call of more phases than the native engine keeps
+    fastcoll.all_reduce(np.ones(1 << 18, np.float32))
+    fastcoll.finalize()
+    sys.exit(0)
 fastcoll.all_reduce(np.ones(16, np.float32))
 fastcoll.all_reduce(np.ones(1 << 20, np.float32))
 fastcoll.all_reduce(np.ones(16, np.float32), async_op=True).wait()
