@@ -10,8 +10,9 @@ receives and waits for its sends to leave (`flush`) only at the end, so no two r
 each other's full links.
 
 The tuned schedules (recursive doubling, the ring, the chain, the pairwise exchange) are the
-native engine's alone (fastcoll/engine/csrc/algorithms/); the Python engine ignores the
-algorithm an Op names (fastcoll/engine/python.py, `run_op`).
+native engine's alone (fastcoll/engine/csrc/algorithms/); of the algorithm an Op names, the
+Python engine reads only whether an all_reduce is small (fastcoll/engine/python.py, `run_op`),
+whose one round ZeroMQ jobs, which run here, need (docs/design.md, "What ZeroMQ jobs run").
 """
 
 from __future__ import annotations

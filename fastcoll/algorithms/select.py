@@ -1,7 +1,7 @@
 """Which algorithm the native engine runs a collective with: the one rule every collective
 consults. The algorithms are the native engine's (fastcoll/engine/csrc/algorithms/, one file
-each); the pure-Python engine runs one schedule per collective whatever the rule names
-(fastcoll/algorithms/reference.py).
+each); the pure-Python engine runs one schedule per collective whatever the rule names, reading
+only whether it calls an all_reduce small (`small`; fastcoll/algorithms/reference.py).
 
 The choice reads only the collective, its buffer's size in bytes, the group's size and the
 job's Config, so ranks that make the same call choose alike. To add an algorithm, write its
