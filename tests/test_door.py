@@ -166,3 +166,11 @@ def test_a_traced_op_spec_returns_its_phases_from_run_and_is_never_queued():
             e.runner.submit(traced, 2, x, out, None, None)
     finally:
         e.close(0.0, 0.0)
+
+
+def test_a_collective_on_an_engine_without_its_links_is_an_error_naming_the_link(engine):
+    """An Engine whose links were never added (the door used directly) fails the call with the
+    peer and channel it lacks: it must not divide by a queue of no capacity (SIGFPE)."""
+    x = np.ones(4, np.float32)
+    with pytest.raises(Exception, match="no link to rank 1 on channel 0 was added"):
+        engine.runner.run(engine.runner.spec(**_fields()), 0, x, np.empty_like(x))

@@ -6,27 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-void fc_err_set(fc_err *err, int code, int peer)
-{
-    err->code = code;
-    err->peer = peer;
-    err->waiting_for = -1;
-    err->sys_errno = 0;
-    memset(err->n, 0, sizeof err->n);
-    err->text_len = 0;
-    err->text[0] = 0;
-}
-
-void fc_err_text(fc_err *err, const void *text, size_t len)
-{
-    if (len >= FC_TEXT_MAX)
-        len = FC_TEXT_MAX - 1;
-    if (len)
-        memcpy(err->text, text, len);
-    err->text[len] = 0;
-    err->text_len = (uint32_t)len;
-}
-
 /* What the link said of its failure, where it says more than an errno (a frame lost on RDMA). */
 static void link_why(fc_err *err, const fc_link *l)
 {
@@ -141,6 +120,10 @@ int fc_engine_send(fc_engine *e, int peer, int kind, int64_t seq, const uint8_t 
                    int64_t chunk, const void *payload, size_t n, fc_err *err)
 {
     fc_chan *c = fc_chan_of(e, peer, chunk);
+    if (!c->open) {
+        fc_err_no_link(err, fc_chan_peer(e, c), (int)(c - e->chans) % e->channels);
+        return -1;
+    }
     if (c->link.send_errno)
         return 0; /* broken: fc_engine_flush reports it, once what the peer said is read */
     uint8_t head[FC_PREFIX + FC_MAX_HEADER];
@@ -263,6 +246,10 @@ static int header_step(fc_engine *e, void *ctx, int *moved, fc_err *err)
 int fc_engine_next_header(fc_engine *e, int peer, int64_t chunk, fc_ns deadline, fc_header *h, fc_err *err)
 {
     fc_chan *c = fc_chan_of(e, peer, chunk);
+    if (!c->open) {
+        fc_err_no_link(err, fc_chan_peer(e, c), (int)(c - e->chans) % e->channels);
+        return -1;
+    }
     if (c->lost) { /* (the link's state says how) */
         fc_chan_lost(e, c, 0, err);
         return -1;

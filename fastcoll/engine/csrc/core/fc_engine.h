@@ -65,6 +65,9 @@ typedef struct fc_err {
 
 void fc_err_set(fc_err *err, int code, int peer);
 void fc_err_text(fc_err *err, const void *text, size_t len);
+/* A call that needs a link never added (an Engine used before its links are) is this error,
+ * never a queue of no capacity: FC_E_INTERNAL naming the peer and channel. */
+void fc_err_no_link(fc_err *err, int peer, int ch);
 
 /* A link and what the engine knows of it. */
 typedef struct fc_chan {
