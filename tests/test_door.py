@@ -174,3 +174,5 @@ def test_a_collective_on_an_engine_without_its_links_is_an_error_naming_the_link
     x = np.ones(4, np.float32)
     with pytest.raises(Exception, match="no link to rank 1 on channel 0 was added"):
         engine.runner.run(engine.runner.spec(**_fields()), 0, x, np.empty_like(x))
+    with pytest.raises(ValueError, match="no link to rank 1"):  # the message level too
+        engine.links.send_raw(1, b"\0" * 8)

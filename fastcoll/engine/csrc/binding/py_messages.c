@@ -8,6 +8,10 @@ static int peer_ok(EngineObject *self, int peer, long long chunk)
         PyErr_SetString(PyExc_ValueError, "bad peer or chunk");
         return 0;
     }
+    if (!fc_chan_of(&self->engine, peer, chunk)->open) {
+        PyErr_Format(PyExc_ValueError, "no link to rank %d on chunk %lld's channel was added", peer, chunk);
+        return 0;
+    }
     return 1;
 }
 
