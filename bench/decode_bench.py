@@ -35,16 +35,17 @@ RUNS = {"single": {}, "host": {"FASTCOLL_FAST_SYNC": "0"}, "gate": GATE,
         "gate_profile": GATE | {"FASTCOLL_GATE_PROFILE": "1"}, "floor": {}}
 
 
-def command(name: str, args: argparse.Namespace) -> list[str]:
-    """One run's processes: the single process itself, or its ranks through fastcoll-launch."""
+def command(name: str, args: argparse.Namespace, launch: list[str] | None = None) -> list[str]:
+    """One run's processes: the single process itself, or its ranks through fastcoll-launch
+    (`launch`: its command line across hosts, bench/hostbed.py's gate part)."""
     worker = [str(WORKER), "--mode", "single" if name == "single" else "tp", *SHAPES[args.shape].split(),
               "--dtype", "bfloat16", "--device", "gpu", "--tokens", str(args.tokens), "--repeat", str(args.repeat)]
     if name == "single":
         return [sys.executable, *worker]
     if name == "floor":
         worker.append("--no-exchange")
-    return [*launcher(), "-n", str(args.world), "--timeout", str(args.timeout), sys.executable, "-m",
-            "fastcoll.mlx_compat", *worker]
+    launch = launch or [*launcher(), "-n", str(args.world), "--timeout", str(args.timeout)]
+    return [*launch, sys.executable, "-m", "fastcoll.mlx_compat", *worker]
 
 
 def one_run(run: str, args: argparse.Namespace) -> dict:
@@ -59,10 +60,10 @@ def one_run(run: str, args: argparse.Namespace) -> dict:
 def report(results: dict[str, dict], args: argparse.Namespace) -> list[str]:
     """The table of every run against the single process, and whose tokens match the host path's."""
     single = results.get("single", {}).get("ms_per_token")
-    host = results.get("host", {}).get("tokens")
+    host = results.get("host", results.get("single", {})).get("tokens")  # one process's where the host path did not run
     lines = [f"Decode, llama {args.shape} shape, bf16, random weights, {args.tokens} tokens a run (ms per "
              f"token after the first, median of {args.repeat} runs), mlx_lm.generate.generate_step, greedy:", "",
-             "| run | ms per token | tokens/s | against single | the host path's tokens |",
+             "| run | ms per token | tokens/s | against single | the host path's (else single's) tokens |",
              "| --- | --- | --- | --- | --- |"]
     for run, doc in results.items():
         if "ms_per_token" not in doc:

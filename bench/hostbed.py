@@ -1,14 +1,16 @@
 """The cross-host set on a bed of bench/multihost.py, written as one record: for each host count a
 bed; for each link, a probe (bench/linkprobe.py), the collectives (through multihost.Hosts, every
 op in each job) and, where asked, mlx-lm decode (bench/tp_hosts.py). docs/multihost.md has the
-command, the beds, the links and what it writes. Parts that would start after `--deadline` seconds
-are skipped and listed, so that a lent machine's time limit cuts decode, which runs last, first.
+command, the beds, the links and what it writes, and the GPU's gate across hosts (`--gate-hosts`).
+Parts that would start after `--deadline` seconds are skipped and listed, so that a lent machine's
+time limit cuts the parts that run last (the gate's, then decode) first.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -18,11 +20,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import netbed  # noqa: E402
-from bench import harness, report, tp_hosts  # noqa: E402
+from bench import decode_bench, gate_bench, h200, harness, report, tp_hosts  # noqa: E402
 from bench import multihost  # noqa: E402
 from bench.multihost import PYTHON, REPO, Hosts, parse_link  # noqa: E402
 
 PROBE = REPO / "bench" / "linkprobe.py"
+GATE, DECODE = REPO / "bench" / "gate_bench.py", REPO / "bench" / "decode_bench.py"
 
 
 def probe_link(bed: netbed.Bed) -> dict:
@@ -52,6 +55,66 @@ def collectives(bed: netbed.Bed, n: int, link: str, a: argparse.Namespace) -> di
     doc["meta"] |= {"link": link, "bed": bed.describe()}
     report.write(doc, Path(a.out) / f"collectives-{n}hosts-{link}", plots=True)
     return doc
+
+
+def gate_hosts(bed: netbed.Bed, n: int, link: str, a: argparse.Namespace) -> list[dict]:
+    """The gate across n hosts, a rank a host on the one GPU (CUDA MPS): gate_bench's chain (host path,
+    host mode, --gate-exact gates checked) and decode_bench's decode in host mode through the launcher,
+    beside the same scripts on host 1 alone, as h200.py runs them (once a call)."""
+    os.environ.update(h200.MPS)  # the MPS daemon once, outside the namespaces, as h200.py starts it
+    for d in h200.MPS.values():
+        Path(d).mkdir(parents=True, exist_ok=True)
+    h200.mps(True, h200.gpu_name())
+    hosts, out, env, rows = Hosts(bed, n), Path(a.out) / f"gate-{n}hosts", h200.MPS | {"FASTCOLL_TIMEOUT": "120"}, []
+    more = ["--rows", f"{gate_bench.ROW}:bfloat16", "--tokens", "20", "--exact", str(a.gate_exact)]
+    decode = argparse.Namespace(shape=a.gate_shape, tokens=a.decode_tokens, repeat=a.decode_repeat)
+    read = lambda name: json.loads((out / name).read_text()) if (out / name).exists() else {}
+    if not out.exists():
+        hosts.run([PYTHON, str(GATE), "ranks", "--world", str(n), "--gpus", ",".join("0" * n), "--out", str(out),
+                   *more], 5 * a.job_timeout, None, host=1)
+        hosts.run([PYTHON, str(DECODE), "--shape", a.gate_shape, "--runs", "single,gate_host_mode", "--world", str(n),
+                   "--tokens", str(a.decode_tokens), "--repeat", str(a.decode_repeat), "--out", str(out)],
+                  5 * a.job_timeout, None, host=1)
+        rows = [{"hosts": 1, "part": "chain", "run": run, "ranks": read(f"gate_ranks_{run}.json") or []}
+                for run in gate_bench.RUNS]
+        rows += [{"hosts": 1, "part": "decode", "run": run, **doc} for run, doc in read(f"decode_{a.gate_shape}.json").items()]
+    for run in ("host", "gatehost"):
+        got = hosts.run([*hosts.fastcoll_launch(a.job_timeout, env | gate_bench.RUNS[run]), PYTHON, str(GATE),
+                         "ranks", "--rank-of", run, *more], a.job_timeout, "gate_run")
+        ranks = sorted(harness.documents(got.output, "gate_run"), key=lambda d: d["rank"])
+        rows.append({"hosts": n, "part": "chain", "run": run, "ranks": ranks, "error": got.error})
+    launch = hosts.fastcoll_launch(3 * a.job_timeout, env | decode_bench.RUNS["gate_host_mode"])  # an 8B model to build
+    got = hosts.run(decode_bench.command("gate_host_mode", decode, launch), 3 * a.job_timeout, "ms_per_token")
+    rows.append({"hosts": n, "part": "decode", "run": "gate_host_mode", **(got.doc or {"error": got.error})})
+    single = read(f"decode_{a.gate_shape}.json").get("single", {}).get("tokens")
+    return [r | {"link": link if r["hosts"] > 1 else "one host", "problem": _problem(r, single)} for r in rows]
+
+
+def _problem(row: dict, single: list[int] | None) -> str | None:
+    """What fails a row of the gate part: an error or a missing result (a chain: a document from every
+    rank), shared memory between hosts, a wrong gate, tokens other than one process's."""
+    ranks = row.get("ranks") or []
+    done = len(ranks) > 1 and all("transport" in d for d in ranks) if row["part"] == "chain" else "ms_per_token" in row
+    if row.get("error") or not done:
+        return f"failed: {row.get('error') or 'no result'}"
+    if row["hosts"] > 1 and any("shared memory" in (d.get("transport") or "") for d in [row, *ranks]):
+        return "shared memory between hosts"
+    if any(d.get("exact") and (d["exact"]["wrong"] or d["exact"]["error"]) for d in ranks):
+        return "wrong gates"
+    return "tokens other than one process's" if row["part"] == "decode" and row.get("tokens") != single else None
+
+
+def gate_table(rows: list[dict], a: argparse.Namespace) -> str:
+    """The gate part through gate_bench's and decode_bench's own tables, a run a host count and link;
+    then each row's transport (rank 0) and whether it passed."""
+    name = lambda r: r["run"] if r["run"] == "single" else f"{r['run']}, " + (
+        f"{r['hosts']} hosts, {r['link']}" if r["hosts"] > 1 else "one host")
+    chains = {name(r): r["ranks"] for r in rows if r["part"] == "chain"}
+    decode = argparse.Namespace(shape=a.gate_shape, tokens=a.decode_tokens, repeat=a.decode_repeat)
+    checks = [f"- {name(r)}, {r['part']}: {r.get('transport') or (r.get('ranks') or [{}])[0].get('transport')}; "
+              f"{r['problem'] or 'ok'}" for r in rows]
+    return "\n".join([*gate_bench.table(chains, [f"bfloat16_{gate_bench.ROW}"]), "",
+                      *decode_bench.report({name(r): r for r in rows if r["part"] == "decode"}, decode), "", *checks])
 
 
 def _us(seconds: float) -> str:
@@ -96,7 +159,8 @@ def _save(a: argparse.Namespace, doc: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     (out / "summary.md").write_text(summary(doc["collectives"], a.systems) + "\n\n"
-                                    + (tp_hosts.table(doc["decode"]) if doc["decode"] else "") + "\n")
+                                    + (tp_hosts.table(doc["decode"]) if doc["decode"] else "") + "\n\n"
+                                    + (gate_table(doc["gate"], a) if doc["gate"] else "") + "\n")
 
 
 def _part(a: argparse.Namespace, doc: dict, t0: float, name: str, fn):
@@ -123,20 +187,22 @@ def _on_bed(a: argparse.Namespace, doc: dict, t0: float, n: int, links: list[str
             if what == "collectives" and got is not None:
                 doc["collectives"].append({"hosts": n, "link": link, "doc": got})
             elif got is not None:
-                doc["decode"] += got
+                doc[what] += got
             _save(a, doc)
 
 
 def run_all(a: argparse.Namespace) -> dict:
-    """The collectives on every host count first, then decode: a deadline cuts decode first."""
+    """The collectives on every host count first, then decode, then the gate: a deadline cuts the gate first."""
     t0 = time.monotonic()
     tbf = netbed.kernel_has_tbf() if a.bed == "pinned" else "yes: the netns bed's rate is a tbf qdisc"
     doc = {"machine": harness.machine_info(), "command": " ".join(sys.argv), "tbf": tbf,
-           "beds": [], "links": [], "collectives": [], "decode": [], "skipped": []}
+           "beds": [], "links": [], "collectives": [], "decode": [], "gate": [], "skipped": []}
     for n in a.hosts:
         _on_bed(a, doc, t0, n, a.links, "collectives", collectives)
     for n in a.decode_hosts:
         _on_bed(a, doc, t0, n, a.decode_links, "decode", tp_hosts.measure)
+    for n in a.gate_hosts:
+        _on_bed(a, doc, t0, n, a.gate_links, "gate", gate_hosts)
     _save(a, doc)
     return doc
 
@@ -163,18 +229,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decode-rounds", type=int, default=3)
     p.add_argument("--decode-tokens", type=int, default=32, help="tokens a run generates")
     p.add_argument("--decode-repeat", type=int, default=2, help="runs a job makes; its median is its figure")
+    p.add_argument("--gate-hosts", default="", help="host counts for the GPU's gate across hosts (none by default)")
+    p.add_argument("--gate-links", default="unshaped,1gbit+50us")
+    p.add_argument("--gate-exact", type=int, default=10048, help="gate_bench's --exact")
+    p.add_argument("--gate-shape", default="8b", choices=sorted(decode_bench.SHAPES), help="decode_bench's --shape")
     p.add_argument("--deadline", type=float, default=1e9, help="seconds after which no part starts")
     a = p.parse_args(argv)
     csv = lambda text, kind=str: [kind(s) for s in text.split(",") if s]
-    a.hosts, a.decode_hosts, a.sizes = csv(a.hosts, int), csv(a.decode_hosts, int), csv(a.sizes, int)
-    for name in ("links", "systems", "ops", "decode_links", "decode_shapes", "decode_modes", "decode_systems"):
+    a.hosts, a.decode_hosts, a.gate_hosts = csv(a.hosts, int), csv(a.decode_hosts, int), csv(a.gate_hosts, int)
+    a.sizes = csv(a.sizes, int)
+    for name in ("links", "systems", "ops", "decode_links", "gate_links", "decode_shapes", "decode_modes", "decode_systems"):
         setattr(a, name, csv(getattr(a, name)))
     unknown = [s for s in a.decode_shapes if s not in tp_hosts.SHAPES]
     unknown += [s for s in a.decode_systems if s.partition("/")[0] not in tp_hosts.SYSTEMS]
     if unknown:
         p.error(f"unknown decode shape or system: {', '.join(unknown)}")
     try:
-        multihost.check_links(a.bed, a.links * bool(a.hosts) + a.decode_links * bool(a.decode_hosts))
+        multihost.check_links(a.bed, a.links * bool(a.hosts) + a.decode_links * bool(a.decode_hosts)
+                              + a.gate_links * bool(a.gate_hosts))
         for system in a.systems:  # a system the bed cannot start is refused before any bed is built
             multihost.bed_system(system)
     except ValueError as e:
@@ -183,7 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     print(summary(doc["collectives"], a.systems))
     if doc["decode"]:
         print(tp_hosts.table(doc["decode"]))
-    return 0 if not doc["skipped"] else 3
+    if doc["gate"]:
+        print(gate_table(doc["gate"], a))
+    return 0 if not doc["skipped"] and not any(r["problem"] for r in doc["gate"]) else 3
 
 
 if __name__ == "__main__":

@@ -149,8 +149,14 @@ class Hosts:
 
     def launch(self, system: str, world: int, args: list[str], timeout: float) -> harness.JobResult:
         """harness.run's launch: one job across the hosts, started from the launcher namespace."""
-        cmd = self.bed.in_ctl(self.command(system, args, timeout))
+        return self.run(self.command(system, args, timeout), timeout)
+
+    def run(self, cmd: list[str], timeout: float, key: str | None = "points", host: int = 0,
+            **env: str) -> harness.JobResult:
+        """cmd started from the launcher namespace (or on host `host`) with `env` added, the bed's
+        strays killed after."""
+        cmd = self.bed.in_host(host, cmd) if host else self.bed.in_ctl(cmd)
         try:
-            return harness.run_job([(cmd, self.bed.launcher_env(PATH=self.path))], timeout + 30)
+            return harness.run_job([(cmd, self.bed.launcher_env(PATH=self.path, **env))], timeout + 30, key=key)
         finally:
             self.bed.kill_strays()

@@ -11,7 +11,6 @@ import argparse
 import json
 import statistics
 
-from bench import harness
 from bench.multihost import PYTHON, REPO, Hosts
 
 WORKER = REPO / "bench" / "workers" / "tp_worker.py"
@@ -52,17 +51,10 @@ def command(hosts: Hosts, system: str, args: list[str], timeout: float) -> list[
 
 
 def run(hosts: Hosts, system: str, args: list[str], timeout: float) -> dict:
-    """One job; its RESULT document, or {"error": ...}."""
-    if system == "single":
-        cmd = hosts.bed.in_host(1, [PYTHON, str(WORKER), *args])
-        env = hosts.bed.launcher_env(**THREADS)
-    else:
-        cmd = hosts.bed.in_ctl(command(hosts, system, args, timeout))
-        env = hosts.bed.launcher_env(PATH=hosts.path, **THREADS)
-    try:
-        got = harness.run_job([(cmd, env)], timeout + 30, key="ms_per_token")
-    finally:
-        hosts.bed.kill_strays()
+    """One job (`single`: one process on host 1); its RESULT document, or {"error": ...}."""
+    single = system == "single"
+    cmd = [PYTHON, str(WORKER), *args] if single else command(hosts, system, args, timeout)
+    got = hosts.run(cmd, timeout, "ms_per_token", host=int(single), **THREADS)
     return got.doc if got.doc is not None else {"error": got.error}
 
 

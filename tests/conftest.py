@@ -221,6 +221,8 @@ def assert_ok(results: list[Result]) -> None:
 SLOW: dict[str, tuple[str, Callable[[dict], bool] | None]] = {
     "test_multihost.py": ("the multi-host bed (network namespaces, an sshd per host; root)", None),
     "test_netbed_built.py": ("the bed of pinned hosts built (network namespaces, taps; root)", None),
+    "test_netbed.py": ("bench/hostbed.py's gate part across the bed's hosts (root)",
+                       lambda params: params["test"] == "test_the_gate_part_runs_across_two_hosts_exactly_and_over_tcp"),
     "test_soak.py": ("the soak (600 random collectives per transport)", None),
     "test_memory.py": ("the 20,000-call memory soak", lambda params: params.get("calls") == 20000),
     "test_real_clients.py": ("real mlx-lm clients (its HTTP server, mlx.nn)", None),

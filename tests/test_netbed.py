@@ -1,11 +1,13 @@
 """The bed of tests/netbed.py and what bench/hostbed.py reads of it: the core plan, the ssh
 command line its `ssh` understands, the link settings (bench/multihost.py) and the summary (test_netbed_built.py
-builds one)."""
+builds one); hostbed's gate part on a built bed (root; slow)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -135,3 +137,52 @@ def test_every_job_on_the_bed_starts_through_one_launcher_line(tmp_path):
     assert ring[-3:] == [str(tp_hosts.WORKER), "--mode", "tp"]
     a = argparse.Namespace(decode_shapes=["small", "large"], decode_modes=["tp", "pp"])
     assert tp_hosts.combos(a) == [("small", "tp"), ("large", "tp"), ("small", "pp")]
+
+
+SHM, TCP = "tcp, shared memory on 1 of 1 connections; native engine", "tcp; native engine"
+
+
+@pytest.mark.parametrize("row, want", [
+    ({"hosts": 2, "part": "chain", "ranks": [{"transport": SHM}] * 2}, "shared memory between hosts"),
+    ({"hosts": 1, "part": "chain", "ranks": [{"transport": SHM}] * 2}, None),
+    ({"hosts": 2, "part": "chain", "ranks": [{"transport": TCP, "exact": {"wrong": 1, "error": None}}] * 2}, "wrong gates"),
+    ({"hosts": 2, "part": "decode", "transport": TCP, "ms_per_token": 1.0, "tokens": [1, 3]},
+     "tokens other than one process's"),
+    ({"hosts": 2, "part": "decode", "transport": TCP, "ms_per_token": 1.0, "tokens": [1, 2]}, None),
+    ({"hosts": 2, "part": "chain", "ranks": [], "error": "timed out"}, "failed: timed out"),
+    ({"hosts": 2, "part": "chain", "ranks": [{"transport": TCP}]}, "failed: no result"),
+    ({"hosts": 1, "part": "chain", "ranks": [{"error": "no result"}]}, "failed: no result"),
+    ({"hosts": 2, "part": "decode", "error": "exit 1"}, "failed: exit 1"),
+])
+def test_the_gate_part_fails_a_row_over_shared_memory_a_wrong_gate_or_other_tokens(row, want):
+    assert hostbed._problem(row, [1, 2]) == want
+
+
+def test_the_gate_part_runs_across_two_hosts_exactly_and_over_tcp(tmp_path):
+    """hostbed's gate part at tiny sizes on a built bed (the gate off without a GPU: the host path):
+    each chain's gates exact on both ranks, decode's tokens one process's, and between the hosts TCP,
+    never shared memory; beside the same scripts on one host, which do share memory."""
+    if os.geteuid() != 0:
+        pytest.skip("the bed needs root (network namespaces)")
+    try:
+        import pyroute2  # noqa: F401
+    except ImportError:
+        pytest.skip("pyroute2 is not importable: the bed cannot be built (tests/netbed.py)")
+    tiny = ["--hosts", "", "--gate-hosts", "2", "--gate-links", "unshaped", "--gate-shape", "tiny",
+            "--gate-exact", "64", "--decode-tokens", "4", "--decode-repeat", "1"]
+    done = subprocess.run([sys.executable, hostbed.__file__, "--out", str(tmp_path), *tiny], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = json.loads((tmp_path / "results.json").read_text())["gate"]
+    assert [(r["hosts"], r["part"], r["run"]) for r in rows if r["hosts"] == 2] == [
+        (2, "chain", "host"), (2, "chain", "gatehost"), (2, "decode", "gate_host_mode")]
+    single = next(r["tokens"] for r in rows if r["run"] == "single")
+    for r in rows:
+        assert r["problem"] is None, r
+        said = [d["transport"] for d in r.get("ranks", [])] + ([r["transport"]] if r.get("transport") else [])
+        assert r["run"] == "single" or said and all(t.startswith("tcp") for t in said)
+        assert r["hosts"] == 1 or not any("shared memory" in t for t in said)
+        assert all(d["exact"] == {"gates": 64, "wrong": 0, "error": None} for d in r.get("ranks", []) if "exact" in d)
+        assert r["part"] == "chain" or r["tokens"] == single
+    assert all(len(r["ranks"]) == 2 and "exact" in r["ranks"][0] for r in rows if r["hosts"] == 2 and r["part"] == "chain")
+    assert any("shared memory" in d["transport"] for r in rows if r["hosts"] == 1 for d in r.get("ranks", []))

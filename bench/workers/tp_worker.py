@@ -98,8 +98,10 @@ def main() -> None:
         mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group))
     if group is None or group.rank() == 0:
         backend = "none" if group is None else type(group).__module__.split(".")[0]
+        # What carries fastcoll's exchange (bench/hostbed.py's gate part refuses shared memory across hosts).
+        transport = __import__("fastcoll").init().transport_info() if backend == "fastcoll" else None
         print("RESULT " + json.dumps({"mode": a.mode, "model": kind, "world": 1 if group is None else group.size(),
-                                      "backend": backend, "device": str(mx.default_device()), "tokens": runs[0][0],
+                                      "backend": backend, "transport": transport, "device": str(mx.default_device()), "tokens": runs[0][0],
                                       "ms_per_token": statistics.median(ms for _, ms in runs),
                                       "runs_ms": [round(ms, 3) for _, ms in runs]}), flush=True)
 
