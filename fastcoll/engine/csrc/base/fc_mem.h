@@ -23,8 +23,12 @@ void *fc_map(size_t n, size_t align);
 void fc_unmap(void *p, size_t n);
 
 /* Scratch memory of `n` bytes (64-byte aligned where mapped, malloc's alignment otherwise),
- * mapped at FC_MAP_BYTES and above; NULL if there is none. fc_scratch_free(NULL) does nothing. */
+ * mapped at FC_MAP_BYTES and above; NULL if there is none. fc_scratch_free(NULL) does nothing;
+ * it keeps a few mapped blocks for the next alloc of about their size (fc_scratch_trim frees them). */
 void *fc_scratch_alloc(size_t n);
 void fc_scratch_free(void *p);
+/* Give the kept scratch blocks back to the system (an engine's close: finalize frees what the
+ * engine held). */
+void fc_scratch_trim(void);
 
 #endif

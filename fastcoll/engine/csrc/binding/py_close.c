@@ -10,6 +10,8 @@
  */
 #include "py_common.h"
 
+#include "base/fc_mem.h"
+
 #include <string.h>
 #include <sys/socket.h>
 
@@ -68,6 +70,7 @@ static void stop_threads(EngineObject *self)
 
 static void release_memory(EngineObject *self)
 {
+    fc_scratch_trim(); /* the scratch blocks kept for the next call: finalize gives them back */
     for (size_t i = 0; i < self->nsegments; i++)
         PyBuffer_Release(&self->segments[i]);
     PyMem_Free(self->segments);
