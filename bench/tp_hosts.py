@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from pathlib import Path
 
 from bench.multihost import PYTHON, REPO, Hosts
 
@@ -78,6 +79,9 @@ def measure(bed, n: int, link: str, a: argparse.Namespace) -> list[dict]:
                 doc = run(hosts, system, single if system == "single" else args, a.job_timeout)
                 rows.append({**doc, "hosts": len(hosts.hosts), "link": link, "shape": shape, "mode": mode,
                              "system": system, "round": r, "floor_ms": floor_ms(link, mode, int(SHAPES[shape][3]))})
+                Path(a.out).mkdir(parents=True, exist_ok=True)
+                with open(Path(a.out) / "decode-rows.jsonl", "a") as f:  # kept if a time limit cuts the part
+                    f.write(json.dumps(rows[-1]) + "\n")
                 said = doc.get("error") or f"{doc['ms_per_token']:.2f} ms/token"
                 print(f"[{len(hosts.hosts)} hosts, {link}, {shape}, {mode}, round {r}] {system}: {said}",
                       flush=True)
