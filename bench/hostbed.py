@@ -174,7 +174,7 @@ def _part(a: argparse.Namespace, doc: dict, t0: float, name: str, fn):
 
 def _on_bed(a: argparse.Namespace, doc: dict, t0: float, n: int, links: list[str], what: str, fn) -> None:
     """Build a bed of n hosts; for each link, probe it (once a run) and run fn(bed, n, link, a)."""
-    with multihost.bed(a.bed, n) as bed:
+    with multihost.bed(n) as bed:
         doc["beds"].append(bed.describe())
         for link in links:
             bed.set_link(*parse_link(link))
@@ -194,8 +194,7 @@ def _on_bed(a: argparse.Namespace, doc: dict, t0: float, n: int, links: list[str
 def run_all(a: argparse.Namespace) -> dict:
     """The collectives on every host count first, then decode, then the gate: a deadline cuts the gate first."""
     t0 = time.monotonic()
-    tbf = netbed.kernel_has_tbf() if a.bed == "pinned" else "yes: the netns bed's rate is a tbf qdisc"
-    doc = {"machine": harness.machine_info(), "command": " ".join(sys.argv), "tbf": tbf,
+    doc = {"machine": harness.machine_info(), "command": " ".join(sys.argv), "tbf": netbed.kernel_has_tbf(),
            "beds": [], "links": [], "collectives": [], "decode": [], "gate": [], "skipped": []}
     for n in a.hosts:
         _on_bed(a, doc, t0, n, a.links, "collectives", collectives)
@@ -210,7 +209,6 @@ def run_all(a: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
-    p.add_argument("--bed", choices=tuple(multihost.BEDS), default="pinned")
     p.add_argument("--hosts", default="2,4", help="host counts for the collectives ('': none)")
     p.add_argument("--links", default="unshaped,1gbit+50us")
     p.add_argument("--systems", default="fastcoll-tcp,mlx-ring,mpi")
@@ -245,8 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown decode shape or system: {', '.join(unknown)}")
     try:
-        multihost.check_links(a.bed, a.links * bool(a.hosts) + a.decode_links * bool(a.decode_hosts)
-                              + a.gate_links * bool(a.gate_hosts))
+        for link in a.links * bool(a.hosts) + a.decode_links * bool(a.decode_hosts) + a.gate_links * bool(a.gate_hosts):
+            parse_link(link)  # a link it cannot read is refused before any bed is built
         for system in a.systems:  # a system the bed cannot start is refused before any bed is built
             multihost.bed_system(system)
     except ValueError as e:

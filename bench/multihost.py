@@ -1,10 +1,9 @@
-"""The beds' hosts and how each system's job starts across them, for bench/hostbed.py (the
+"""The bed's hosts and how each system's job starts across them, for bench/hostbed.py (the
 collectives) and bench/tp_hosts.py (mlx-lm decode); root and Linux only (docs/multihost.md).
 
-Two beds: `pinned` (`tests/netbed.py`: each host its own cores where the machine has 8 CPUs or
-more, links shaped by bench/bedlink.c) and `netns` (`tests/netns.py`, the 2-core VM's bed: an
-sshd a host, links limited by a tbf qdisc, no delay). A link is `unshaped` or `RATE+DELAY`
-(`1gbit+50us`, `0+200us` for a delay alone, `1gbit` for a rate alone).
+The bed is `tests/netbed.py`'s: each host its own cores where the machine has 8 CPUs or more
+(below that nothing is pinned), links shaped by bench/bedlink.c. A link is `unshaped` or
+`RATE+DELAY` (`1gbit+50us`, `0+200us` for a delay alone, `1gbit` for a rate alone).
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import netbed  # noqa: E402
-import netns  # noqa: E402
 from bench import harness  # noqa: E402
 from bench.systems import WORKERS, System, fastcoll_env, parse_system  # noqa: E402
 
@@ -45,37 +43,6 @@ def parse_link(text: str) -> tuple[float | None, int | None]:
     return float(delay.removesuffix("us") or 0), bps
 
 
-class NetnsBed(netns.TestBed):
-    """The 2-core VM's bed behind the calls of netbed.Bed that the benchmark makes: its rate is a
-    tbf qdisc, which spins no core (bedlink would take one of the VM's two)."""
-
-    def __init__(self, hosts: int) -> None:
-        super().__init__(hosts=hosts, data_links=1)
-
-    def set_link(self, delay_us: float | None = None, rate_bps: int | None = None) -> None:
-        if delay_us:
-            raise ValueError("the netns bed has no delay (this kernel has no netem): use --bed pinned")
-        self.heal()
-        if rate_bps:
-            self.shape(f"{rate_bps}bit")
-
-    def relay_stats(self) -> dict:
-        return {}  # no bedlink: nothing holds the frames
-
-    def describe(self) -> dict:
-        return {"bed": "netns", "prefix": self.prefix, "cpus": os.cpu_count(), "pinned": False,
-                "hosts": [{"name": h.name, "mgmt": h.mgmt, "data": list(h.data)} for h in self.hosts]}
-
-
-BEDS = {"pinned": netbed.Bed, "netns": NetnsBed}
-
-
-def check_links(kind: str, links: list[str]) -> None:
-    """ValueError naming the first link that `parse_link` cannot read or the bed cannot give."""
-    if any(parse_link(link)[0] for link in links) and kind == "netns":
-        raise ValueError("the netns bed has no delay: its links are unshaped or a rate (1gbit)")
-
-
 def bed_system(name: str) -> System:
     """A system of bench/systems.py that the bed can start; ValueError for one it cannot."""
     s = parse_system(name)
@@ -85,9 +52,9 @@ def bed_system(name: str) -> System:
 
 
 @contextlib.contextmanager
-def bed(kind: str, hosts: int):
-    """A built bed of `kind` (BEDS) with `hosts` hosts, torn down after the block."""
-    built = BEDS[kind](hosts).build()
+def bed(hosts: int):
+    """A built bed of `hosts` hosts, torn down after the block."""
+    built = netbed.Bed(hosts).build()
     try:
         yield built
     finally:
@@ -97,7 +64,7 @@ def bed(kind: str, hosts: int):
 class Hosts:
     """The bed's hosts and how each system's job is started across them."""
 
-    def __init__(self, bed: netbed.Bed | NetnsBed, hosts: int) -> None:
+    def __init__(self, bed: netbed.Bed, hosts: int) -> None:
         self.bed, self.port = bed, 41000
         bindir = bed.root / "bin"  # an `ssh` that reaches the bed's hosts, for mlx.launch and hydra
         if not (bindir / "ssh").exists():
@@ -143,7 +110,7 @@ class Hosts:
             return self.mlx_launch_ring(s.worker, args, {})
         return [self.mpiexec, "-launcher", "ssh", "-hosts",
                 ",".join(h.name for h in self.hosts), "-n", str(len(self.hosts)), "-ppn", "1",
-                "-localhost", netns.CTL_ADDR, "-genv", "PYTHONPATH", self.pythonpath, "-genv",
+                "-localhost", netbed.CTL_ADDR, "-genv", "PYTHONPATH", self.pythonpath, "-genv",
                 "MPIR_CVAR_CH4_NETMOD", "ofi", "-genv", "FI_PROVIDER", "tcp", "-genv", "FI_TCP_IFACE", "d0",
                 "-wdir", str(REPO), PYTHON, str(s.worker), *args]
 

@@ -94,13 +94,15 @@ def test_the_summary_keeps_each_op_apart_and_marks_an_emulated_one():
     assert "1.50x" in rows[1] and "30.0 us (1.000)*" in rows[1]
 
 
-def test_the_netns_bed_takes_a_rate_but_refuses_a_delay():
-    """`--bed netns` (the 2-core VM's bed) limits a link by tbf and has no delay: a link with one is
-    refused before any bed is built; the pinned bed takes it."""
-    multihost.check_links("netns", ["unshaped", "1gbit"])
-    multihost.check_links("pinned", ["unshaped", "1gbit+50us", "0+200us"])
-    with pytest.raises(ValueError, match="no delay"):
-        multihost.check_links("netns", ["unshaped", "1gbit+50us"])
+def test_hostbed_refuses_a_link_or_system_before_building_a_bed(tmp_path, capsys):
+    """A link it cannot read, or a variant the bed cannot start, ends the command line's parse
+    (exit 2, the problem named) before any bed is built: no root needed to see it."""
+    for args, said in ((["--links", "unshaped,1gb+50us"], "rate must end in gbit"),
+                       (["--systems", "fastcoll-tcp/a2"], "localhost's variants")):
+        with pytest.raises(SystemExit) as e:
+            hostbed.main(["--out", str(tmp_path / "out"), *args])
+        assert e.value.code == 2 and said in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 class _FakeBed:
