@@ -75,12 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(str(e))
     doc = systems.measure(config, args.busy)
     written = report.write(doc, Path(args.out), plots=not args.no_plots)
-    for t in doc["targets"]:
-        small = (f" small min {t['small_min_speedup']:.2f}x (target {t['small_target']:g}x)"
-                 if "small_min_speedup" in t else "")
-        large = (f" 64 MiB all-reduce busbw {t['large_busbw_ratio']:.2f}x (target {t['large_target']:g}x)"
-                 if "large_busbw_ratio" in t else "")
-        print(f"{t['fastcoll']} vs {t['peer']} ({t['world']} ranks):{small}{large}")
+    print("\n".join(report.targets_table(doc)))
     print("wrote " + ", ".join(str(p) for p in written))
     return 0 if any(p["status"] == "ok" for p in doc["points"]) else 1
 

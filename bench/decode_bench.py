@@ -15,13 +15,13 @@ Prints ms per token against the single process and whether each run made the hos
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import harness  # noqa: E402
+from bench.report import save  # noqa: E402
 from bench.systems import launcher  # noqa: E402
 
 WORKER = harness.REPO_ROOT / "bench" / "workers" / "tp_worker.py"
@@ -90,13 +90,11 @@ def main() -> None:
     unknown = [r for r in args.runs.split(",") if r.split("#")[0] not in RUNS]
     if unknown:
         sys.exit(f"unknown run {unknown[0]!r}; known: {', '.join(RUNS)} (and NAME#N)")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     results = {run: one_run(run, args) for run in args.runs.split(",")}
-    lines = report(results, args)
-    print("\n".join(lines))
-    (out / f"decode_{args.shape}.md").write_text("\n".join(lines) + "\n")
-    (out / f"decode_{args.shape}.json").write_text(json.dumps(results, indent=1))
+    text = "\n".join(report(results, args)) + "\n"
+    print(text, end="")
+    save(Path(args.out), f"decode_{args.shape}", text)
+    save(Path(args.out), f"decode_{args.shape}", results)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import harness, metrics  # noqa: E402
+from bench.report import save  # noqa: E402
 from bench.systems import fastcoll_ranks  # noqa: E402
 
 LAYERS = 64  # all-reduces per token
@@ -176,9 +177,8 @@ def job(run: str, env: dict, args: argparse.Namespace, more: list[str], timeout:
     print(f"--- {run}: {res.error or 'ok'} in {res.wall_s:.1f} s", flush=True)
     if res.error and not docs:
         print(res.output[-3000:], flush=True)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
     name = run if "kill" in run else f"gate_{args.what}_{run}"
-    (Path(args.out) / f"{name}.json").write_text(json.dumps((docs or [{"error": "no result"}])[0] if "kill" in run else docs, indent=1))
+    save(Path(args.out), name, (docs or [{"error": "no result"}])[0] if "kill" in run else docs)
     return docs
 
 
@@ -215,7 +215,7 @@ def cmd_ranks(args: argparse.Namespace) -> None:
         docs[run] = job(run, env, args, more, args.timeout * 5)
     lines = table(docs, [f"{name}_{n}" for n, name in rows(args.rows)])
     print("\n".join(lines), flush=True)
-    (Path(args.out) / f"gate_{args.what}_results.md").write_text("\n".join(lines) + "\n")
+    save(Path(args.out), f"gate_{args.what}_results", "\n".join(lines) + "\n")
 
 
 def main() -> None:

@@ -155,12 +155,10 @@ def summary(runs: list[dict], systems: list[str]) -> str:
 
 
 def _save(a: argparse.Namespace, doc: dict) -> None:
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    (out / "summary.md").write_text(summary(doc["collectives"], a.systems) + "\n\n"
-                                    + (tp_hosts.table(doc["decode"]) if doc["decode"] else "") + "\n\n"
-                                    + (gate_table(doc["gate"], a) if doc["gate"] else "") + "\n")
+    report.save(Path(a.out), "results", doc)
+    report.save(Path(a.out), "summary", summary(doc["collectives"], a.systems) + "\n\n"
+                + (tp_hosts.table(doc["decode"]) if doc["decode"] else "") + "\n\n"
+                + (gate_table(doc["gate"], a) if doc["gate"] else "") + "\n")
 
 
 def _part(a: argparse.Namespace, doc: dict, t0: float, name: str, fn):

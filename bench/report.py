@@ -78,12 +78,17 @@ def assemble(raw: dict[str, Any]) -> dict[str, Any]:
                       "error": j.error, "incomplete": bool(j.doc and j.doc.get("incomplete"))} for j in jobs]}
 
 
+def save(out: Path, name: str, doc: Any) -> Path:
+    """NAME.md of a report's text, else NAME.json of `doc`, in `out`: how every entry point writes."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.{'md' if isinstance(doc, str) else 'json'}"
+    path.write_text(doc if isinstance(doc, str) else json.dumps(doc, indent=1, default=str) + "\n")
+    return path
+
+
 def write(doc: dict[str, Any], out: Path, plots: bool = True) -> list[Path]:
     """results.json, results.md and (with matplotlib) latency.png and busbw.png in `out`."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (out / "results.md").write_text(markdown(doc))
-    written = [out / "results.json", out / "results.md"]
+    written = [save(out, "results", doc), save(out, "results", markdown(doc))]
     if plots:
         try:
             written += plot(doc, out)
@@ -136,7 +141,8 @@ def _header(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _targets(doc: dict[str, Any]) -> list[str]:
+def targets_table(doc: dict[str, Any]) -> list[str]:
+    """The report's targets and whether each is met (compare.py prints it when it ends)."""
     if not doc.get("targets"):
         return []
     lines = ["", "## Targets (report.TARGETS: issue 7 against MLX ring, issue 24 against MPICH)", "",
@@ -179,7 +185,7 @@ def markdown(doc: dict[str, Any]) -> str:
     """The report: setup, skipped peers, targets, and per (op, world) tables."""
     cfg = doc["meta"]["config"]
     present = [s for s in dict.fromkeys(cfg["systems"]) if any(p["system"] == s for p in doc["points"])]
-    lines = _header(doc) + _targets(doc)
+    lines = _header(doc) + targets_table(doc)
     for op in cfg["ops"]:
         for world in cfg["worlds"]:
             lines += _op_tables(doc, op, world, present)
