@@ -241,8 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown decode shape or system: {', '.join(unknown)}")
     try:
-        for link in a.links * bool(a.hosts) + a.decode_links * bool(a.decode_hosts) + a.gate_links * bool(a.gate_hosts):
-            parse_link(link)  # a link it cannot read is refused before any bed is built
+        links = a.links * bool(a.hosts) + a.decode_links * bool(a.decode_hosts) + a.gate_links * bool(a.gate_hosts)
+        for link in links:  # a link it cannot read is refused before any bed is built
+            parse_link(link)
         for system in a.systems:  # a system the bed cannot start is refused before any bed is built
             multihost.bed_system(system)
     except ValueError as e:
