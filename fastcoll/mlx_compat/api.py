@@ -12,6 +12,7 @@ fastcoll while installed.
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from typing import Any
 
@@ -100,9 +101,13 @@ def init(strict: bool = False, backend: str = "any", *, all_gather_factory: Any 
         )
     if all_gather_factory is not None and backend != "jaccl":
         raise ValueError("all_gather_factory is only supported with backend='jaccl'.")
-    group = fastcoll.init(config.for_mlx(config.Config.from_env()))
-    if group.config.mlx_graph and group.size() > 1:  # MLX's graph runs the collectives (graph.py)
-        mlx_group = graph.open_graph(group)
+    wanted = config.Config.from_env()
+    # What stops graph mode on this rank is known before it joins: its waits are then the eager
+    # path's (for_mlx), though every rank still asks the others in open_graph.
+    here = graph.problem_here(wanted) if wanted.mlx_graph else None
+    group = fastcoll.init(config.for_mlx(dataclasses.replace(wanted, mlx_graph=wanted.mlx_graph and here is None)))
+    if wanted.mlx_graph and group.size() > 1:  # MLX's graph runs the collectives (graph.py)
+        mlx_group = graph.open_graph(group, here)
         if mlx_group is not None:
             return mlx_group
     if strict and group.size() == 1 and group.config.launcher == "none":
