@@ -179,19 +179,19 @@ def all_sum(x: Any, *, group: Any = None, stream: Any = None) -> mx.array:
         graph mode, on the calling thread's stream for collectives: fastcoll.mlx_compat.graph).
 
     Returns:
-      array: The sum of all ``x`` arrays. Unlike MLX's, it is computed now (eagerly), not when
-      the result is evaluated.
+      array: The sum of all ``x`` arrays. In graph mode (the default) MLX's own lazy all_sum; on
+      the eager path (FASTCOLL_MLX_GRAPH=0) it is computed now, not when the result is evaluated.
     """
     return _reduce("sum", x, group, "all_sum", stream)
 
 
 def all_max(x: Any, *, group: Any = None, stream: Any = None) -> mx.array:
-    """All reduce max: the element-wise maximum of ``x`` over the group (computed eagerly)."""
+    """All reduce max: the element-wise maximum of ``x`` over the group (lazy or eager: see all_sum)."""
     return _reduce("max", x, group, "all_max", stream)
 
 
 def all_min(x: Any, *, group: Any = None, stream: Any = None) -> mx.array:
-    """All reduce min: the element-wise minimum of ``x`` over the group (computed eagerly)."""
+    """All reduce min: the element-wise minimum of ``x`` over the group (lazy or eager: see all_sum)."""
     return _reduce("min", x, group, "all_min", stream)
 
 
@@ -212,7 +212,7 @@ def _reduce(op: str, x: Any, group: Any, name: str, stream: Any) -> mx.array:
 
 
 def all_gather(x: Any, *, group: Any = None, stream: Any = None) -> mx.array:
-    """Gather ``x`` from all processes and concatenate along the first axis (computed eagerly).
+    """Gather ``x`` from all processes and concatenate along the first axis (lazy or eager: see all_sum).
 
     A scalar becomes a vector of one element per process; on a group of one ``x`` comes back
     unchanged, as in MLX.
@@ -257,7 +257,7 @@ def send(x: Any, dst: int, *, group: Any = None, stream: Any = None) -> mx.array
 
 
 def recv(shape: Any, dtype: Any, src: int, *, group: Any = None, stream: Any = None) -> mx.array:
-    """Receive an array of ``shape`` and ``dtype`` from rank ``src`` (computed eagerly)."""
+    """Receive an array of ``shape`` and ``dtype`` from rank ``src`` (lazy or eager: see all_sum)."""
     if graph.carries(group):
         return graph.MLX["recv"](shape, dtype, src, group=group, stream=graph.stream())
     g = _resolve(group)
@@ -269,7 +269,7 @@ def recv(shape: Any, dtype: Any, src: int, *, group: Any = None, stream: Any = N
 
 
 def recv_like(x: Any, src: int, *, group: Any = None, stream: Any = None) -> mx.array:
-    """Receive an array shaped and typed like ``x`` from rank ``src`` (computed eagerly)."""
+    """Receive an array shaped and typed like ``x`` from rank ``src`` (lazy or eager: see all_sum)."""
     if graph.carries(group):
         return graph.MLX["recv_like"](x, src, group=group, stream=graph.stream())
     x = _as_array(x, "recv_like")

@@ -2,8 +2,9 @@
 
 On the eager path (FASTCOLL_MLX_GRAPH=0, or where graph mode cannot run) mlx_compat's
 collectives run when they are called: each evaluates its input, hands it to fastcoll and hands
-back an array. In graph mode they are MLX's own lazy collectives of its MPI backend, over fastcoll's MPI library (fastcoll/mlx_compat/csrc/): MLX runs each where it stands
-in the graph, on its evaluation thread, and fastcoll's engine moves the bytes without Python.
+back an array. In graph mode they are MLX's own lazy collectives of its MPI backend, over
+fastcoll's MPI library (fastcoll/mlx_compat/csrc/): MLX runs each where it stands in the graph,
+on its evaluation thread, and fastcoll's engine moves the bytes without Python.
 `init()` here splits the job's group into one for the graph alone (the engine numbers its calls
 without Python), opens the engine's table of it, attaches the library, points MLX_MPI_LIBNAME at
 it and returns MLX's `mx.distributed.init(backend="mpi")`.
