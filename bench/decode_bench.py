@@ -29,10 +29,13 @@ SHAPES = {  # tp_worker's model arguments: Llama 3 8B's shape, and a smoke test 
     "8b": "--hidden 4096 --layers 32 --intermediate 14336 --heads 32 --kv-heads 8 --vocab 128256",
     "tiny": "--hidden 256 --layers 2 --intermediate 512 --heads 4 --kv-heads 2 --vocab 1000",
 }
-GATE = {"FASTCOLL_FAST_SYNC": "1"}
-RUNS = {"single": {}, "host": {"FASTCOLL_FAST_SYNC": "0"}, "gate": GATE,
+# Every run of ranks takes the eager path (FASTCOLL_MLX_GRAPH=0), which the gate is part of: `host`
+# is the host path, not graph mode (the default under fastcoll.mlx_compat).
+EAGER = {"FASTCOLL_MLX_GRAPH": "0"}
+GATE = EAGER | {"FASTCOLL_FAST_SYNC": "1"}
+RUNS = {"single": {}, "host": EAGER | {"FASTCOLL_FAST_SYNC": "0"}, "gate": GATE,
         "gate_host_mode": GATE | {"FASTCOLL_TUNING": "gate_direct=0"},
-        "gate_profile": GATE | {"FASTCOLL_GATE_PROFILE": "1"}, "floor": {}}
+        "gate_profile": GATE | {"FASTCOLL_GATE_PROFILE": "1"}, "floor": EAGER}
 
 
 def command(name: str, args: argparse.Namespace, launch: list[str] | None = None) -> list[str]:

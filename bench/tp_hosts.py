@@ -37,7 +37,7 @@ def command(hosts: Hosts, system: str, args: list[str], timeout: float) -> list[
     name, _, knobs = system.partition("/")  # fastcoll/NAME=VALUE/...: with those FASTCOLL_TUNING knobs
     if name in ("fastcoll", "fastcoll-graph"):
         env = THREADS | {"FASTCOLL_TIMEOUT": "60"} | ({"FASTCOLL_TUNING": knobs.replace("/", ",")} if knobs else {})
-        env |= {"FASTCOLL_MLX_GRAPH": "1"} if name == "fastcoll-graph" else {}
+        env |= {"FASTCOLL_MLX_GRAPH": "1" if name == "fastcoll-graph" else "0"}  # "fastcoll": the eager path
         return [*hosts.fastcoll_launch(timeout, env), PYTHON, "-m", "fastcoll.mlx_compat", str(WORKER), *args]
     launch = hosts.fastcoll_launch(timeout, THREADS)
     ring = hosts.bed.root / f"ring-{hosts.port}.json"

@@ -72,6 +72,12 @@ DEFAULT_LONG_WAIT_US = 0
 # this many MiB, for the next results: fresh pages for every call cost a quarter of a 64 MiB
 # all_reduce's CPU time on 4 ranks (bench/NOTES.md, entry 70). 0 keeps none.
 DEFAULT_RESULT_CACHE_MB = 512
+# FASTCOLL_MLX_GRAPH unset or empty: under fastcoll.mlx_compat MLX's graph runs the collectives
+# (graph mode, fastcoll/mlx_compat/graph.py) wherever it can, else they run eagerly, quietly. On
+# the pinned bed (two hosts, links unshaped, 1 Gbit/s + 50 us and + 200 us, mlx-lm decode) graph
+# mode was faster than the eager path in every configuration: tensor-parallel 1.23-1.34x,
+# pipelined 1.06-1.17x, median of 10 rounds (bench/records/2026-12-07-pinned-bed-decode/).
+DEFAULT_MLX_GRAPH = True
 
 LOG_LEVELS = ("warning", "info", "debug")
 
@@ -139,7 +145,10 @@ class Config:
     gate_max_bytes: int = DEFAULT_GATE_MAX_BYTES
     gate_profile: bool = False
     trace: str | None = None
-    mlx_graph: bool = False  # FASTCOLL_MLX_GRAPH: MLX's graph runs the collectives (mlx_compat/graph.py)
+    mlx_graph: bool = DEFAULT_MLX_GRAPH  # FASTCOLL_MLX_GRAPH: MLX's graph runs the collectives (mlx_compat/graph.py)
+    # FASTCOLL_MLX_GRAPH was given (not left to the default): where graph mode cannot run, a
+    # program that asked for it is warned; the default takes the eager path with a log line.
+    mlx_graph_set: bool = False
     native: bool = True  # FASTCOLL_NATIVE: the native engine where every rank has it (fastcoll/engine/)
     launcher: str = "none"
     # The job this rank belongs to, as its launcher names it ("Slurm job 12 step 0"; "" where
@@ -222,7 +231,8 @@ class Config:
             ),
             gate_profile=_flag(env, "FASTCOLL_GATE_PROFILE"),
             trace=env.get("FASTCOLL_TRACE") or None,
-            mlx_graph=_flag(env, "FASTCOLL_MLX_GRAPH"),
+            mlx_graph=_flag(env, "FASTCOLL_MLX_GRAPH", default=DEFAULT_MLX_GRAPH),
+            mlx_graph_set=bool(env.get("FASTCOLL_MLX_GRAPH", "").strip()),
             native=_flag(env, "FASTCOLL_NATIVE", default=True),
             launcher=launcher,
             job=job_identity(env, launcher),

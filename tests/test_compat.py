@@ -3,7 +3,7 @@
 - install()/uninstall()/patched() put MLX's own functions back exactly (in this process);
 - one rank program (progs/compat_worker.py) checks shapes, dtypes, values, scalars, keyword
   arguments, the group of one, point to point, split, gradients, mlx.nn's sharded layers and
-  nn.average_gradients, on worlds of 1, 2 and 3 ranks;
+  nn.average_gradients, on worlds of 1, 2 and 3 ranks, on the eager path (FASTCOLL_MLX_GRAPH=0);
 - the same mx.distributed calls run under MLX's own ring backend (mlx.launch) and under fastcoll
   give the same dtypes, shapes and values (progs/compat_mlxref.py);
 - fastcoll's Group.split: sub-groups over the parent's connections (progs/compat_split.py).
@@ -96,7 +96,8 @@ def test_mlx_programs_wait_asleep_unless_tuned(tuning, fast_sync, want):
 
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_compat_semantics(launch, world):
-    results = launch(world, "compat_worker.py").wait(timeout=90)
+    # The eager path's semantics (mlx_compat.Group, the RuntimeError inside mx.compile): asked for.
+    results = launch(world, "compat_worker.py", FASTCOLL_MLX_GRAPH="0").wait(timeout=90)
     assert_ok(results)
     for r in results:
         assert f"rank {r.rank}:" in r.out and "checks passed" in r.out, r.out
@@ -153,19 +154,32 @@ def test_split_subgroups(launch):
         assert "checks passed" in r.out and "mismatch detected" in r.out, r.out
 
 
-def test_run_unmodified_program_under_the_launcher():
-    """fastcoll-launch -n 2 python -m fastcoll.mlx_compat prog.py: a plain mx.distributed program."""
+def _graph_runs() -> bool:
+    """Whether graph mode can run in a job started here (the native engine and the library built)."""
+    from fastcoll.engine import native_available
+    from fastcoll.mlx_compat import graph
+
+    return graph.library() is not None and native_available() is None
+
+
+@pytest.mark.parametrize("setting", ["", "0"])
+def test_run_unmodified_program_under_the_launcher(setting):
+    """fastcoll-launch -n 2 python -m fastcoll.mlx_compat prog.py: a plain mx.distributed program.
+    FASTCOLL_MLX_GRAPH unset, its group is MLX's own (graph mode: MLX's MPI backend over fastcoll's
+    library) where graph mode can run, without a word; =0, the layer's own Group (the eager path)."""
     try:
         import fastcoll.launch.cli  # noqa: F401
     except ImportError as e:
         pytest.skip(f"fastcoll-launch is not importable: {e}")
     argv = [sys.executable, "-m", "fastcoll.launch", "-n", "2", "--timeout", "60", sys.executable, "-m",
             "fastcoll.mlx_compat", os.path.join(PROGS, "compat_plain.py"), "x", "--flag"]
-    code, out, err = run_session(argv, jobless_env(), 90, cwd=ROOT)
+    code, out, err = run_session(argv, jobless_env() | {"FASTCOLL_MLX_GRAPH": setting}, 90, cwd=ROOT)
     assert code == 0, err
+    via = "mlx.core.distributed" if setting == "" and _graph_runs() else "fastcoll.mlx_compat"
     for r in range(2):
-        assert f"plain rank {r} of 2: sum 3 via fastcoll.mlx_compat argv ['x', '--flag']" in out, out
+        assert f"plain rank {r} of 2: sum 3 via {via} argv ['x', '--flag']" in out, out
     assert "world of one" not in err, err  # the launcher's hint stays quiet under the compat layer
+    assert "Warning" not in err, err  # neither path warns: graph mode, or the eager path asked for
 
 
 @pytest.mark.parametrize("how", ["script", "module"])
@@ -288,7 +302,8 @@ def test_a_gated_all_sum_is_the_kernel_alone_unless_mlx_differentiates_it(launch
     call); inside mx.grad, value_and_grad, vjp and mlx.nn's value_and_grad, and whenever it is not
     installed, it keeps its vjp; a grad made before install() raises, never a wrong gradient."""
     env = {"FASTCOLL_FAST_SYNC": "1", "FASTCOLL_GATE_MAX_BYTES": "4096",
-           "FASTCOLL_TUNING": "gate_direct=0,gate_host_min_bytes=1"}
+           "FASTCOLL_TUNING": "gate_direct=0,gate_host_min_bytes=1",
+           "FASTCOLL_MLX_GRAPH": "0"}  # the gate is the eager path's (graph mode's collectives are MLX's)
     results = launch(2, "compat_gated.py", FASTCOLL_NATIVE=engine, **env).wait(timeout=120)
     assert_ok(results)
     for res in results:

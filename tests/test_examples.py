@@ -1,5 +1,6 @@
-"""Every example, and every command the README, docs/mlx.md and docs/macs.md show, eagerly and in graph mode
-(FASTCOLL_MLX_GRAPH=1, where MLX's graph runs the collectives of mx.distributed code).
+"""Every example, and every command the README, docs/mlx.md and docs/macs.md show, eagerly
+(FASTCOLL_MLX_GRAPH=0) and in graph mode (FASTCOLL_MLX_GRAPH=1, where MLX's graph runs the
+collectives of mx.distributed code).
 
 Each example runs on two ranks under fastcoll-launch (`python -m fastcoll.launch -n 2 ...`) and
 as a world of one, and must print the equalities it checks: examples/allreduce.py's sum,
@@ -49,12 +50,13 @@ def run(argv: list[str], timeout: float = 120, **env: str) -> tuple[str, str]:
 
 
 def launched(script: str, *args: str, mode: str = "eager", runner: bool = False) -> tuple[str, str]:
-    """`fastcoll-launch -n 2 [--env FASTCOLL_MLX_GRAPH=1] python [-m fastcoll.mlx_compat] script args`."""
+    """`fastcoll-launch -n 2 --env FASTCOLL_MLX_GRAPH=0|1 python [-m fastcoll.mlx_compat] script args`."""
     try:
         import fastcoll.launch.cli  # noqa: F401
     except ImportError as e:
         pytest.skip(f"fastcoll-launch is not importable: {e}")
-    graph = ["--env", "FASTCOLL_MLX_GRAPH=1"] if mode == "graph" else []
+    # Each mode asked for by name: the eager path is no longer what an unset FASTCOLL_MLX_GRAPH gives.
+    graph = ["--env", f"FASTCOLL_MLX_GRAPH={int(mode == 'graph')}"]
     prefix = ["-m", "fastcoll.mlx_compat"] if runner else []
     out, err = run([sys.executable, "-m", "fastcoll.launch", "-n", "2", "--timeout", "100", *graph,
                     sys.executable, *prefix, os.path.join(EXAMPLES, script), *args])

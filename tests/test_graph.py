@@ -15,7 +15,10 @@ MPI library (fastcoll/mlx_compat/csrc/mpi_abi.c over fastcoll/engine/csrc/bindin
   different collectives on a split, or send what the other does not take, end with a
   MismatchError naming both calls in the user's terms;
 - the library alone: what it says to MLX's probe, and what it refuses;
-- on the pure-Python engine (which has no table) graph mode says so and the eager path serves.
+- on the pure-Python engine (which has no table) graph mode says so and the eager path serves;
+- the default (FASTCOLL_MLX_GRAPH unset) is graph mode where it can run, and where it cannot (an
+  MLX older than 0.29.4, one whose MPI backend loads nothing, the fence gate asked for) the eager
+  path with a log line and no warning; =0 is the eager path; =1 where it cannot run warns.
 """
 
 from __future__ import annotations
@@ -242,3 +245,45 @@ def test_install_gives_mlxs_group_class_fastcoll_group_and_split_and_uninstall_t
     assert "split wrapped True property True" in p.stdout, p.stdout
     assert "is not a group fastcoll made (make it with mx.distributed.init() after fastcoll.mlx_compat.install()" in p.stdout
     assert "ours 1" in p.stdout and "restored True False" in p.stdout, p.stdout
+
+
+OLD = "this MLX (0.29.3) is older than 0.29.4, whose MPI backend does not read MLX_MPI_LIBNAME"
+NO_MPI = "MLX's MPI backend did not load "
+GATE = "FASTCOLL_FAST_SYNC=1 asks for the fence gate, which the eager path runs"
+
+
+@pytest.mark.parametrize("env, said, warned", [
+    ({}, None, False),  # the default: graph mode where MLX allows it, without a word
+    ({"FASTCOLL_MLX_GRAPH": "0"}, None, False),  # the eager path, asked for
+    ({"FASTCOLL_TEST_GRAPH_UNAVAILABLE": "old-mlx"}, OLD, False),  # the default where graph mode cannot run
+    ({"FASTCOLL_TEST_GRAPH_UNAVAILABLE": "no-mpi"}, NO_MPI, False),
+    ({"FASTCOLL_FAST_SYNC": "1"}, GATE, False),  # the fence gate is the eager path's
+    ({"FASTCOLL_MLX_GRAPH": "1", "FASTCOLL_TEST_GRAPH_UNAVAILABLE": "old-mlx"}, OLD, True),  # asked for: warned
+])
+def test_graph_mode_is_the_default_where_it_can_run_else_the_eager_path_quietly(launch, env, said, warned):
+    """Which path an mx.distributed program gets: the worker says "graph" only where its group is
+    MLX's own of the MPI backend over fastcoll's library. The default's fallback is an info line
+    (FASTCOLL_LOG=info shows it) and nothing at warning level; an explicit =1's is a warning."""
+    env = {"FASTCOLL_MLX_GRAPH": "", "FASTCOLL_LOG": "" if warned else "info", **env}
+    results = launch(2, "graph_worker.py", "check", **env).wait(timeout=120)
+    assert_ok(results)
+    graph_here = _mode() == "graph"
+    mode = "graph" if graph_here and said is None and env["FASTCOLL_MLX_GRAPH"] != "0" else "eager"
+    for r in results:
+        assert f"rank {r.rank}: {mode} checks passed" in r.out, (r.out, r.err)
+        assert ("RuntimeWarning" in r.err) == (warned and mode == "eager"), r.err
+        assert "WARNING" not in r.err, r.err
+        default_fallback = "collectives run eagerly, not in MLX's graph (graph mode, the default): "
+        if not warned and mode == "eager" and env["FASTCOLL_MLX_GRAPH"] != "0":
+            assert default_fallback + (said if graph_here else "") in r.err, r.err
+        else:
+            assert default_fallback not in r.err, r.err
+        if warned and graph_here:
+            assert f"FASTCOLL_MLX_GRAPH=1: {said}; collectives run eagerly instead" in r.err, r.err
+
+
+@pytest.mark.parametrize("version, old", [("0.29.3", True), ("0.28.9", True), ("0.29.4", False), ("0.32.4", False),
+                                          ("1.0.0", False), ("0.30.0.dev20251201+abc", False), ("", True),
+                                          ("unknown", True)])
+def test_mlx_older_than_0_29_4_cannot_run_graph_mode(version, old):
+    assert graph.mlx_too_old(version) is old

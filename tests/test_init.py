@@ -66,6 +66,7 @@ def test_mlx_launch_hostfile_gives_size_and_first_host(tmp_path):
         ({"FASTCOLL_TRANSPORT": "udp"}, "FASTCOLL_TRANSPORT"),
         ({"FASTCOLL_TIMEOUT": "soon"}, "FASTCOLL_TIMEOUT"),
         ({"FASTCOLL_FAST_SYNC": "maybe"}, "FASTCOLL_FAST_SYNC"),
+        ({"FASTCOLL_MLX_GRAPH": "2"}, r"FASTCOLL_MLX_GRAPH must be 0 or 1 \(or on/off, true/false, yes/no\), not '2'"),
         ({"FASTCOLL_RANK": "0", "FASTCOLL_WORLD_SIZE": "2", "FASTCOLL_COORDINATOR": "nohostport"}, "host:port"),
         ({"FASTCOLL_CONNECTIONS": "0"}, "FASTCOLL_CONNECTIONS"),
     ],
@@ -73,6 +74,18 @@ def test_mlx_launch_hostfile_gives_size_and_first_host(tmp_path):
 def test_bad_environment_names_the_variable(env, needle):
     with pytest.raises(ValueError, match=needle):
         Config.from_env(env)
+
+
+@pytest.mark.parametrize("value, graph, given", [(None, True, False), ("", True, False), (" ", True, False),
+                                                ("0", False, True), ("1", True, True), ("yes", True, True),
+                                                ("off", False, True)])
+def test_graph_mode_is_the_default_and_a_given_setting_is_known_as_given(value, graph, given):
+    """FASTCOLL_MLX_GRAPH unset or empty: config.DEFAULT_MLX_GRAPH (graph mode), not given (where
+    graph mode cannot run it falls back quietly); any of the flags' words: that, given."""
+    from fastcoll.config import DEFAULT_MLX_GRAPH
+
+    c = Config.from_env({} if value is None else {"FASTCOLL_MLX_GRAPH": value})
+    assert DEFAULT_MLX_GRAPH is True and (c.mlx_graph, c.mlx_graph_set) == (graph, given)
 
 
 # The names that are no setting on purpose: the refusal's tests and examples use them (and only

@@ -134,6 +134,7 @@ def test_every_job_on_the_bed_starts_through_one_launcher_line(tmp_path):
     graph = tp_hosts.command(hosts, "fastcoll-graph/yield_reads=0", ["--mode", "tp"], 60)
     assert "--env=OMP_NUM_THREADS=1" in graph and "--env=FASTCOLL_MLX_GRAPH=1" in graph
     assert "--env=FASTCOLL_TUNING=yield_reads=0" in graph and graph[graph.index("--timeout") + 1] == "60"
+    assert "--env=FASTCOLL_MLX_GRAPH=0" in tp_hosts.command(hosts, "fastcoll", ["--mode", "tp"], 60)  # eager, by name
     ring = tp_hosts.command(hosts, "ring-mlx.launch", ["--mode", "tp"], 60)
     assert ring[ring.index("--starting-port") + 1] == str(hosts.port) and "--env=OPENBLAS_NUM_THREADS=1" in ring
     assert ring[-3:] == [str(tp_hosts.WORKER), "--mode", "tp"]

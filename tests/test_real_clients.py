@@ -136,9 +136,10 @@ def documented_server(model: str, port: int) -> list[str]:
 
 
 def graph_env(argv: list[str], graph: str) -> list[str]:
-    """argv (a fastcoll-launch command) with FASTCOLL_MLX_GRAPH=1 for its ranks in graph mode."""
+    """argv (a fastcoll-launch command) with FASTCOLL_MLX_GRAPH=1 for its ranks in graph mode, =0
+    eagerly (the eager path is no longer what an unset FASTCOLL_MLX_GRAPH gives)."""
     at = argv.index("fastcoll.launch") + 1
-    return argv[:at] + (["--env", "FASTCOLL_MLX_GRAPH=1"] if graph == "graph" else []) + argv[at:]
+    return argv[:at] + ["--env", f"FASTCOLL_MLX_GRAPH={int(graph == 'graph')}"] + argv[at:]
 
 
 @pytest.mark.parametrize("graph", ["eager", "graph"])

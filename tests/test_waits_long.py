@@ -42,6 +42,8 @@ def test_a_kind_of_call_that_waited_long_sleeps_at_once_next_time(launch):
     ({"FASTCOLL_MLX_GRAPH": "1", "FASTCOLL_TUNING": "yield_us=300"}, 16, (300, 0)),  # a knob the user set stays
     ({"FASTCOLL_MLX_GRAPH": "1", "FASTCOLL_TUNING": "long_wait_us=50"}, 16, (20000, 50)),
     ({"FASTCOLL_MLX_GRAPH": "0"}, 16, (0, 0)),  # outside graph mode an MLX program's waits sleep at once
+    ({}, 16, (20000, 0)),  # graph mode is the default
+    ({}, 2, (2000, 1000)),
     ({"FASTCOLL_MLX_GRAPH": "1", "FASTCOLL_FAST_SYNC": "1"}, 16, (5000, 0)),  # the gate's waits are its own
 ])
 def test_graph_mode_yields_through_where_cpus_are_spare(env, cpus_per_rank, want):

@@ -16,12 +16,13 @@
 One job a module: `patch` (install, uninstall, patched: how MLX's functions are replaced),
 `api` (the functions and Group, with MLX's signatures and semantics), `autograd` (the
 collectives as differentiable graph functions), `runner` (`python -m fastcoll.mlx_compat`),
-`graph` (graph mode, FASTCOLL_MLX_GRAPH=1: MLX's own lazy collectives over fastcoll's MPI
-library, run inside MLX's graph).
+`graph` (graph mode, the default where it can run: MLX's own lazy collectives over fastcoll's
+MPI library, run inside MLX's graph; FASTCOLL_MLX_GRAPH=0 chooses the eager path).
 
-Laziness: MLX's collectives are lazy graph nodes that run when the result is evaluated. These
-run when they are called: fastcoll's host path evaluates the input, exchanges it, and returns an
-evaluated array (with FASTCOLL_FAST_SYNC=1 on a GPU the fence gate returns a lazy one instead).
+Laziness: MLX's collectives are lazy graph nodes that run when the result is evaluated, and so
+are graph mode's. On the eager path these run when they are called: fastcoll's host path
+evaluates the input, exchanges it, and returns an evaluated array (with FASTCOLL_FAST_SYNC=1 on
+a GPU the fence gate returns a lazy one instead).
 Results are the same; the difference shows in timing (a collective waits for its input to be
 computed) and in two places where MLX evaluation is not allowed: inside `mx.compile` and
 `mx.vmap` these functions raise a RuntimeError that says so. `send` sends at once and returns

@@ -12,6 +12,7 @@ fastcoll while installed.
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from typing import Any
 
@@ -100,9 +101,13 @@ def init(strict: bool = False, backend: str = "any", *, all_gather_factory: Any 
         )
     if all_gather_factory is not None and backend != "jaccl":
         raise ValueError("all_gather_factory is only supported with backend='jaccl'.")
-    group = fastcoll.init(config.for_mlx(config.Config.from_env()))
-    if group.config.mlx_graph and group.size() > 1:  # MLX's graph runs the collectives (graph.py)
-        mlx_group = graph.open_graph(group)
+    wanted = config.Config.from_env()
+    # What stops graph mode on this rank is known before it joins: its waits are then the eager
+    # path's (for_mlx), though every rank still asks the others in open_graph.
+    here = graph.problem_here(wanted) if wanted.mlx_graph else None
+    group = fastcoll.init(config.for_mlx(dataclasses.replace(wanted, mlx_graph=wanted.mlx_graph and here is None)))
+    if wanted.mlx_graph and group.size() > 1:  # MLX's graph runs the collectives (graph.py)
+        mlx_group = graph.open_graph(group, here)
         if mlx_group is not None:
             return mlx_group
     if strict and group.size() == 1 and group.config.launcher == "none":
@@ -174,19 +179,19 @@ def all_sum(x: Any, *, group: Any = None, stream: Any = None) -> mx.array:
         graph mode, on the calling thread's stream for collectives: fastcoll.mlx_compat.graph).
 
     Returns:
-      array: The sum of all ``x`` arrays. Unlike MLX's, it is computed now (eagerly), not when
-      the result is evaluated.
+      array: The sum of all ``x`` arrays. In graph mode (the default) MLX's own lazy all_sum; on
+      the eager path (FASTCOLL_MLX_GRAPH=0) it is computed now, not when the result is evaluated.
     """
     return _reduce("sum", x, group, "all_sum", stream)
 
 
 def all_max(x: Any, *, group: Any = None, stream: Any = None) -> mx.array:
-    """All reduce max: the element-wise maximum of ``x`` over the group (computed eagerly)."""
+    """All reduce max: the element-wise maximum of ``x`` over the group (lazy or eager: see all_sum)."""
     return _reduce("max", x, group, "all_max", stream)
 
 
 def all_min(x: Any, *, group: Any = None, stream: Any = None) -> mx.array:
-    """All reduce min: the element-wise minimum of ``x`` over the group (computed eagerly)."""
+    """All reduce min: the element-wise minimum of ``x`` over the group (lazy or eager: see all_sum)."""
     return _reduce("min", x, group, "all_min", stream)
 
 
@@ -207,7 +212,7 @@ def _reduce(op: str, x: Any, group: Any, name: str, stream: Any) -> mx.array:
 
 
 def all_gather(x: Any, *, group: Any = None, stream: Any = None) -> mx.array:
-    """Gather ``x`` from all processes and concatenate along the first axis (computed eagerly).
+    """Gather ``x`` from all processes and concatenate along the first axis (lazy or eager: see all_sum).
 
     A scalar becomes a vector of one element per process; on a group of one ``x`` comes back
     unchanged, as in MLX.
@@ -252,7 +257,7 @@ def send(x: Any, dst: int, *, group: Any = None, stream: Any = None) -> mx.array
 
 
 def recv(shape: Any, dtype: Any, src: int, *, group: Any = None, stream: Any = None) -> mx.array:
-    """Receive an array of ``shape`` and ``dtype`` from rank ``src`` (computed eagerly)."""
+    """Receive an array of ``shape`` and ``dtype`` from rank ``src`` (lazy or eager: see all_sum)."""
     if graph.carries(group):
         return graph.MLX["recv"](shape, dtype, src, group=group, stream=graph.stream())
     g = _resolve(group)
@@ -264,7 +269,7 @@ def recv(shape: Any, dtype: Any, src: int, *, group: Any = None, stream: Any = N
 
 
 def recv_like(x: Any, src: int, *, group: Any = None, stream: Any = None) -> mx.array:
-    """Receive an array shaped and typed like ``x`` from rank ``src`` (computed eagerly)."""
+    """Receive an array shaped and typed like ``x`` from rank ``src`` (lazy or eager: see all_sum)."""
     if graph.carries(group):
         return graph.MLX["recv_like"](x, src, group=group, stream=graph.stream())
     x = _as_array(x, "recv_like")

@@ -1,9 +1,10 @@
-"""MLX's graph runs fastcoll's collectives (FASTCOLL_MLX_GRAPH=1; docs/mlx.md, Graph mode).
+"""MLX's graph runs fastcoll's collectives (graph mode, the default; docs/mlx.md, Graph mode).
 
-By default mlx_compat's collectives run when they are called: each evaluates its input, hands it
-to fastcoll and hands back an array. In graph mode they are MLX's own lazy collectives of its MPI
-backend, over fastcoll's MPI library (fastcoll/mlx_compat/csrc/): MLX runs each where it stands
-in the graph, on its evaluation thread, and fastcoll's engine moves the bytes without Python.
+On the eager path (FASTCOLL_MLX_GRAPH=0, or where graph mode cannot run) mlx_compat's
+collectives run when they are called: each evaluates its input, hands it to fastcoll and hands
+back an array. In graph mode they are MLX's own lazy collectives of its MPI backend, over
+fastcoll's MPI library (fastcoll/mlx_compat/csrc/): MLX runs each where it stands in the graph,
+on its evaluation thread, and fastcoll's engine moves the bytes without Python.
 `init()` here splits the job's group into one for the graph alone (the engine numbers its calls
 without Python), opens the engine's table of it, attaches the library, points MLX_MPI_LIBNAME at
 it and returns MLX's `mx.distributed.init(backend="mpi")`.
@@ -27,6 +28,7 @@ import ctypes
 import glob
 import logging
 import os
+import re
 import threading
 import warnings
 from typing import Any
@@ -35,14 +37,16 @@ import mlx.core as mx
 import numpy as np
 
 import fastcoll
+from fastcoll.engine import NATIVE_TRANSPORTS, native_available
 from fastcoll.group import Group as FastcollGroup
 
 log = logging.getLogger("fastcoll")
 
 # MLX's own functions, taken when this module is first imported (before install() patches them).
-MLX = {name: getattr(mx.distributed, name) for name in ("init", "all_sum", "all_max", "all_min", "all_gather",
-                                                         "send", "recv", "recv_like")}
+MLX = {name: getattr(mx.distributed, name) for name in ("init", "is_available", "all_sum", "all_max", "all_min",
+                                                         "all_gather", "send", "recv", "recv_like")}
 LIBNAME = "MLX_MPI_LIBNAME"
+LEAST_MLX = (0, 29, 4)  # the first MLX whose MPI backend loads the library LIBNAME names
 
 # The open graph: (MLX's group, the fastcoll group it stands for, the table, the library, the split
 # callback, which must live as long as the library may call it).
@@ -72,11 +76,50 @@ def _capsule_pointer(capsule: Any) -> int:
     return get(capsule, b"fastcoll.graph_api")
 
 
-def _why_not(group: FastcollGroup, path: str | None, table: Any) -> str | None:
-    """Why graph mode cannot run on this rank or another (None: it can, on every rank)."""
-    why = None if path else "fastcoll's MPI library for MLX was not built (install with a C compiler)"
+def mlx_too_old(version: str) -> bool:
+    """True for an MLX version before LEAST_MLX ("0.29.3"; not "0.29.4" nor "0.30.0.dev20251201"),
+    and for one that names no version (it cannot be told to load fastcoll's library)."""
+    found = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
+    return found is None or tuple(int(n) for n in found.groups()) < LEAST_MLX
+
+
+def problem_here(config: Any) -> str | None:
+    """Why graph mode cannot run on this rank, as far as this rank knows before it joins the job
+    (None: nothing here stops it; open_graph asks MLX and the other ranks too). The default
+    (FASTCOLL_MLX_GRAPH unset) also leaves FASTCOLL_FAST_SYNC=1's fence gate to the eager path,
+    which runs it: MLX's own collectives would never reach the gate."""
+    if config.fast_sync and not config.mlx_graph_set:
+        return "FASTCOLL_FAST_SYNC=1 asks for the fence gate, which the eager path runs"
+    if not config.native:
+        return "the pure-Python engine runs (FASTCOLL_NATIVE=0)"
+    if config.transport not in NATIVE_TRANSPORTS:
+        return f"FASTCOLL_TRANSPORT={config.transport} runs the pure-Python engine"
+    why = native_available()
+    if why is not None:
+        return f"the native engine is unavailable: {why}"
+    if library() is None:
+        return "fastcoll's MPI library for MLX was not built (install with a C compiler)"
+    version = getattr(mx, "__version__", "")
+    if mlx_too_old(version):
+        return (f"this MLX ({version or 'no version'}) is older than {'.'.join(map(str, LEAST_MLX))}, "
+                f"whose MPI backend does not read {LIBNAME}")
+    return None
+
+
+def _mpi_backend(path: str) -> str | None:
+    """Point MLX's MPI backend at fastcoll's library (LIBNAME); why it cannot load it, if so."""
+    os.environ[LIBNAME] = path
+    if MLX["is_available"]("mpi"):
+        return None
+    return (f"MLX's MPI backend did not load {path} (an MLX built without that backend, or one that "
+            f"looked for an MPI library before fastcoll.mlx_compat set {LIBNAME})")
+
+
+def _why_not(group: FastcollGroup, why: str | None, table: Any) -> str | None:
+    """Why graph mode cannot run on this rank or another (None: it can, on every rank); `why`:
+    this rank's own reason, if it has one."""
     if why is None and table is None:
-        why = "the pure-Python engine runs (FASTCOLL_NATIVE=0, or no compiler)"
+        why = "the pure-Python engine runs (not every rank can run the native one)"
     # Every rank takes the graph, or none does: a host without the library must not leave its
     # peers waiting inside MLX's graph for calls it makes eagerly.
     every = fastcoll.all_reduce(np.array([why is None], np.int32), op="min", group=group)
@@ -85,22 +128,22 @@ def _why_not(group: FastcollGroup, path: str | None, table: Any) -> str | None:
     return why
 
 
-def open_graph(group: FastcollGroup) -> Any | None:
+def open_graph(group: FastcollGroup, here: str | None) -> Any | None:
     """MLX's group whose collectives fastcoll runs inside MLX's graph, for the job's `group`; None
-    (after a warning that says why) where graph mode cannot run, and the eager collectives then
-    serve. Every rank must call it."""
+    where graph mode cannot run (`here`: problem_here's reason on this rank, or None), and the
+    eager collectives then serve. Every rank must call it."""
     global _open, _refused, _STREAM
     if _open is not None or _refused:
         return _open[0] if _open is not None else None
-    path = library()
+    path, before = library(), os.environ.get(LIBNAME)
     sub = group.split(0)  # a group of the graph's own: the engine numbers its calls without Python
-    table = sub.graph_table()
-    why = _why_not(group, path, table)
-    if why is not None:  # said even where logging is not configured: the user asked for graph mode
-        message = f"FASTCOLL_MLX_GRAPH=1: {why}; collectives run eagerly instead"
-        log.warning(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
-        _refused = True
+    table = None
+    if here is None:  # problem_here found the library: MLX's MPI backend must load it
+        here = _mpi_backend(path)
+        table = sub.graph_table() if here is None else None
+    why = _why_not(group, here, table)
+    if why is not None:
+        _refuse(why, group.config.mlx_graph_set, before)
         return None
     if sub.members() != list(range(group.size())):  # the library maps splits' ranks onto the table's
         raise RuntimeError(f"graph mode needs the job's group, not a group of ranks {sub.members()}")
@@ -110,7 +153,6 @@ def open_graph(group: FastcollGroup) -> Any | None:
     callback = _SPLIT_FN(_split)
     if lib.fastcoll_mpi_attach(_capsule_pointer(table), names, callback) != 0:
         raise RuntimeError(f"{path} was built from other sources than this fastcoll (reinstall it)")
-    os.environ[LIBNAME] = path
     mlx_group = MLX["init"](strict=True, backend="mpi")
     if (mlx_group.rank(), mlx_group.size()) != (sub.rank(), sub.size()):
         raise RuntimeError(
@@ -125,6 +167,23 @@ def open_graph(group: FastcollGroup) -> Any | None:
     group.set_before_call(before_eager)
     log.info("MLX's graph runs fastcoll's collectives (%s)", path)
     return mlx_group
+
+
+def _refuse(why: str, asked: bool, libname: str | None) -> None:
+    """Graph mode will not run: said as a warning where FASTCOLL_MLX_GRAPH=1 asked for it (even
+    where logging is not configured), as a log line where it was the default; LIBNAME as it was."""
+    global _refused
+    _refused = True
+    if libname is None:
+        os.environ.pop(LIBNAME, None)
+    else:
+        os.environ[LIBNAME] = libname
+    if asked:
+        message = f"FASTCOLL_MLX_GRAPH=1: {why}; collectives run eagerly instead"
+        log.warning(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
+    else:
+        log.info("collectives run eagerly, not in MLX's graph (graph mode, the default): %s", why)
 
 
 def stream() -> Any:

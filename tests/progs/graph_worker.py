@@ -1,8 +1,12 @@
-"""One rank of tests/test_graph.py: mx.distributed under fastcoll.mlx_compat with FASTCOLL_MLX_GRAPH=1.
+"""One rank of tests/test_graph.py: mx.distributed under fastcoll.mlx_compat (graph mode where the
+environment lets it run).
 
     python graph_worker.py check       every size and dtype the graph's table serves, then
                                        "graph checks passed" (or "eager checks passed" where
                                        the table cannot run and the eager collectives serve)
+
+FASTCOLL_TEST_GRAPH_UNAVAILABLE=old-mlx (MLX says it is 0.29.3) or no-mpi (MLX's MPI backend
+loads nothing) makes graph mode unable to run on this rank, as such an MLX would.
     python graph_worker.py die RANK    rank RANK ends itself (SIGKILL) in the middle of a loop of
                                        all_sums; the others must end with the error, not hang
     python graph_worker.py mismatch    rank r sums r + 4 elements: the ranks call different
@@ -37,7 +41,12 @@ from fastcoll import mlx_compat
 def check(g) -> None:
     r, n = g.rank(), g.size()
     d = mx.distributed
-    mode = "graph" if isinstance(g, d.Group) and type(g).__module__.startswith("mlx") else "eager"
+    mode = "eager"
+    if isinstance(g, d.Group) and type(g).__module__.startswith("mlx"):  # MLX's own group: its MPI
+        from fastcoll.mlx_compat import graph  # backend's, over fastcoll's library, which it serves
+
+        assert os.environ.get(graph.LIBNAME) == graph.library() and graph.carries(g), os.environ.get(graph.LIBNAME)
+        mode = "graph"
     for count in (1, 1000, 3_000_000):  # the small calls' algorithm and the large calls' (ring)
         for dt in (mx.float32, mx.int32, mx.float16, mx.bfloat16):
             parts = [(mx.arange(count) % 7 + k).astype(dt) for k in range(n)]
@@ -132,8 +141,22 @@ def threads(g) -> None:
     print("two threads' calls at once were not caught", flush=True)
 
 
+def unavailable(how: str) -> None:
+    """Make graph mode unable to run here (FASTCOLL_TEST_GRAPH_UNAVAILABLE), as it cannot on an
+    MLX older than 0.29.4 or one built without its MPI backend."""
+    from fastcoll.mlx_compat import graph
+
+    if how == "old-mlx":
+        mx.__version__ = "0.29.3"
+    elif how == "no-mpi":
+        graph.MLX["is_available"] = lambda backend="any": False
+    elif how:
+        raise SystemExit(f"unknown FASTCOLL_TEST_GRAPH_UNAVAILABLE {how!r}")
+
+
 def main() -> None:
     mx.set_default_device(mx.cpu)
+    unavailable(os.environ.get("FASTCOLL_TEST_GRAPH_UNAVAILABLE", ""))
     mlx_compat.install()
     g = mx.distributed.init()
     what = sys.argv[1]

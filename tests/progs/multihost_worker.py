@@ -10,7 +10,7 @@
                                                 with its shard() through fastcoll.mlx_compat;
                                                 prints "ready" after the first token, then
                                                 decodes until MULTIHOST_LOOP_SECONDS are up
-                                                (FASTCOLL_MLX_GRAPH=1: in graph mode)
+                                                (in graph mode unless FASTCOLL_MLX_GRAPH=0)
 
 Each rank writes OUTDIR/rank<N>.json (what it saw: hostname, transport_info(), checks passed,
 the error class and message, times) as soon as it knows, and prints it as one line. OUTDIR is
@@ -192,8 +192,8 @@ def decode(g) -> None:
             if report["tokens"] == 1:
                 report["t_ready"] = time.time()
                 print("ready", flush=True)
-            if os.environ.get("FASTCOLL_MLX_GRAPH") == "1":  # MLX's graph runs the all_sums: the
-                mx.synchronize(generation_stream)  # step queued ahead goes first on every rank
+            if not isinstance(group, mlx_compat.Group):  # graph mode: MLX's graph runs the all_sums,
+                mx.synchronize(generation_stream)  # the step queued ahead goes first on every rank
             up = fastcoll.all_reduce(np.array([time.monotonic() >= deadline], np.int32), op="max")
             if up[0]:
                 check(report["tokens"] > 1, "decoded tokens")
