@@ -85,6 +85,14 @@ class Call:
         mv = None if out is None else memoryview(out).cast("B")
         self.t.recv(self.ranks[peer], self.seq, self.sig, chunk, mv, self.deadline, self.tracer)
 
+    def recv_first(self, wanted: Sequence[tuple[int, int, np.ndarray | None]]) -> int:
+        """Receive whichever of `wanted`'s messages (peer, chunk, out) comes first, as `recv`
+        does; its index in `wanted` (Transport.recv_first says why a rank takes them so)."""
+        if self.owed is not None:
+            self.agreed()  # (as recv)
+        views = [(self.ranks[p], chunk, None if out is None else memoryview(out).cast("B")) for p, chunk, out in wanted]
+        return self.t.recv_first(views, self.seq, self.sig, self.deadline, self.tracer)
+
     def flush(self) -> None:
         """Wait until this rank's sends have left its buffers (every peer's agreement read
         first: two ranks that both think themselves a broadcast's root would otherwise wait

@@ -7,7 +7,10 @@ two ranks are numbered from 0 in the order they are sent, and every reduced elem
 in rank order, ((x0 op x1) op x2) ..., on whichever rank reduces it: the native engine's direct
 exchange combines so too, and every rank gets the same bits. A rank sends all it can before it
 receives and waits for its sends to leave (`flush`) only at the end, so no two ranks wait on
-each other's full links.
+each other's full links. A rank that needs a message from each of several peers takes them in
+the order they arrive (`Call.recv_first`), so that a peer's timeout notice never waits unread
+behind that peer's data while the rank waits on another (fastcoll/diagnosis.py); what it folds,
+it folds in rank order once all of a span is here, so the order of arrival changes no bit.
 
 The tuned schedules (recursive doubling, the ring, the chain, the pairwise exchange) are the
 native engine's alone (fastcoll/engine/csrc/algorithms/); of the algorithm an Op names, the
@@ -47,30 +50,41 @@ class _Pairs:
     def recv(self, peer: int, out: np.ndarray) -> None:
         """`out` (flat) from `peer`, in the pieces `send` cut it into."""
         for a, b in pieces(0, out.size, self.step):
-            self.recv_piece(peer, out[a:b])
+            self.call.recv(peer, self.got[peer], out[a:b])
+            self.got[peer] += 1
 
-    def recv_piece(self, peer: int, out: np.ndarray) -> None:
-        self.call.recv(peer, self.got[peer], out)
-        self.got[peer] += 1
+    def recv_all(self, parts: dict[int, np.ndarray]) -> None:
+        """`parts[peer]` (flat) from each peer, in the pieces `send` cut it into, taking the
+        messages in the order they arrive: waiting on one peer, this rank leaves no other's
+        message unread ahead of what that peer says next (a timeout's notice, which must stop
+        this wait: fastcoll/diagnosis.py). Where each piece lands is fixed, so the order they
+        come in changes no result."""
+        left = {p: pieces(0, out.size, self.step) for p, out in parts.items()}
+        while left:
+            wanted = [(p, self.got[p], parts[p][ab[0][0]:ab[0][1]]) for p, ab in left.items()]
+            p = wanted[self.call.recv_first(wanted)][0]
+            self.got[p] += 1
+            left[p] = left[p][1:]
+            if not left[p]:
+                del left[p]
 
 
-def _fold(pairs: _Pairs, mine: np.ndarray, out: np.ndarray, combine: Combine) -> None:
-    """out = every rank's contribution of len(out) elements combined in rank order (`mine` is
-    this rank's; each peer sends its own in pieces), a piece at a time: memory for one piece."""
+def _fold(pairs: _Pairs, mine: np.ndarray, out: np.ndarray, combine: Combine, span: int) -> None:
+    """out = every rank's contribution of len(out) elements combined in rank order, ((x0 op x1)
+    op x2) ... (`mine` is this rank's; each peer sends its own in pieces), `span` elements at a
+    time: every peer's part of a span is received as it comes (`_Pairs.recv_all`), then folded
+    in rank order, so memory for a span of each peer's."""
     r, n = pairs.call.rank, pairs.call.size
-    tmp = np.empty(min(pairs.step, out.size), dtype=out.dtype)
-    for a, b in pieces(0, out.size, pairs.step):
+    span = max(1, min(span, out.size))
+    tmp = {p: np.empty(span, dtype=out.dtype) for p in range(n) if p != r}
+    for a, b in pieces(0, out.size, span):
+        parts = {p: t[: b - a] for p, t in tmp.items()}
+        pairs.recv_all(parts)
+        parts[r] = mine[a:b]
         acc = out[a:b]
-        for p in range(n):
-            if p == r:
-                part = mine[a:b]
-            else:
-                part = tmp[: b - a]
-                pairs.recv_piece(p, part)
-            if p == 0:
-                acc[...] = part
-            else:
-                combine(acc, part, acc)
+        acc[...] = parts[0]
+        for p in range(1, n):
+            combine(acc, parts[p], acc)
 
 
 def _reduce_scatter(pairs: _Pairs, src: np.ndarray, out: np.ndarray, bounds: Bounds, combine: Combine) -> None:
@@ -78,16 +92,14 @@ def _reduce_scatter(pairs: _Pairs, src: np.ndarray, out: np.ndarray, bounds: Bou
         pa, pb = bounds[p]
         pairs.send(p, src[pa:pb])
     a, b = bounds[pairs.call.rank]
-    _fold(pairs, src[a:b], out, combine)
+    _fold(pairs, src[a:b], out, combine, pairs.step)
 
 
 def _all_gather(pairs: _Pairs, out: np.ndarray, bounds: Bounds) -> None:
     a, b = bounds[pairs.call.rank]
     for p in pairs.peers():
         pairs.send(p, out[a:b])
-    for p in pairs.peers():
-        pa, pb = bounds[p]
-        pairs.recv(p, out[pa:pb])
+    pairs.recv_all({p: out[bounds[p][0]:bounds[p][1]] for p in pairs.peers()})
 
 
 def reduce_scatter(call: Call, src: np.ndarray, out: np.ndarray, bounds: Bounds, combine: Combine) -> None:
@@ -117,7 +129,7 @@ def all_reduce(call: Call, src: np.ndarray, buf: np.ndarray, combine: Combine, s
     if small:
         for p in pairs.peers():
             pairs.send(p, src)
-        _fold(pairs, src, buf, combine)
+        _fold(pairs, src, buf, combine, buf.size)  # (a small call: every peer's whole src at once)
     else:
         bounds = blocks(buf.size, call.size)
         a, b = bounds[call.rank]
@@ -144,7 +156,7 @@ def reduce(call: Call, src: np.ndarray, buf: np.ndarray | None, root: int, combi
     if call.rank != root:
         pairs.send(root, src)
     else:
-        _fold(pairs, src, buf, combine)
+        _fold(pairs, src, buf, combine, pairs.step)
     call.flush()
 
 
@@ -153,8 +165,8 @@ def barrier(call: Call) -> None:
     peers = [p for p in range(call.size) if p != call.rank]
     for p in peers:
         call.send(p, 0, None)
-    for p in peers:
-        call.recv(p, 0, None)
+    while peers:  # taken as they come, as _Pairs.recv_all takes data
+        del peers[call.recv_first([(p, 0, None) for p in peers])]
 
 
 def all_to_all(call: Call, src: np.ndarray, out: np.ndarray, send_bounds: Bounds, recv_bounds: Bounds) -> None:
@@ -166,9 +178,7 @@ def all_to_all(call: Call, src: np.ndarray, out: np.ndarray, send_bounds: Bounds
     for p in pairs.peers():
         pa, pb = send_bounds[p]
         pairs.send(p, src[pa:pb])
-    for p in pairs.peers():
-        pa, pb = recv_bounds[p]
-        pairs.recv(p, out[pa:pb])
+    pairs.recv_all({p: out[recv_bounds[p][0]:recv_bounds[p][1]] for p in pairs.peers()})
     call.flush()
 
 
@@ -180,9 +190,7 @@ def gather(call: Call, out: np.ndarray | None, src: np.ndarray, bounds: Bounds, 
     else:
         a, b = bounds[root]
         out[a:b] = src
-        for p in pairs.peers():
-            pa, pb = bounds[p]
-            pairs.recv(p, out[pa:pb])
+        pairs.recv_all({p: out[bounds[p][0]:bounds[p][1]] for p in pairs.peers()})
     call.flush()
 
 
