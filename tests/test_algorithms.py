@@ -214,6 +214,52 @@ def test_a_missing_rank_is_a_timeout():
         run_ranks(2, body, timeout=0.2)
 
 
+SILENT_SCHEDULES = {
+    "small all_reduce": lambda c, x: reference.all_reduce(c, x, np.empty_like(x), np.add, True),
+    "large all_reduce": lambda c, x: reference.all_reduce(c, x, np.empty_like(x), np.add, False),
+    "reduce_scatter": lambda c, x: reference.reduce_scatter(c, x, np.empty(2, x.dtype), blocks(8, 4), np.add),
+    "all_gather": lambda c, x: reference.all_gather(c, x.copy(), blocks(8, 4)),
+    "all_to_all": lambda c, x: reference.all_to_all(c, x, np.empty_like(x), blocks(8, 4), blocks(8, 4)),
+    "barrier": lambda c, x: reference.barrier(c),
+}
+
+
+@pytest.mark.parametrize("schedule", SILENT_SCHEDULES)
+def test_a_notice_behind_a_peers_data_stops_a_wait_on_another(schedule):
+    """Four ranks, rank 2 silent: rank 3 sends its data, waits out its short limit and sends its
+    timeout notice. Ranks 0 and 1, waiting on rank 2, must hear that notice at once (and then
+    compare waits: fastcoll/diagnosis.py), not wait out their own limit: a schedule that read
+    its peers in rank order left rank 3's data unread, and the notice behind it, the whole time
+    (the reference's small all_reduce, in the process tests of 'two notices at once')."""
+    transports = mesh(4)
+    run = SILENT_SCHEDULES[schedule]
+    outcome: dict = {}
+
+    def one(r: int) -> None:
+        limit = 0.3 if r == 3 else 5.0
+        call = Call(transports[r], 0, "test()", time.monotonic() + limit, r, 4, range(4), 1 << 20)
+        start = time.monotonic()
+        try:
+            run(call, np.arange(8, dtype=np.float32))
+            outcome[r] = ("returned", time.monotonic() - start)
+        except CollectiveTimeoutError as e:
+            if r == 3:
+                call.t.abort(e)  # the notice: whom rank 3 waited for
+            outcome[r] = (e, time.monotonic() - start)
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in (0, 1, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads), "a rank did not finish"
+    assert getattr(outcome[3][0], "waiting_for", None) == 2, outcome
+    for r in (0, 1):
+        err, took = outcome[r]
+        assert getattr(err, "from_peer", False) and err.sender == 3 and err.sender_waits == 2, (r, outcome)
+        assert took < 2.0, f"rank {r} heard rank 3's notice only after {took:.2f} s"
+
+
 def test_the_selection_rule():
     """The native engine's algorithm for a call, by name (what an Op carries)."""
     c = Config()

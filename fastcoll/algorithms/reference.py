@@ -139,11 +139,17 @@ def all_reduce(call: Call, src: np.ndarray, buf: np.ndarray, combine: Combine, s
 
 
 def broadcast(call: Call, buf: np.ndarray, root: int) -> None:
-    """buf (flat) on every rank becomes root's buf: the root sends it to every peer."""
+    """buf (flat) on every rank becomes root's buf: the root sends it to every peer, a piece to
+    each before the next piece to any, and waits for each round to leave before the next: so
+    the root never runs ahead to one receiver while another has stopped taking data (ZeroMQ
+    queues sends without bound), and every receiver of a stalled broadcast is still waiting on
+    the root when its limit runs out, to hear its notice and answer (fastcoll/diagnosis.py)."""
     pairs = _Pairs(call, buf.itemsize)
     if call.rank == root:
-        for p in pairs.peers():
-            pairs.send(p, buf)
+        for a, b in pieces(0, buf.size, pairs.step):
+            for p in pairs.peers():
+                pairs.send(p, buf[a:b])
+            call.flush()
     else:
         pairs.recv(root, buf)
     call.flush()
