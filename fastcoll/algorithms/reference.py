@@ -2,7 +2,8 @@
 size, so that the Python engine stays the reference the native engine is tested against.
 
 Every exchange is direct (one hop from sender to receiver), every buffer travels in pieces of
-`Call.piece_bytes` (a ZeroMQ message is bounded: wire.MAX_PIECE_BYTES), the messages between
+`Call.piece_bytes` (a ZeroMQ message is bounded: wire.MAX_PIECE_BYTES; what a large reduction
+folds, in pieces of 1/(n - 1) of that, since it holds one of every peer's at once), the messages between
 two ranks are numbered from 0 in the order they are sent, and every reduced element is combined
 in rank order, ((x0 op x1) op x2) ..., on whichever rank reduces it: the native engine's direct
 exchange combines so too, and every rank gets the same bits. A rank sends all it can before it
@@ -35,15 +36,18 @@ class _Pairs:
     def __init__(self, call: Call, itemsize: int):
         self.call = call
         self.step = call.piece_items(itemsize)
+        # What a large fold sends in: it holds a piece of every peer's at once (`_fold`), in
+        # all as much memory as one piece.
+        self.fold_step = max(1, self.step // max(1, call.size - 1))
         self.sent = [0] * call.size
         self.got = [0] * call.size
 
     def peers(self) -> list[int]:
         return [p for p in range(self.call.size) if p != self.call.rank]
 
-    def send(self, peer: int, data: np.ndarray) -> None:
-        """`data` (flat) to `peer`, in pieces."""
-        for a, b in pieces(0, data.size, self.step):
+    def send(self, peer: int, data: np.ndarray, step: int = 0) -> None:
+        """`data` (flat) to `peer`, in pieces (of `step` items, default the call's)."""
+        for a, b in pieces(0, data.size, step or self.step):
             self.call.send(peer, self.sent[peer], data[a:b])
             self.sent[peer] += 1
 
@@ -53,13 +57,13 @@ class _Pairs:
             self.call.recv(peer, self.got[peer], out[a:b])
             self.got[peer] += 1
 
-    def recv_all(self, parts: dict[int, np.ndarray]) -> None:
+    def recv_all(self, parts: dict[int, np.ndarray], step: int = 0) -> None:
         """`parts[peer]` (flat) from each peer, in the pieces `send` cut it into, taking the
         messages in the order they arrive: waiting on one peer, this rank leaves no other's
         message unread ahead of what that peer says next (a timeout's notice, which must stop
         this wait: fastcoll/diagnosis.py). Where each piece lands is fixed, so the order they
         come in changes no result."""
-        left = {p: pieces(0, out.size, self.step) for p, out in parts.items()}
+        left = {p: pieces(0, out.size, step or self.step) for p, out in parts.items()}
         while left:
             wanted = [(p, self.got[p], parts[p][ab[0][0]:ab[0][1]]) for p, ab in left.items()]
             p = wanted[self.call.recv_first(wanted)][0]
@@ -79,7 +83,7 @@ def _fold(pairs: _Pairs, mine: np.ndarray, out: np.ndarray, combine: Combine, sp
     tmp = {p: np.empty(span, dtype=out.dtype) for p in range(n) if p != r}
     for a, b in pieces(0, out.size, span):
         parts = {p: t[: b - a] for p, t in tmp.items()}
-        pairs.recv_all(parts)
+        pairs.recv_all(parts, min(span, pairs.step))
         parts[r] = mine[a:b]
         acc = out[a:b]
         acc[...] = parts[0]
@@ -90,9 +94,9 @@ def _fold(pairs: _Pairs, mine: np.ndarray, out: np.ndarray, combine: Combine, sp
 def _reduce_scatter(pairs: _Pairs, src: np.ndarray, out: np.ndarray, bounds: Bounds, combine: Combine) -> None:
     for p in pairs.peers():
         pa, pb = bounds[p]
-        pairs.send(p, src[pa:pb])
+        pairs.send(p, src[pa:pb], pairs.fold_step)
     a, b = bounds[pairs.call.rank]
-    _fold(pairs, src[a:b], out, combine, pairs.step)
+    _fold(pairs, src[a:b], out, combine, pairs.fold_step)
 
 
 def _all_gather(pairs: _Pairs, out: np.ndarray, bounds: Bounds) -> None:
@@ -160,9 +164,9 @@ def reduce(call: Call, src: np.ndarray, buf: np.ndarray | None, root: int, combi
     on the other ranks): every rank sends its src to the root."""
     pairs = _Pairs(call, src.itemsize)
     if call.rank != root:
-        pairs.send(root, src)
+        pairs.send(root, src, pairs.fold_step)
     else:
-        _fold(pairs, src, buf, combine, pairs.step)
+        _fold(pairs, src, buf, combine, pairs.fold_step)
     call.flush()
 
 

@@ -2,7 +2,7 @@
 
 A transport connects this rank to every peer. `send` hands a message over (possibly finishing in
 the background: the payload must stay unchanged until `flush`), `recv` waits for the next message
-from one peer, checks that its header is the one this rank expects, and reads the payload into
+from one peer (`recv_first`: from whichever of several sends first), checks that its header is the one this rank expects, and reads the payload into
 a buffer the caller sized. While waiting on one peer it watches all of them, so an abort or a
 closed connection anywhere ends the wait at once.
 """
