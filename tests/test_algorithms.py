@@ -6,6 +6,7 @@ algorithms on either side of each crossover."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -294,3 +295,17 @@ def test_tuning_comes_from_the_environment_and_is_checked():
     for bad in ("spin=3", "doubling=maybe", "piece_bytes=-1", "yield_reads"):
         with pytest.raises(ValueError, match="FASTCOLL_TUNING"):
             Config.from_env({**base, "FASTCOLL_TUNING": bad})
+
+
+def test_zmq_waits_do_not_spin_where_ranks_outnumber_cpus(monkeypatch):
+    """A ZeroMQ wait's non-blocking receives hold a core that a peer, or libzmq's I/O thread
+    carrying its message, needs where this host's ranks outnumber its CPUs: there it sleeps in
+    poll at once (four ranks on 2 cores: small calls about 1.7 times as long with the spin,
+    bench/NOTES.md), elsewhere it spins as before, and a FASTCOLL_TUNING spin_reads wins."""
+    zmq = pytest.importorskip("fastcoll.transport.zmq", reason="pyzmq is not installed")
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    base = {"FASTCOLL_RANK": "0", "FASTCOLL_WORLD_SIZE": "1"}  # (the host's ranks are spin_reads' argument)
+    c = Config.from_env(base)
+    assert zmq.spin_reads(c, 4) == 0
+    assert zmq.spin_reads(c, 2) == 4 * c.spin_reads > 0
+    assert zmq.spin_reads(Config.from_env({**base, "FASTCOLL_TUNING": "spin_reads=5"}), 4) == 20

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import os
 import sys
 import time
 from typing import Any, Sequence
@@ -458,6 +459,18 @@ class ZmqTransport(Transport):
             d.close(linger=linger if linger is not None else 0 if gone else 1000)
 
 
+def spin_reads(config: Any, local_ranks: int) -> int:
+    """How many non-blocking receives a wait tries before it sleeps in poll: four times
+    config.spin_reads (ZmqTransport._spin says why), or none where this host's ranks outnumber its
+    CPUs, unless FASTCOLL_TUNING set spin_reads. There a spinning rank holds a core that a peer, or
+    the libzmq I/O thread that carries the message, needs (four ranks on 2 cores: a 4 B
+    all_gather took about 1.7 times as long with the spin, bench/NOTES.md), as the native engine's
+    spin_us rule says for its waits."""
+    if "spin_reads" not in config.tuned and local_ranks > (os.cpu_count() or 1):
+        return 0
+    return 4 * config.spin_reads
+
+
 def connect(config: Any, caps: dict[str, Any], deadline: float) -> tuple[ZmqTransport, rendezvous.Table]:
     """Bind a ROUTER, rendezvous, connect a DEALER to every peer and authenticate them all."""
     hosts = bind_hosts(config)
@@ -468,7 +481,7 @@ def connect(config: Any, caps: dict[str, Any], deadline: float) -> tuple[ZmqTran
         table = rendezvous.rendezvous(config, listener.address, caps, deadline)
         rendezvous.agree(table.caps, {"transport": "FASTCOLL_TRANSPORT"})
         transport = ZmqTransport(config.rank, config.world_size, listener, table.addresses, config.timeout,
-                                 deadline, spin_reads=4 * config.spin_reads)
+                                 deadline, spin_reads=spin_reads(config, len(table.same_host(config.rank))))
         testhooks.point("setup-done")
     except BaseException:
         listener.close()
