@@ -7,8 +7,8 @@
 
 Where things are: `lifecycle` (init, finalize, the default group), `group` (Group, sub-groups,
 how a call runs), `collectives` (the calls every rank makes alike), `exchange` (the uneven
-ones and point to point), `objects` (Python values), `algorithms/` (direct, doubling, ring,
-pairwise, chain, and `select.py`, the rule that picks one), `engine/` (the data plane), `transport/` (tcp with shared
+ones and point to point), `objects` (Python values), `algorithms/` (the Python engine's
+schedules, and `select.py`, the rule that names the native engine's algorithm), `engine/` (the data plane), `transport/` (tcp with shared
 memory, rdma's verbs links, zmq; the rendezvous), `service` (the service thread), `gate/` (the fence gate:
 its protocol under its host half and its device side, one kernel body over a prelude per GPU),
 `mlx_compat/` (fastcoll under mx.distributed), `launch/` (fastcoll-launch). docs/design.md walks

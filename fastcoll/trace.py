@@ -25,6 +25,9 @@ from contextlib import contextmanager
 from typing import Iterator, Sequence
 
 PROG = "python -m fastcoll.trace"
+# The phases within a collective, by the names both engines write (the native engine's
+# _native.PHASES, in its codes' order, must be these).
+PHASES = ("send", "wait", "receive", "reduce", "flush")
 # The names rank_path() gives: trace.rank0.json, trace.rank12 (no extension).
 RANK_FILE = re.compile(r"\.rank\d+(\.[^./]*)?$")
 

@@ -1,9 +1,12 @@
-"""The algorithms on their own, at 2-8 ranks that are threads of this process (an in-process
-transport), against numpy: milliseconds a case. The multi-process tests (test_collectives.py)
-run the same algorithms over real sockets and shared memory."""
+"""The pure-Python engine's schedules (fastcoll/algorithms/reference.py) on their own, at 2-8
+ranks that are threads of this process (an in-process transport), against numpy: milliseconds a
+case; and the rule that names the native engine's algorithm. The multi-process tests
+(test_collectives.py) run both engines over real sockets and shared memory, the native engine's
+algorithms on either side of each crossover."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -11,19 +14,14 @@ import numpy as np
 import pytest
 
 from fastcoll import dtypes
-from fastcoll.algorithms import Call, blocks, direct, doubling, ring, select
+from fastcoll.algorithms import Call, blocks, reference, select
 from fastcoll.config import Config
 from fastcoll.errors import CollectiveTimeoutError, MismatchError
 from fastcoll.transport.inproc import mesh
 
 WORLDS = range(2, 9)
-
-
-def algorithms_for(collective: str, n: int):
-    found = [direct, ring]
-    if doubling.applies(n) and hasattr(doubling, collective):
-        found.append(doubling)
-    return [a for a in found if hasattr(a, collective)]
+# Message sizes: one piece for everything, and a few bytes a piece (several pieces a block).
+PIECES = [1 << 20, 12]
 
 
 def run_ranks(n: int, fn, ranks=None, piece_bytes: int = 64, timeout: float = 10.0) -> list:
@@ -58,21 +56,74 @@ def data(n: int, count: int, dtype=np.float32) -> list[np.ndarray]:
     return [rng.integers(-50, 50, size=count).astype(dtype) for _ in range(n)]
 
 
+def rank_order(xs: list[np.ndarray], dtype: str, op: str) -> np.ndarray:
+    """((x0 op x1) op x2) ...: the order every schedule combines contributions in."""
+    combine = dtypes.reducer(dtype, op)
+    out = xs[0].copy()
+    for x in xs[1:]:
+        combine(out, x, out)
+    return out
+
+
 @pytest.mark.parametrize("n", WORLDS)
 @pytest.mark.parametrize("count", [0, 1, 7, 100, 1000])
-def test_all_reduce(n, count):
+@pytest.mark.parametrize("piece", PIECES)
+@pytest.mark.parametrize("small", [True, False])
+def test_all_reduce(n, count, piece, small):
+    """Both of the reference all_reduce's shapes: one round (a small call), or a reduce_scatter
+    then an all_gather."""
     xs = data(n, count)
     want = np.sum(xs, axis=0, dtype=np.float32)
-    for algo in algorithms_for("all_reduce", n):
+
+    def body(call):
+        buf = np.empty_like(xs[call.rank])
+        reference.all_reduce(call, xs[call.rank], buf, dtypes.reducer("float32", "sum"), small)
+        return buf
+
+    got = run_ranks(n, body, piece_bytes=piece)
+    for r in range(n):
+        assert np.array_equal(got[r], want), r
+        assert got[r].tobytes() == got[0].tobytes()  # bit-identical on every rank
+
+
+@pytest.mark.parametrize("n", [3, 5, 8])
+@pytest.mark.parametrize("op", ["sum", "prod", "mean"])
+@pytest.mark.parametrize("small", [True, False])
+def test_reductions_combine_in_rank_order(n, op, small):
+    """Floats whose sum depends on the order: every rank gets ((x0 op x1) op x2) ..., bit for
+    bit, as the native engine's direct exchange computes it (and float16 through float32)."""
+    rng = np.random.default_rng(n)
+    for dtype in ("float32", "float16"):
+        scale = 1.0 if op == "prod" else 10.0 ** rng.integers(-2, 3, (n, 301))  # (no product overflows)
+        xs = list((rng.uniform(0.5, 1.5, (n, 301)) * rng.choice([-1.0, 1.0], (n, 301)) * scale).astype(dtype))
+        want = rank_order(xs, dtype, op)
+        assert want.tobytes() != rank_order(xs[::-1], dtype, op).tobytes()  # the order shows in the bits
+        if op == "mean":
+            dtypes.finish_mean(dtype, want, n)
+
         def body(call):
             buf = np.empty_like(xs[call.rank])
-            algo.all_reduce(call, xs[call.rank], buf, dtypes.reducer("float32", "sum"))
+            reference.all_reduce(call, xs[call.rank], buf, call.traced(dtypes.reducer(dtype, op)), small)
+            if op == "mean":
+                dtypes.finish_mean(dtype, buf, n)
             return buf
 
-        got = run_ranks(n, body)
-        for r in range(n):
-            assert np.array_equal(got[r], want), (algo.__name__, r)
-            assert got[r].tobytes() == got[0].tobytes()  # bit-identical on every rank
+        for got in run_ranks(n, body, piece_bytes=64):
+            assert got.tobytes() == want.tobytes(), (dtype, op)
+
+
+@pytest.mark.parametrize("small", [True, False])
+def test_all_reduce_in_place(small):
+    """src and buf the same array: the contribution is read before the result overwrites it."""
+    xs = data(3, 50)
+
+    def body(call):
+        buf = xs[call.rank].copy()
+        reference.all_reduce(call, buf, buf, dtypes.reducer("float32", "sum"), small)
+        return buf
+
+    for got in run_ranks(3, body, piece_bytes=16):
+        assert np.array_equal(got, np.sum(xs, axis=0))
 
 
 @pytest.mark.parametrize("n", WORLDS)
@@ -80,17 +131,18 @@ def test_all_reduce(n, count):
 def test_all_gather(n, count):
     xs = data(n, count, np.int32)
     want = np.concatenate(xs)
-    for algo in algorithms_for("all_gather", n):
-        def body(call):
-            out = np.empty(n * count, np.int32)
-            bounds = blocks(out.size, n)
-            a, b = bounds[call.rank]
-            out[a:b] = xs[call.rank]
-            algo.all_gather(call, out, bounds)
-            return out
 
-        for r, got in enumerate(run_ranks(n, body)):
-            assert np.array_equal(got, want), (algo.__name__, r)
+    def body(call):
+        out = np.empty(n * count, np.int32)
+        bounds = blocks(out.size, n)
+        a, b = bounds[call.rank]
+        out[a:b] = xs[call.rank]
+        reference.all_gather(call, out, bounds)
+        return out
+
+    for piece in PIECES:
+        for r, got in enumerate(run_ranks(n, body, piece_bytes=piece)):
+            assert np.array_equal(got, want), r
 
 
 @pytest.mark.parametrize("n", WORLDS)
@@ -99,32 +151,36 @@ def test_reduce_scatter(n, rows):
     xs = data(n, n * rows, np.int64)
     total = np.sum(xs, axis=0)
     bounds = blocks(n * rows, n)
-    for algo in algorithms_for("reduce_scatter", n):
-        def body(call):
-            return algo.reduce_scatter(call, xs[call.rank], bounds, dtypes.reducer("int64", "sum"))
 
-        for r, got in enumerate(run_ranks(n, body)):
+    def body(call):
+        a, b = bounds[call.rank]
+        out = np.empty(b - a, np.int64)
+        reference.reduce_scatter(call, xs[call.rank], out, bounds, dtypes.reducer("int64", "sum"))
+        return out
+
+    for piece in PIECES:
+        for r, got in enumerate(run_ranks(n, body, piece_bytes=piece)):
             a, b = bounds[r]
-            assert np.array_equal(got, total[a:b]), (algo.__name__, r)
+            assert np.array_equal(got, total[a:b]), r
 
 
 @pytest.mark.parametrize("n", WORLDS)
 def test_broadcast_from_every_root(n):
     for root in range(n):
         x = data(n, 300)[root]
-        for algo in algorithms_for("broadcast", n):
-            def body(call):
-                buf = x.copy() if call.rank == root else np.zeros_like(x)
-                algo.broadcast(call, buf, root)
-                return buf
 
-            for r, got in enumerate(run_ranks(n, body)):
-                assert np.array_equal(got, x), (algo.__name__, root, r)
+        def body(call):
+            buf = x.copy() if call.rank == root else np.zeros_like(x)
+            reference.broadcast(call, buf, root)
+            return buf
+
+        for r, got in enumerate(run_ranks(n, body)):
+            assert np.array_equal(got, x), (root, r)
 
 
 @pytest.mark.parametrize("n", WORLDS)
 def test_barrier(n):
-    assert run_ranks(n, direct.barrier) == [None] * n
+    assert run_ranks(n, reference.barrier) == [None] * n
 
 
 def test_a_sub_group_maps_its_ranks_to_the_mesh():
@@ -133,7 +189,7 @@ def test_a_sub_group_maps_its_ranks_to_the_mesh():
 
     def body(call):
         buf = np.empty_like(xs[call.rank])
-        ring.all_reduce(call, xs[call.rank], buf, dtypes.reducer("float32", "sum"))
+        reference.all_reduce(call, xs[call.rank], buf, dtypes.reducer("float32", "sum"), True)
         return buf
 
     for got in run_ranks(6, body, ranks=[5, 1, 3]):
@@ -144,7 +200,7 @@ def test_a_rank_that_calls_something_else_is_a_mismatch():
     def body(call):
         if call.rank == 1:
             call.sig = "other()"
-        direct.barrier(call)
+        reference.barrier(call)
 
     with pytest.raises(MismatchError, match="other"):
         run_ranks(2, body)
@@ -153,25 +209,83 @@ def test_a_rank_that_calls_something_else_is_a_mismatch():
 def test_a_missing_rank_is_a_timeout():
     def body(call):
         if call.rank == 0:
-            direct.barrier(call)
+            reference.barrier(call)
 
     with pytest.raises(CollectiveTimeoutError):
         run_ranks(2, body, timeout=0.2)
 
 
+SILENT_SCHEDULES = {
+    "small all_reduce": lambda c, x: reference.all_reduce(c, x, np.empty_like(x), np.add, True),
+    "large all_reduce": lambda c, x: reference.all_reduce(c, x, np.empty_like(x), np.add, False),
+    "reduce_scatter": lambda c, x: reference.reduce_scatter(c, x, np.empty(2, x.dtype), blocks(8, 4), np.add),
+    "all_gather": lambda c, x: reference.all_gather(c, x.copy(), blocks(8, 4)),
+    "all_to_all": lambda c, x: reference.all_to_all(c, x, np.empty_like(x), blocks(8, 4), blocks(8, 4)),
+    "barrier": lambda c, x: reference.barrier(c),
+}
+
+
+@pytest.mark.parametrize("schedule", SILENT_SCHEDULES)
+def test_a_notice_behind_a_peers_data_stops_a_wait_on_another(schedule):
+    """Four ranks, rank 2 silent: rank 3 sends its data, waits out its short limit and sends its
+    timeout notice. Ranks 0 and 1, waiting on rank 2, must hear that notice at once (and then
+    compare waits: fastcoll/diagnosis.py), not wait out their own limit: a schedule that read
+    its peers in rank order left rank 3's data unread, and the notice behind it, the whole time
+    (the reference's small all_reduce, in the process tests of 'two notices at once')."""
+    transports = mesh(4)
+    run = SILENT_SCHEDULES[schedule]
+    outcome: dict = {}
+
+    def one(r: int) -> None:
+        limit = 0.3 if r == 3 else 5.0
+        call = Call(transports[r], 0, "test()", time.monotonic() + limit, r, 4, range(4), 1 << 20)
+        start = time.monotonic()
+        try:
+            run(call, np.arange(8, dtype=np.float32))
+            outcome[r] = ("returned", time.monotonic() - start)
+        except CollectiveTimeoutError as e:
+            if r == 3:
+                call.t.abort(e)  # the notice: whom rank 3 waited for
+            outcome[r] = (e, time.monotonic() - start)
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in (0, 1, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads), "a rank did not finish"
+    assert getattr(outcome[3][0], "waiting_for", None) == 2, outcome
+    for r in (0, 1):
+        err, took = outcome[r]
+        assert getattr(err, "from_peer", False) and err.sender == 3 and err.sender_waits == 2, (r, outcome)
+        assert took < 2.0, f"rank {r} heard rank 3's notice only after {took:.2f} s"
+
+
 def test_the_selection_rule():
+    """The native engine's algorithm for a call, by name (what an Op carries)."""
     c = Config()
-    assert select.choose("all_reduce", 4, 2, c) is direct
-    assert select.choose("all_reduce", c.direct_max_bytes_two_ranks, 2, c) is direct
-    assert select.choose("all_reduce", c.direct_max_bytes_two_ranks + 1, 2, c) is ring
-    assert select.choose("all_reduce", 4, 4, c) is doubling
-    assert select.choose("all_reduce", 4, 3, c) is direct
-    assert select.choose("broadcast", 4, 4, c) is direct  # doubling has no broadcast
-    assert select.choose("all_gather", c.direct_max_bytes + 1, 4, c) is ring
+    assert select.algorithm("all_reduce", 4, 2, c) == "direct"
+    assert select.algorithm("all_reduce", c.direct_max_bytes_two_ranks, 2, c) == "direct"
+    assert select.algorithm("all_reduce", c.direct_max_bytes_two_ranks + 1, 2, c) == "ring"
+    assert select.algorithm("all_reduce", 4, 4, c) == "doubling"
+    assert select.algorithm("all_reduce", 4, 3, c) == "direct"
+    assert select.algorithm("broadcast", 4, 4, c) == "direct"  # doubling has no broadcast
+    assert select.algorithm("all_gather", c.direct_max_bytes + 1, 4, c) == "ring"
     off = Config(doubling=False, direct_max_bytes=0)
-    assert select.choose("all_reduce", 4, 4, off) is ring
+    assert select.algorithm("all_reduce", 4, 4, off) == "ring"
+    assert select.by_size("all_reduce", 8, c) == (c.direct_max_bytes, "doubling", "ring")
     with pytest.raises(ValueError, match="no algorithm"):
-        select.choose("scan", 4, 2, c)
+        select.algorithm("scan", 4, 2, c)
+
+
+def test_the_rule_names_only_algorithms_the_native_engine_has():
+    """Every name the rule gives is in the native engine's registry (its import checks the two
+    sets are equal, so a renamed algorithm cannot reach it unnoticed)."""
+    c = Config()
+    names = {select.algorithm(k, nbytes, n, c) for k in ("all_reduce", "all_gather", "reduce_scatter", "broadcast",
+                                                         "all_to_all", "reduce", "gather", "scatter", "barrier")
+             for n in (2, 3, 4, 8) for nbytes in (0, 1 << 30)}
+    assert names == set(select.ALGORITHMS)
 
 
 def test_tuning_comes_from_the_environment_and_is_checked():
@@ -181,3 +295,17 @@ def test_tuning_comes_from_the_environment_and_is_checked():
     for bad in ("spin=3", "doubling=maybe", "piece_bytes=-1", "yield_reads"):
         with pytest.raises(ValueError, match="FASTCOLL_TUNING"):
             Config.from_env({**base, "FASTCOLL_TUNING": bad})
+
+
+def test_zmq_waits_do_not_spin_where_ranks_outnumber_cpus(monkeypatch):
+    """A ZeroMQ wait's non-blocking receives hold a core that a peer, or libzmq's I/O thread
+    carrying its message, needs where this host's ranks outnumber its CPUs: there it sleeps in
+    poll at once (four ranks on 2 cores: small calls about 1.7 times as long with the spin,
+    bench/NOTES.md), elsewhere it spins as before, and a FASTCOLL_TUNING spin_reads wins."""
+    zmq = pytest.importorskip("fastcoll.transport.zmq", reason="pyzmq is not installed")
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    base = {"FASTCOLL_RANK": "0", "FASTCOLL_WORLD_SIZE": "1"}  # (the host's ranks are spin_reads' argument)
+    c = Config.from_env(base)
+    assert zmq.spin_reads(c, 4) == 0
+    assert zmq.spin_reads(c, 2) == 4 * c.spin_reads > 0
+    assert zmq.spin_reads(Config.from_env({**base, "FASTCOLL_TUNING": "spin_reads=5"}), 4) == 20

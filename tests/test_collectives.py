@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import assert_ok
-from engines import engines
+from engines import engines, native_missing
 
 WORLDS = [1, 2, 3, 4]
 
@@ -87,3 +87,33 @@ def test_repeated_calls(launch, world, engine):
     results = launch(world, "plans_worker.py", FASTCOLL_NATIVE=engine).wait(timeout=120)
     assert_ok(results)
     assert all("OK" in r.out for r in results)
+
+
+def test_zmq_carries_large_calls_whatever_the_rule_names(launch):
+    """ZeroMQ bounds a message (wire.MAX_PIECE_BYTES): the Python engine cuts every buffer into
+    pieces whatever algorithm the rule names. A direct exchange raised over the bound by
+    FASTCOLL_TUNING once sent 8 MiB as one message, which the receiver's ZeroMQ dropped with
+    the connection (a PeerLostError on every rank)."""
+    job = launch(2, "ring_backlog_worker.py", transport="zmq", FASTCOLL_TIMEOUT="30",
+                 FASTCOLL_TUNING="direct_max_bytes_two_ranks=1073741824")
+    results = job.wait(timeout=90)
+    assert_ok(results)
+    assert all("exact" in r.out for r in results)
+
+
+@pytest.mark.parametrize("tuning", ["direct_max_bytes=0,direct_max_bytes_two_ranks=0",
+                                    "direct_max_bytes=1073741824,direct_max_bytes_two_ranks=1073741824"],
+                         ids=["large", "small"])
+@pytest.mark.parametrize("world", [3, 4])
+def test_native_algorithms_at_every_size(launch, world, tuning):
+    """The native engine's tuned algorithms are its alone (the Python engine runs one schedule a
+    collective): each runs here at every size, empty and one-element buffers too, the large ones
+    (ring, pairwise, chain) where the rule gives the small ones and the small ones (direct,
+    doubling at 4 ranks) where it gives the large, against numpy."""
+    why = native_missing()
+    if why is not None:
+        pytest.skip(f"no native engine: {why}")
+    job = launch(world, "collectives_worker.py", FASTCOLL_NATIVE="1", FASTCOLL_TUNING=tuning)
+    results = job.wait(timeout=180)
+    assert_ok(results)
+    assert all("checks passed" in r.out for r in results)

@@ -144,6 +144,30 @@ def test_a_run_takes_an_op_spec_of_this_job_only(engine):
         engine.runner.run(spec, 0, x, np.ones(3, np.float32))
 
 
+def test_a_traced_op_spec_returns_its_phases_from_run_and_is_never_queued():
+    """trace=True: run() returns the phases the call noted, ((phase, peer, bytes, start_ns,
+    end_ns) ..., dropped), by _native.PHASES' codes (a group of one rank only flushes); an
+    untraced run returns None; submit() refuses a traced spec (its phases would have no way
+    back)."""
+    n = _native()
+    e = n.Engine(rank=0, size=1, channels=1, spin_us=0, yield_us=0, main_thread=threading.main_thread().ident)
+    try:
+        fields = _fields(size=1, ranks=np.array([0], np.int32).tobytes())
+        traced = e.runner.spec(**fields, trace=True)
+        assert traced.trace == 1 and e.runner.spec(**fields).trace == 0
+        x = np.arange(4, dtype=np.float32)
+        out = np.empty_like(x)
+        spans, dropped = e.runner.run(traced, 0, x, out)
+        assert np.array_equal(out, x) and dropped == 0
+        assert [(n.PHASES[s[0]], s[1], s[2]) for s in spans] == [("flush", -1, 0)]
+        assert all(0 <= s[3] <= s[4] for s in spans)
+        assert e.runner.run(e.runner.spec(**fields), 1, x, out) is None
+        with pytest.raises(ValueError, match="runs through Runner.run"):
+            e.runner.submit(traced, 2, x, out, None, None)
+    finally:
+        e.close(0.0, 0.0)
+
+
 def test_a_collective_on_an_engine_without_its_links_is_an_error_naming_the_link(engine):
     """An Engine whose links were never added (the door used directly) fails the call with the
     peer and channel it lacks: it must not divide by a queue of no capacity (SIGFPE)."""

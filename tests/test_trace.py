@@ -11,19 +11,39 @@ import time
 import pytest
 
 from conftest import ROOT, assert_ok, free_port, rank_env
+from engines import engines, native_missing
 
 
-def test_trace_has_every_phase_per_rank(launch, tmp_path):
+# The phases within a call, as both engines write them (the native engine notes them in C).
+PHASES = {"send", "wait", "receive", "reduce", "flush"}
+# trace_worker.py's all_reduces of 16, 1 << 20 and 16 float32 on two ranks: each rank sends and
+# receives 64 bytes of each small one and half the large one twice (a reduce_scatter and an
+# all_gather), on either engine.
+MOVED = 64 + 4 * (1 << 20) + 64
+
+
+@pytest.mark.parametrize("engine", engines())
+def test_trace_has_every_phase_per_rank(launch, tmp_path, engine):
+    """Both engines write each call's phases (the native engine's noted by its C schedules),
+    inside the call's span, with the peer and the bytes of every send and receive."""
     path = tmp_path / "trace.json"
-    assert_ok(launch(2, "trace_worker.py", FASTCOLL_TRACE=str(path)).wait(60))
+    assert_ok(launch(2, "trace_worker.py", FASTCOLL_TRACE=str(path), FASTCOLL_NATIVE=engine).wait(60))
     files = [tmp_path / f"trace.rank{r}.json" for r in range(2)]
     for r, f in enumerate(files):
         events = json.loads(f.read_text())["traceEvents"]
         spans = [e for e in events if e["ph"] == "X"]
         names = {e["name"].split("(")[0] for e in spans}
-        assert {"queue", "all_reduce", "send", "wait", "receive", "reduce", "flush"} <= names, names
+        assert {"queue", "all_reduce"} | PHASES <= names, names
         assert all(e["pid"] == r and e["dur"] >= 0 for e in spans)
-        assert sum(e["name"].startswith("all_reduce(") for e in spans) == 3
+        calls = [e for e in spans if e["name"].startswith("all_reduce(")]
+        assert len(calls) == 3
+        inner = [e for e in spans if e["name"] in PHASES]
+        assert all(any(c["ts"] <= e["ts"] and e["ts"] + e["dur"] <= c["ts"] + c["dur"] + 1 for c in calls)
+                   for e in inner), "a phase outside every call"
+        for name in ("send", "receive"):
+            moved = [e for e in inner if e["name"] == name]
+            assert {e["args"]["peer"] for e in moved} == {1 - r}, moved
+            assert sum(e["args"]["bytes"] for e in moved) == MOVED, name
     merged = tmp_path / "merged.json"
     out = subprocess.run(
         [sys.executable, "-m", "fastcoll.trace", str(merged), *map(str, files)],
@@ -31,6 +51,50 @@ def test_trace_has_every_phase_per_rank(launch, tmp_path):
     ).stdout
     assert "wrote" in out
     assert {e["pid"] for e in json.loads(merged.read_text())["traceEvents"]} == {0, 1}
+
+
+@pytest.mark.parametrize("engine", engines())
+def test_a_failed_call_keeps_its_phases(launch, tmp_path, engine):
+    """A call that times out is traced up to its failure: its span, and within it the send that
+    went before (on the native engine its phases come back with the error)."""
+    path = tmp_path / "trace.json"
+    results = launch(2, "trace_worker.py", "fail", FASTCOLL_TRACE=str(path), FASTCOLL_NATIVE=engine).wait(60)
+    assert_ok(results)
+    assert "timed out:" in results[0].out, results[0].out
+    spans = [e for e in json.loads((tmp_path / "trace.rank0.json").read_text())["traceEvents"] if e["ph"] == "X"]
+    calls = [e for e in spans if e["name"].startswith("all_reduce(")]
+    sends = [e for e in spans if e["name"] == "send"]
+    assert len(calls) == 1 and sends and all(e["args"] == {"peer": 1, "bytes": 64} for e in sends), spans
+    assert all(calls[0]["ts"] <= e["ts"] <= calls[0]["ts"] + calls[0]["dur"] for e in sends)
+
+
+def test_the_native_engine_keeps_a_calls_first_phases_and_counts_the_rest(launch, tmp_path):
+    """A call of more phases than its buffer holds (1 MiB by the ring in 64-byte pieces: about
+    49,000) keeps the first 16,384 and says how many it dropped."""
+    if native_missing():
+        pytest.skip(f"the bound is the native engine's, which is not built: {native_missing()}")
+    path = tmp_path / "trace.json"
+    tuning = "piece_bytes=64,direct_max_bytes_two_ranks=0"
+    assert_ok(launch(2, "trace_worker.py", "many", FASTCOLL_TRACE=str(path), FASTCOLL_NATIVE="1",
+                     FASTCOLL_TUNING=tuning).wait(120))
+    for r in range(2):
+        spans = [e for e in json.loads((tmp_path / f"trace.rank{r}.json").read_text())["traceEvents"]
+                 if e["ph"] == "X"]
+        calls = [e for e in spans if e["name"].startswith("all_reduce(")]
+        assert len(calls) == 1 and calls[0]["args"]["dropped"] > 16384, calls
+        assert sum(e["name"] in PHASES for e in spans) == 16384
+
+
+@pytest.mark.parametrize("traced", [0, 1])
+def test_one_rank_may_trace_alone(launch, tmp_path, traced):
+    """FASTCOLL_TRACE is each rank's own setting: a traced rank sends what its untraced peers
+    expect (on the native engine a traced call runs natively, as its peers' do), small and
+    large calls alike, on four ranks (where the native engine's small calls double)."""
+    path = tmp_path / "trace.json"
+    job = launch(4, "trace_worker.py", per_rank_env=lambda r: {"FASTCOLL_TRACE": str(path)} if r == traced else {})
+    assert_ok(job.wait(90))
+    assert (tmp_path / f"trace.rank{traced}.json").exists()
+    assert not any((tmp_path / f"trace.rank{r}.json").exists() for r in range(4) if r != traced)
 
 
 def _merge(*args: str, cwd) -> subprocess.CompletedProcess:

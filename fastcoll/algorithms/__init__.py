@@ -1,15 +1,11 @@
-"""Collective algorithms over a transport, one family per file (as Gloo lays them out), and the
-rule that picks one (`select.py`).
+"""What a Python schedule sees of one collective (`Call`: the group's rank and size, and
+`send`/`recv`/`flush` addressed by group rank), the block arithmetic every engine shares, the
+pure-Python engine's schedules (`reference.py`, one per collective) and the rule that names the
+native engine's algorithm for a call (`select.py`).
 
-`direct` moves each rank's whole buffer to every peer in one hop: latency-optimal for small
-messages. `doubling` does the same in log2(n) exchanges with one partner each, for a
-power-of-two number of ranks above two: fewer messages, which is what small collectives pay for
-when ranks outnumber cores. `ring` pipelines pieces around the ring: bandwidth-optimal for
-large ones.
-
-An algorithm sees one `Call`: the group's rank and size, and `send`/`recv`/`flush` addressed by
-group rank. Every algorithm of a family offers the same functions with the same arguments, so
-`select.choose` can hand a collective to any of them.
+The tuned algorithms (direct, recursive doubling, the ring, the pairwise exchange, the chain)
+are the native engine's alone (fastcoll/engine/csrc/algorithms/); the Python engine is the
+reference they are tested against, and runs the simplest schedule that is correct at every size.
 """
 
 from __future__ import annotations
@@ -39,10 +35,8 @@ class Call:
     rank: int
     size: int
     ranks: Sequence[int]
-    piece_bytes: int = 1 << 20  # the ring's piece size (Config.piece_bytes)
+    piece_bytes: int = 1 << 20  # the most a message carries (Config.piece_bytes)
     tracer: Any = None  # a fastcoll.trace.Tracer when FASTCOLL_TRACE is set
-    sent: int = 0  # messages sent to the ring's right neighbour so far
-    received: int = 0  # messages received from the left one
     owed: list[bool] | None = None  # per group rank: its agreement message is to be read (agree)
     expected: list[str] | None = None  # per group rank: the signature its agreement message must carry
 
@@ -78,7 +72,7 @@ class Call:
         if self.tracer is None:
             self.t.send(self.ranks[peer], header, mv, self.deadline)
         else:
-            with self.tracer.phase("send", peer=peer, bytes=header.nbytes):
+            with self.tracer.phase("send", peer=self.ranks[peer], bytes=header.nbytes):  # the job's rank, as wait's
                 self.t.send(self.ranks[peer], header, mv, self.deadline)
 
     def recv(self, peer: int, chunk: int, out: np.ndarray | None) -> None:
@@ -90,6 +84,14 @@ class Call:
             self.agreed()
         mv = None if out is None else memoryview(out).cast("B")
         self.t.recv(self.ranks[peer], self.seq, self.sig, chunk, mv, self.deadline, self.tracer)
+
+    def recv_first(self, wanted: Sequence[tuple[int, int, np.ndarray | None]]) -> int:
+        """Receive whichever of `wanted`'s messages (peer, chunk, out) comes first, as `recv`
+        does; its index in `wanted` (Transport.recv_first says why a rank takes them so)."""
+        if self.owed is not None:
+            self.agreed()  # (as recv)
+        views = [(self.ranks[p], chunk, None if out is None else memoryview(out).cast("B")) for p, chunk, out in wanted]
+        return self.t.recv_first(views, self.seq, self.sig, self.deadline, self.tracer)
 
     def flush(self) -> None:
         """Wait until this rank's sends have left its buffers (every peer's agreement read
@@ -112,7 +114,7 @@ class Call:
                 self.t.flush(self.deadline)
 
     def piece_items(self, itemsize: int) -> int:
-        """How many items of `itemsize` bytes the ring moves per message."""
+        """How many items of `itemsize` bytes one message carries."""
         return max(1, min(self.piece_bytes, MAX_PIECE_BYTES) // max(1, itemsize))
 
     def traced(self, combine: Combine) -> Combine:
@@ -148,6 +150,6 @@ def block(n_items: int, parts: int, i: int) -> tuple[int, int]:
 
 def pieces(a: int, b: int, step: int) -> list[tuple[int, int]]:
     """Element range [a, b) cut into pieces of at most `step` items; an empty range is one empty
-    piece, so that both sides of a block count its messages alike (the ring, the direct and
-    pairwise exchanges and the chain all cut their blocks so)."""
+    piece, so that both sides of a block count its messages alike (as the native engine's
+    schedules that cut a block count them)."""
     return [(s, min(s + step, b)) for s in range(a, b, step)] or [(a, a)]

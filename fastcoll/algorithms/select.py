@@ -1,8 +1,12 @@
-"""Which algorithm runs a collective: the one rule every collective consults.
+"""Which algorithm the native engine runs a collective with: the one rule every collective
+consults. The algorithms are the native engine's (fastcoll/engine/csrc/algorithms/, one file
+each); the pure-Python engine runs one schedule per collective whatever the rule names, reading
+only whether it calls an all_reduce small (`small`; fastcoll/algorithms/reference.py).
 
 The choice reads only the collective, its buffer's size in bytes, the group's size and the
 job's Config, so ranks that make the same call choose alike. To add an algorithm, write its
-module (the functions of `direct.py` with the same arguments) and give it a line here.
+file in csrc/algorithms/ with an entry in fc_algo.c's registry, and give it a name and a line
+here.
 
     small (nbytes <= Config.direct_max_bytes, or direct_max_bytes_two_ranks for two ranks):
         doubling   4, 8, 16 ... ranks (Config.doubling), where it has the collective
@@ -20,33 +24,41 @@ buffers differ in size (all_to_all_v) may choose differently.
 
 from __future__ import annotations
 
-from types import ModuleType
 from typing import Any
 
-from fastcoll.algorithms import chain, direct, doubling, pairwise, ring
-
+# The names an Op carries (fastcoll/engine/ops.py), as the native engine's registry has them.
+ALGORITHMS = ("direct", "doubling", "ring", "pairwise", "chain")
 # The collectives whose algorithm depends on the size, and those that always run direct.
 _SIZED = frozenset(("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "reduce"))
 _DIRECT = frozenset(("gather", "scatter", "barrier", "send", "recv"))
-_LARGE = {"all_to_all": pairwise, "reduce": chain}
-_DOUBLING = frozenset(c for c in _SIZED if hasattr(doubling, c))
-# The algorithms by the name an Op carries (fastcoll/engine/ops.py).
-ALGORITHMS = {"direct": direct, "doubling": doubling, "ring": ring, "pairwise": pairwise, "chain": chain}
-_NAMES = {module: name for name, module in ALGORITHMS.items()}
+_LARGE = {"all_to_all": "pairwise", "reduce": "chain"}
+_DOUBLING = frozenset(("all_reduce", "all_gather", "reduce_scatter"))
+_SMALL = frozenset(("direct", "doubling"))
 
 
-def choose(collective: str, nbytes: int, size: int, config: Any) -> ModuleType:
-    """The algorithm module whose `collective` function runs this call. `config`: a
-    fastcoll.Config (its thresholds and switches)."""
+def small(name: str) -> bool:
+    """Whether algorithm `name` is one the rule gives a small call (the pure-Python engine's
+    all_reduce is one round of direct sends for those: fastcoll/algorithms/reference.py)."""
+    return name in _SMALL
+
+
+def doubling_applies(size: int) -> bool:
+    """Whether recursive doubling serves a group of `size` ranks (a power of two, more than 2)."""
+    return size > 2 and size & (size - 1) == 0
+
+
+def algorithm(collective: str, nbytes: int, size: int, config: Any) -> str:
+    """The name (one of ALGORITHMS) of the algorithm that runs this call: what an Op carries.
+    `config`: a fastcoll.Config (its thresholds and switches)."""
     # Ordered so that the common case, a small collective of two ranks, makes no call.
     if collective in _SIZED:
         if nbytes > _small_max(size, config):
-            return _LARGE.get(collective, ring)
-        if size != 2 and config.doubling and collective in _DOUBLING and doubling.applies(size):
-            return doubling
-        return direct
+            return _LARGE.get(collective, "ring")
+        if size != 2 and config.doubling and collective in _DOUBLING and doubling_applies(size):
+            return "doubling"
+        return "direct"
     if collective in _DIRECT:
-        return direct
+        return "direct"
     raise ValueError(f"no algorithm serves {collective!r}")
 
 
@@ -63,7 +75,3 @@ def by_size(collective: str, size: int, config: Any) -> tuple[int, str, str]:
     most = _small_max(size, config)
     return most, algorithm(collective, 0, size, config), algorithm(collective, most + 1, size, config)
 
-
-def algorithm(collective: str, nbytes: int, size: int, config: Any) -> str:
-    """The name (a key of ALGORITHMS) of the algorithm `choose` picks: what an Op carries."""
-    return _NAMES[choose(collective, nbytes, size, config)]

@@ -15,7 +15,7 @@ from types import ModuleType
 
 # The module's public names: its types (checked below) and the rest.
 MODULE = ("ALGORITHMS", "Completion", "DTYPES", "Engine", "GateHost", "KINDS", "Links", "NativeError", "OPS",
-          "OpSpec", "ResultCache", "Runner", "finish_mean", "link_kinds", "reduce")
+          "OpSpec", "PHASES", "ResultCache", "Runner", "finish_mean", "link_kinds", "reduce")
 
 # Each type's public attributes (methods, fields).
 PUBLIC_API: dict[str, tuple[str, ...]] = {
@@ -23,7 +23,7 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     "Engine": ("abort", "close", "gate", "interrupt", "links", "runner"),
     "Runner": ("claim_if_idle", "graph_open", "on_failure", "release", "run", "spec", "submit", "submit_call"),
     "OpSpec": ("agree_counts", "algorithm", "bounds", "dtype", "itemsize", "kind", "limit", "piece_bytes", "rank",
-               "recv_bounds", "reduce", "root", "sig", "size"),
+               "recv_bounds", "reduce", "root", "sig", "size", "trace"),
     "Links": ("add", "flush", "info", "keep_unread", "next_header", "read_payload", "send", "send_raw"),
     "GateHost": ("attach", "outstanding", "release", "stop", "submit", "timings"),
     "Completion": ("code", "done", "wait"),

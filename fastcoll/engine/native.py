@@ -8,9 +8,11 @@ thread, which takes the GIL only to report a failure or to run a Python function
 native calls. It sends what the pure-Python engine sends, frame for frame, and reports each
 failure as the error the pure-Python transport raises (`error_from`).
 
-Calls whose steps need Python between messages (monitored_barrier, a check after the exchange,
-FASTCOLL_TRACE's phases) run their Python schedule over `NativeTransport`, the message
-interface the pure-Python algorithms use, whose waits are native too.
+Calls whose steps need Python between messages (monitored_barrier, a check after the exchange)
+run their Python schedule over `NativeTransport`, the message interface the pure-Python engine's
+schedules use, whose waits are native too; every rank runs such a call so. A traced call
+(FASTCOLL_TRACE, which each rank sets for itself) runs natively too, on the caller's thread or
+behind the queue, its phases noted by the engine and written as the Python engine's are.
 
 The extension's surface is fastcoll/engine/door.py's, checked as this module is imported: an
 `_native.Engine` whose `runner` runs and queues collectives (each an `OpSpec`, made once per call
@@ -31,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from fastcoll import dtypes, wire
+from fastcoll import dtypes, trace, wire
 from fastcoll.algorithms import select
 from fastcoll.config import AUTO_SPIN_US, for_host
 from fastcoll.engine import _native, door
@@ -55,6 +57,7 @@ CODE = {name: i for i, name in enumerate(_CODES)}
 _KIND = {name: i for i, name in enumerate(_native.KINDS)}
 _ALGORITHM = {name: i for i, name in enumerate(_native.ALGORITHMS)}
 _DTYPE = {name: i for i, name in enumerate(_native.DTYPES)}
+_PHASES = tuple(_native.PHASES)  # a traced run's phases, by code (fastcoll/trace.py's PHASES)
 _REDUCE = {name: i for i, name in enumerate(_native.OPS)}
 # A collective that only moves bytes names an unsigned type of its items' size.
 _MOVER = {1: _DTYPE["uint8"], 2: _DTYPE["uint16"], 4: _DTYPE["uint32"], 8: _DTYPE["uint64"]}
@@ -64,7 +67,7 @@ def unavailable() -> str | None:
     """None where this build of the extension matches this Python layer, else why not."""
     if tuple(_native.KINDS) != KINDS or set(_native.ALGORITHMS) != set(select.ALGORITHMS):
         return "the extension was built from other sources than this fastcoll (reinstall it)"
-    if tuple(_native.DTYPES) != dtypes.names() or tuple(_native.OPS) != dtypes.OPS:
+    if tuple(_native.DTYPES) != dtypes.names() or tuple(_native.OPS) != dtypes.OPS or _PHASES != trace.PHASES:
         return "the extension was built from other sources than this fastcoll (reinstall it)"
     return None
 
@@ -297,7 +300,7 @@ class NativeEngine(Engine):
         kind = None
         if type(op) is Op and op.kind == "gate" and op.gate.host.is_served_by(self._gate) and task.tracer is None:
             kind = "all_gather"  # the gate's exchange: every rank's bytes into the receive mailbox
-        elif not _runs_natively(task) or op.kind not in _PLANNED or op.bounds is not None:
+        elif not _runs_natively(task) or task.tracer is not None or op.kind not in _PLANNED or op.bounds is not None:
             return None
         return self._spec(task, kind)
 
@@ -343,19 +346,17 @@ class NativeEngine(Engine):
             return work
         if not async_op and self._runner.claim_if_idle():
             return None
-        if _runs_natively(task):
+        if _runs_natively(task) and task.tracer is None:  # (a traced call records its span on the thread)
             work = NativeWork(body.result)
             work.completion = self._runner.submit(self._spec(task), task.seq, body.src, body.dst, task, work)
             return work
         work = Work()
-        self._runner.submit_call(functools.partial(self._run_queued_python, task, work))
+        self._runner.submit_call(functools.partial(self._run_queued, task, work))
         return work
 
     def run_inline(self, task: Task) -> Any:
         try:
-            if _runs_natively(task):
-                return self._run_native(task)
-            return run_task(self.transport, task)
+            return self._run(task)
         finally:
             self._runner.release()
 
@@ -375,6 +376,10 @@ class NativeEngine(Engine):
 
     # ----- running -----
 
+    def _run(self, task: Task) -> Any:
+        """Run `task` on this thread, which holds the run lock: natively, or its Python schedule."""
+        return self._run_native(task) if _runs_natively(task) else run_task(self.transport, task)
+
     def _run_native(self, task: Task) -> Any:
         err = task.broken()
         if err is not None:
@@ -382,7 +387,10 @@ class NativeEngine(Engine):
         started = time.monotonic()
         op = task.body
         try:
-            self._runner.run(self._spec(task), task.seq, op.src, op.dst)
+            if task.tracer is None:
+                self._runner.run(self._spec(task), task.seq, op.src, op.dst)
+            else:
+                self._run_traced(task)
         except _native.NativeError as e:
             task.fail(self._error(e.args, task), started)
         except BaseException as e:  # a Ctrl-C that a signal handler raised during the wait
@@ -390,9 +398,31 @@ class NativeEngine(Engine):
             raise
         return task.body.result
 
-    def _run_queued_python(self, task: Task, work: Work) -> None:
+    def _run_traced(self, task: Task) -> None:
+        """Run task natively with its phases noted by the engine (fastcoll/engine/csrc/algorithms/
+        fc_trace.c), written as the spans the Python engine's trace has: the queue, the call, and
+        within it each send, wait, receive, reduce and flush (those of a failed call too)."""
+        tracer, op = task.tracer, task.body
+        tracer.span("queue", task.queued, seq=task.seq)
+        began = tracer.now()
+        noted = None
         try:
-            work._finish(run_task(self.transport, task))
+            noted = self._runner.run(self._spec(task, trace=True), task.seq, op.src, op.dst)
+        except _native.NativeError as e:
+            noted = getattr(e, "spans", None)
+            raise
+        finally:
+            spans, dropped = noted if noted is not None else ((), 0)
+            for phase, peer, nbytes, start, end in spans:  # (times since the run began, in ns)
+                args = {} if peer < 0 else {"peer": peer}
+                if _PHASES[phase] in ("send", "receive", "reduce"):
+                    args["bytes"] = nbytes
+                tracer.span(_PHASES[phase], began + start, began + end, **args)
+            tracer.span(task.sig, began, seq=task.seq, **({"dropped": dropped} if dropped else {}))
+
+    def _run_queued(self, task: Task, work: Work) -> None:
+        try:
+            work._finish(self._run(task))
         except BaseException as e:  # the caller gets it through Work.wait()
             work._finish(error=e)
 
@@ -425,9 +455,10 @@ class NativeEngine(Engine):
             return said
         return err
 
-    def _spec(self, task: Task, kind: str | None = None) -> Any:
-        """The `_native.OpSpec` of task's Op (as a collective of `kind`, if given): everything
-        but the call's sequence number and buffers, which each run or submit gives."""
+    def _spec(self, task: Task, kind: str | None = None, trace: bool = False) -> Any:
+        """The `_native.OpSpec` of task's Op (as a collective of `kind`, if given; `trace`: its
+        run notes its phases): everything but the call's sequence number and buffers, which each
+        run or submit gives."""
         op: Op = task.body
         buf = op.src if op.src is not None else op.dst
         itemsize = 1 if buf is None else buf.itemsize
@@ -439,7 +470,7 @@ class NativeEngine(Engine):
                                  limit=task.limit, rank=task.rank, size=task.size, ranks=ranks,
                                  piece_bytes=task.piece_bytes, dtype=dtype, itemsize=itemsize,
                                  reduce=_REDUCE[op.reduce or "sum"], root=op.root, bounds=_bounds(op.bounds),
-                                 recv_bounds=_bounds(op.recv_bounds), agree_counts=op.agree_counts)
+                                 recv_bounds=_bounds(op.recv_bounds), agree_counts=op.agree_counts, trace=trace)
 
 
 # The longest a verbs link's set-up may wait for its peer (links.add's bound: a day).
@@ -527,9 +558,11 @@ def cpus_per_rank(local_ranks: int) -> float:
 
 def _runs_natively(task: Task) -> bool:
     """Whether the native engine runs task's schedule itself (else its Python schedule runs over
-    the native messages): an Op without a check after it, and no trace to record phases in."""
+    the native messages): an Op without a check after it. A traced call runs natively too: a
+    rank's trace is its own setting, and the Python schedules are not the native ones, so a
+    traced rank that ran Python would send what its untraced peers do not expect."""
     body = task.body
-    return type(body) is Op and body.after is None and body.gate is None and task.tracer is None
+    return type(body) is Op and body.after is None and body.gate is None
 
 
 def _bounds(bounds: list[tuple[int, int]] | None) -> np.ndarray | None:

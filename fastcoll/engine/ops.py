@@ -1,9 +1,10 @@
 """What a collective asks of the data plane: an `Op`, built by the public calls once they have
 checked their arguments, and run by whichever engine the job has (fastcoll/engine/).
 
-An Op names the collective, the algorithm the rule chose for it (fastcoll/algorithms/select.py)
-and the flat host buffers it reads and writes; it decides nothing itself. Every engine runs the
-same Op to the same bytes on the wire, so ranks agree whatever runs them.
+An Op names the collective, the algorithm the rule chose for it (fastcoll/algorithms/select.py;
+the native engine runs it, the pure-Python engine its one schedule for the collective) and the
+flat host buffers it reads and writes; it decides nothing itself. Every rank of a job runs the
+same engine, so the ranks that run one Op send what each other expects.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class Op:
     """One collective on flat host buffers (element offsets in `bounds`).
 
     kind            one of KINDS
-    algorithm       the module of fastcoll/algorithms/ that runs it ("direct", "ring", ...)
+    algorithm       the native engine's algorithm for it ("direct", "ring", ...: select.ALGORITHMS)
     src, dst        what this rank contributes and where its result goes (None where the
                     collective has none on this rank: a non-root's gather result, say)
     dtype, reduce   the dtype's and the reduction's names, for the reductions

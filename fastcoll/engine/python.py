@@ -1,7 +1,7 @@
-"""The pure-Python engine: the algorithms of fastcoll/algorithms/ over a Python transport, with a
-service thread for what is queued. It is the reference the native engine is tested against, and
-the fallback where the extension is not built (FASTCOLL_NATIVE=0, no compiler) or the transport
-is one the native engine does not own (ZeroMQ).
+"""The pure-Python engine: one schedule per collective (fastcoll/algorithms/reference.py) over a
+Python transport, with a service thread for what is queued. It is the reference the native engine
+is tested against, and the fallback where the extension is not built (FASTCOLL_NATIVE=0, no
+compiler) or the transport is one the native engine does not own (ZeroMQ).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from fastcoll import dtypes
-from fastcoll.algorithms import Call, direct, select
+from fastcoll.algorithms import Call, reference, select
 from fastcoll.engine.base import LET_GO_SECONDS, Engine, Task, finalized_mid_call
 from fastcoll.engine.ops import AGREEING, Op, bounds_of
 from fastcoll.errors import FastcollError
@@ -77,8 +77,8 @@ class PythonEngine(Engine):
 
 
 def run_task(transport: Transport, task: Task) -> Any:
-    """Run `task` on this thread through its algorithm's Python schedule over `transport`'s
-    messages; its result, or raise what Task.fail gives for a failure."""
+    """Run `task` on this thread through its Python schedule over `transport`'s messages; its
+    result, or raise what Task.fail gives for a failure."""
     err = task.broken()
     if err is not None:
         raise err
@@ -110,8 +110,8 @@ def _body(call: Call, body: Any, limit: float) -> Any:
 
 
 def serve_gate(call: Call, op: Op, limit: float) -> None:
-    """The fence gate's host half for one gate (op.gate), its bytes gathered through op's
-    algorithm once the GPU has arrived (fastcoll/gate/host/serve.py)."""
+    """The fence gate's host half for one gate (op.gate), its bytes gathered by an all_gather
+    once the GPU has arrived (fastcoll/gate/host/serve.py)."""
 
     def exchange(send: np.ndarray, gathered: np.ndarray) -> None:
         # The GPU arrives when the caller evaluates, which may be long after the call was queued:
@@ -125,50 +125,52 @@ def serve_gate(call: Call, op: Op, limit: float) -> None:
 
 
 def run_op(call: Call, op: Op) -> None:
-    """Run `op` through the algorithm the rule chose for it, as this rank's part of the call."""
-    algorithm = select.ALGORITHMS[op.algorithm]
-    kind = op.kind
+    """Run `op` as this rank's part of the call, through its collective's one reference schedule.
+
+    The algorithm the Op names (select.py's rule) is the native engine's to follow; this engine
+    reads from it, here and nowhere else, only whether the rule calls an all_reduce small
+    (select.small): its schedules are the simplest correct ones (fastcoll/algorithms/reference.py),
+    and every rank of a job runs the same engine."""
     bounds, recv_bounds = bounds_of(op, call.size)
-    agreeing = kind in AGREEING or op.agree_counts
-    if agreeing:  # every peer's agreement is read before the call returns (Call.agree)
+    if op.kind in AGREEING or op.agree_counts:  # every peer's agreement is read before the call returns
         if op.agree_counts:
             call.agree([b - a for a, b in bounds], [b - a for a, b in recv_bounds])
         else:
             call.agree()
-    _dispatch(call, op, algorithm, bounds, recv_bounds)
+    _dispatch(call, op, bounds, recv_bounds)
     if call.owed is not None:  # (a schedule that ends with flush() has read them all)
         call.agreed()
 
 
-def _dispatch(call: Call, op: Op, algorithm: Any, bounds: Any, recv_bounds: Any) -> None:
-    """op's schedule: the algorithm module's function for its kind."""
-    kind = op.kind
+def _dispatch(call: Call, op: Op, bounds: Any, recv_bounds: Any) -> None:
+    """op's schedule: reference.py's function for its kind."""
+    kind, ref = op.kind, reference
     if kind in _REDUCING:
         combine = call.traced(dtypes.reducer(op.dtype, op.reduce))
         if kind == "all_reduce":
-            algorithm.all_reduce(call, op.src, op.dst, combine)
+            ref.all_reduce(call, op.src, op.dst, combine, select.small(op.algorithm))
         elif kind == "reduce_scatter":
-            op.dst[...] = algorithm.reduce_scatter(call, op.src, bounds, combine)
+            ref.reduce_scatter(call, op.src, op.dst, bounds, combine)
         else:
-            algorithm.reduce(call, op.src, op.dst, op.root, combine)
+            ref.reduce(call, op.src, op.dst, op.root, combine)
         if op.reduce == "mean" and op.dst is not None:
             dtypes.finish_mean(op.dtype, op.dst, call.size)
     elif kind == "all_gather":
-        algorithm.all_gather(call, op.dst, bounds)
+        ref.all_gather(call, op.dst, bounds)
     elif kind == "broadcast":
-        algorithm.broadcast(call, op.dst, op.root)
+        ref.broadcast(call, op.dst, op.root)
     elif kind == "barrier":
-        direct.barrier(call)
+        ref.barrier(call)
     elif kind == "all_to_all":
-        algorithm.all_to_all(call, op.src, op.dst, bounds, recv_bounds)
+        ref.all_to_all(call, op.src, op.dst, bounds, recv_bounds)
     elif kind == "gather":
-        algorithm.gather(call, op.dst, op.src, bounds, op.root)
+        ref.gather(call, op.dst, op.src, bounds, op.root)
     elif kind == "scatter":
-        algorithm.scatter(call, op.src, op.dst, bounds, op.root)
+        ref.scatter(call, op.src, op.dst, bounds, op.root)
     elif kind == "send":
-        direct.send(call, op.src, op.root)
+        ref.send(call, op.src, op.root)
     elif kind == "recv":
-        direct.recv(call, op.dst, op.root)
+        ref.recv(call, op.dst, op.root)
     else:
         raise ValueError(f"no engine step for an Op of kind {kind!r}")
 

@@ -2,7 +2,7 @@
 
 A transport connects this rank to every peer. `send` hands a message over (possibly finishing in
 the background: the payload must stay unchanged until `flush`), `recv` waits for the next message
-from one peer, checks that its header is the one this rank expects, and reads the payload into
+from one peer (`recv_first`: from whichever of several sends first), checks that its header is the one this rank expects, and reads the payload into
 a buffer the caller sized. While waiting on one peer it watches all of them, so an abort or a
 closed connection anywhere ends the wait at once.
 """
@@ -13,6 +13,7 @@ import abc
 import logging
 import re
 import time
+from typing import Sequence
 
 from fastcoll import errors
 from fastcoll.errors import FastcollError, MismatchError
@@ -116,6 +117,13 @@ class Transport(abc.ABC):
         """What carries this rank's messages, in a few words ('tcp', 'zmq', ...)."""
         return type(self).__name__.removesuffix("Transport").lower()
 
+    def _first_header(self, wanted: Sequence[tuple[int, int]], deadline: float, nbytes: int = 0) -> tuple[int, Header]:
+        """The header of whichever of `wanted`'s messages (peer, chunk) comes first, and its index
+        in `wanted`, watching every peer meanwhile. This one waits for them in the order given:
+        a transport that can wait for several peers at once says so by its own."""
+        peer, chunk = wanted[0]
+        return 0, self._next_header(peer, chunk, deadline, nbytes)
+
     def recv(
         self, peer: int, seq: int, sig: str, chunk: int, out: memoryview | None, deadline: float, tracer=None
     ) -> None:
@@ -124,8 +132,28 @@ class Transport(abc.ABC):
         With a tracer, the time spent waiting for the header and reading the payload are
         recorded as `wait` and `receive`."""
         t0 = tracer.now() if tracer is not None else 0
+        h = self._next_header(peer, chunk, deadline, 0 if out is None else out.nbytes)
+        self._take_message(peer, seq, sig, chunk, out, h, deadline, tracer, t0)
+
+    def recv_first(
+        self, wanted: Sequence[tuple[int, int, memoryview | None]], seq: int, sig: str, deadline: float, tracer=None
+    ) -> int:
+        """Receive whichever of `wanted`'s messages (peer, chunk, out) comes first, as `recv`
+        does; its index in `wanted`. A rank that needs a message from each of several peers takes
+        them so, and leaves none unread ahead of what its peer says next (a timeout's notice,
+        which the rank must hear while it waits on another: fastcoll/diagnosis.py)."""
+        t0 = tracer.now() if tracer is not None else 0
+        nbytes = max(0 if out is None else out.nbytes for _, _, out in wanted)
+        i, h = self._first_header([(peer, chunk) for peer, chunk, _ in wanted], deadline, nbytes)
+        peer, chunk, out = wanted[i]
+        self._take_message(peer, seq, sig, chunk, out, h, deadline, tracer, t0)
+        return i
+
+    def _take_message(self, peer: int, seq: int, sig: str, chunk: int, out: memoryview | None, h: Header,
+                      deadline: float, tracer, t0: float) -> None:
+        """Check the header `h` just taken from `peer` against the message expected, and read its
+        payload into `out` (see `recv`)."""
         nbytes = 0 if out is None else out.nbytes
-        h = self._next_header(peer, chunk, deadline, nbytes)
         if tracer is not None:
             tracer.span("wait", t0, peer=peer)
         if h.seq != seq or h.sig != sig:

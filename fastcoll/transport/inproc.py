@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import queue
 import time
+from typing import Sequence
 
 from fastcoll import diagnosis
 from fastcoll.transport.base import Transport, abort_error, timeout_notice
@@ -32,31 +33,47 @@ class InProcTransport(Transport):
         pass  # send() copied the payload
 
     def _next_header(self, peer: int, chunk: int, deadline: float, nbytes: int = 0) -> Header:
-        """The next message from `peer`; meanwhile the others' are looked at every few
-        milliseconds, as a socket transport watches every peer: a peer's timeout notice ends
-        the wait (fastcoll/diagnosis.py), the rest wait for their turn."""
+        return self._first_header([(peer, chunk)], deadline, nbytes)[1]
+
+    def _first_header(self, wanted: Sequence[tuple[int, int]], deadline: float, nbytes: int = 0) -> tuple[int, Header]:
+        """The next message from whichever of `wanted`'s peers sends first; meanwhile the others'
+        are looked at every few milliseconds, as a socket transport watches every peer: a peer's
+        timeout notice ends the wait (fastcoll/diagnosis.py), the rest wait for their turn."""
+        peers = [peer for peer, _ in wanted]
         while True:
-            if self._early[peer]:
-                h, payload = self._early[peer].popleft()
-                break
-            try:
-                h, payload = self._boxes[(peer, self.rank)].get(timeout=min(0.005, max(0.0, deadline - time.monotonic())))
-                break
+            for i, peer in enumerate(peers):
+                if not self._early[peer]:
+                    try:
+                        self._early[peer].append(self._boxes[(peer, self.rank)].get_nowait())
+                    except queue.Empty:
+                        continue
+                return i, self._take(peer, *self._early[peer].popleft())
+            for other in range(self.size):
+                if other != self.rank and other not in peers:
+                    self._look(other, peers[0])
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise diagnosis.timed_out(
+                    f"rank {self.rank} timed out waiting for rank {peers[0]}, which did not answer", peers[0])
+            try:  # asleep on the first peer's queue; briefly where another may come first
+                slice_s = 0.005 if len(peers) == 1 else 0.0005
+                self._early[peers[0]].append(self._boxes[(peers[0], self.rank)].get(timeout=min(slice_s, left)))
             except queue.Empty:
                 pass
-            for other in range(self.size):
-                if other in (peer, self.rank):
-                    continue
-                try:
-                    item = self._boxes[(other, self.rank)].get_nowait()
-                except queue.Empty:
-                    continue
-                if timeout_notice(item[0]) and not self._early[other]:
-                    raise abort_error(item[0], other, peer)  # unless that peer's earlier messages come first
-                self._early[other].append(item)
-            if time.monotonic() >= deadline:
-                raise diagnosis.timed_out(
-                    f"rank {self.rank} timed out waiting for rank {peer}, which did not answer", peer)
+
+    def _look(self, other: int, waiting_for: int) -> None:
+        """Keep what `other` (not waited on) has sent; raise at its timeout notice, unless that
+        peer's earlier messages come first."""
+        early = self._early[other]
+        while True:
+            try:
+                early.append(self._boxes[(other, self.rank)].get_nowait())
+            except queue.Empty:
+                break
+        if early and timeout_notice(early[0][0]):
+            raise abort_error(early.popleft()[0], other, waiting_for)
+
+    def _take(self, peer: int, h: Header, payload: bytes | None) -> Header:
         if h.kind == ABORT:
             raise abort_error(h, peer, peer)
         self._current[peer] = payload

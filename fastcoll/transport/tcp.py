@@ -24,7 +24,7 @@ import socket
 import termios
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from fastcoll import diagnosis, testhooks, wire
 from fastcoll.errors import CollectiveTimeoutError, FastcollError, PeerLostError
@@ -525,19 +525,54 @@ class TcpTransport(Transport):
             raise self._finalized(link[0])
         return h
 
-    def _next_header(self, peer: int, chunk: int, deadline: float, nbytes: int = 0) -> Header:
-        link = (peer, chunk % self._channels)
+    def _ready_header(self, link: Link) -> Header | None:
+        """The header `link` has brought already (kept as running ahead, or read with what came
+        before it), or None, without waiting."""
         h = self._pending.pop(link, None)
         if isinstance(h, FastcollError):
             raise h  # that peer was lost while this rank waited on another one
         if h is not None:
             self._watch(self._links[link].fileno())
             return self._take(link, h)
-        if peer in self._closed_peers:
-            raise self._finalized(peer)
-        reader = self._readers[link]
-        h = reader.parse()
+        if link[0] in self._closed_peers:
+            raise self._finalized(link[0])
+        h = self._readers[link].parse()
+        return None if h is None else self._take(link, h)
+
+    def _first_header(self, wanted: Sequence[tuple[int, int]], deadline: float, nbytes: int = 0) -> tuple[int, Header]:
+        if len(wanted) == 1:
+            peer, chunk = wanted[0]
+            return 0, self._next_header(peer, chunk, deadline, nbytes)
+        links = [(peer, chunk % self._channels) for peer, chunk in wanted]
+        for i, link in enumerate(links):
+            h = self._ready_header(link)
+            if h is not None:
+                return i, h
+        # First what every link holds already (a notice may have come with the last payload
+        # read), then what poll() says has come.
+        events = [(fd, select.POLLIN) for fd in list(self._watched)]
+        while True:
+            for fd, _ in events:
+                if fd not in self._watched:
+                    continue  # (a link this loop stopped watching: its header is kept)
+                other = self._fd_link[fd]
+                link = other if other in links else links[0]
+                h = self._look(fd, link)
+                if h is not None:
+                    return links.index(link), self._take(link, h)
+            left = remaining(deadline)
+            if left <= 0:
+                moved = self._readers[links[0]].moved_at
+                raise wait_timeout(self.rank, links[0][0], None if moved is None else time.monotonic() - moved)
+            events = self._wait(min(left, 0.2))
+            if self.interrupted:
+                raise FastcollError(self.interrupted)
+
+    def _next_header(self, peer: int, chunk: int, deadline: float, nbytes: int = 0) -> Header:
+        link = (peer, chunk % self._channels)
+        h = self._ready_header(link)
         if h is None:
+            reader = self._readers[link]
             # In a lock-step exchange the peer's message has often landed by now, or is about
             # to: a few non-blocking reads save a poll() and the wake-up that follows it.
             tries = 0

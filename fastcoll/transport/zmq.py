@@ -15,9 +15,10 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import os
 import sys
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import zmq
 import zmq.auth.thread
@@ -361,37 +362,51 @@ class ZmqTransport(Transport):
         self._queues[peer].append((h, payload))
 
     def _next_header(self, peer: int, chunk: int, deadline: float, nbytes: int = 0) -> Header:
-        q = self._queues[peer]
+        return self._first_header([(peer, chunk)], deadline, nbytes)[1]
+
+    def _first_header(self, wanted: Sequence[tuple[int, int]], deadline: float, nbytes: int = 0) -> tuple[int, Header]:
+        peers = [peer for peer, _ in wanted]
         while True:
             _reraise_interrupt()  # a Ctrl-C that a frame's deallocator swallowed, if any
-            if q:
-                h, payload = q.popleft()
-                if h.kind == ABORT:
-                    self._notices.pop(peer, None)  # raised here: not once more for another wait
-                    raise abort_error(h, peer, peer)
-                if h.kind == CLOSE:
-                    why = f"rank {peer} called finalize() while rank {self.rank} still needed it"
-                    self._gone[peer] = (why, 0.0)
-                    raise PeerLostError(why, peer)
-                self._current[peer] = payload
-                return h
+            for i, peer in enumerate(peers):
+                if self._queues[peer]:
+                    return i, self._pop(peer)
             # Another peer's ABORT waits in its queue until this rank needs that peer (as on
             # TCP: the collective under way may still complete); _raise_if_gone passes over
             # lost peers whose queue still holds something, such as that notice.
-            self._raise_if_gone(peer)
+            for peer in peers:
+                self._raise_if_gone(peer)
             if self.interrupted:
                 raise FastcollError(self.interrupted)
             if self._notices:
-                other = next((p for p in self._notices if p != peer), None)
+                other = next((p for p in self._notices if p not in peers), None)
                 if other is not None:  # it stays in its queue too
-                    raise abort_error(self._notices.pop(other), other, peer)
+                    raise abort_error(self._notices.pop(other), other, peers[0])
             if self._spin():
                 continue
             left = remaining(deadline)
             if left <= 0:
                 raise diagnosis.timed_out(
-                    f"rank {self.rank} timed out waiting for rank {peer}, which did not answer", peer)
+                    f"rank {self.rank} timed out waiting for rank {peers[0]}, which did not answer", peers[0])
             self._drain(min(left, 0.05 if self._gone else 0.2) * 1000)
+
+    def _pop(self, peer: int) -> Header:
+        """The next message in `peer`'s queue: its header (the payload kept for `_read_payload`)."""
+        q = self._queues[peer]
+        h, payload = q.popleft()
+        if h.kind == ABORT:
+            self._notices.pop(peer, None)  # raised here: not once more for another wait
+            raise abort_error(h, peer, peer)
+        if h.kind == CLOSE:
+            why = f"rank {peer} called finalize() while rank {self.rank} still needed it"
+            self._gone[peer] = (why, 0.0)
+            raise PeerLostError(why, peer)
+        if q and timeout_notice(q[0][0]):
+            # That peer's wait ran out after it sent this: now nothing of it comes first, so
+            # whoever waits on another hears it (see _file).
+            self._notices[peer] = q[0][0]
+        self._current[peer] = payload
+        return h
 
     def _read_payload(self, peer: int, chunk: int, out: memoryview, deadline: float = math.inf) -> None:
         payload = self._current.pop(peer)
@@ -444,6 +459,18 @@ class ZmqTransport(Transport):
             d.close(linger=linger if linger is not None else 0 if gone else 1000)
 
 
+def spin_reads(config: Any, local_ranks: int) -> int:
+    """How many non-blocking receives a wait tries before it sleeps in poll: four times
+    config.spin_reads (ZmqTransport._spin says why), or none where this host's ranks outnumber its
+    CPUs, unless FASTCOLL_TUNING set spin_reads. There a spinning rank holds a core that a peer, or
+    the libzmq I/O thread that carries the message, needs (four ranks on 2 cores: a 4 B
+    all_gather took about 1.7 times as long with the spin, bench/NOTES.md), as the native engine's
+    spin_us rule says for its waits."""
+    if "spin_reads" not in config.tuned and local_ranks > (os.cpu_count() or 1):
+        return 0
+    return 4 * config.spin_reads
+
+
 def connect(config: Any, caps: dict[str, Any], deadline: float) -> tuple[ZmqTransport, rendezvous.Table]:
     """Bind a ROUTER, rendezvous, connect a DEALER to every peer and authenticate them all."""
     hosts = bind_hosts(config)
@@ -454,7 +481,7 @@ def connect(config: Any, caps: dict[str, Any], deadline: float) -> tuple[ZmqTran
         table = rendezvous.rendezvous(config, listener.address, caps, deadline)
         rendezvous.agree(table.caps, {"transport": "FASTCOLL_TRANSPORT"})
         transport = ZmqTransport(config.rank, config.world_size, listener, table.addresses, config.timeout,
-                                 deadline, spin_reads=4 * config.spin_reads)
+                                 deadline, spin_reads=spin_reads(config, len(table.same_host(config.rank))))
         testhooks.point("setup-done")
     except BaseException:
         listener.close()

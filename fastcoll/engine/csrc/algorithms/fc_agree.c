@@ -85,7 +85,9 @@ static int take(fc_call *c, int peer)
     size_t len;
     const uint8_t *sig = signature_of(c, peer, &len);
     c->owed[peer] = 0;
-    if (!fc_engine_recv(c->e, c->ranks[peer], c->seq, sig, len, 0, NULL, 0, c->deadline, c->err))
+    int rc = c->trace ? fc_trace_recv(c, c->ranks[peer], sig, len, 0, NULL, 0)
+                      : fc_engine_recv(c->e, c->ranks[peer], c->seq, sig, len, 0, NULL, 0, c->deadline, c->err);
+    if (!rc)
         return 0;
     if (c->err->code == FC_E_MISMATCH_CALL && counts_agree(c->agreeing)) {
         /* what this rank expected, for the message (fastcoll/engine/native.py's error_from) */

@@ -63,6 +63,8 @@ int fc_run(fc_call *c, const fc_op *op)
 
 int fc_send(fc_call *c, int peer, int64_t chunk, const uint8_t *p, size_t count)
 {
+    if (c->trace)
+        return fc_trace_send(c, peer, chunk, p, count);
     return fc_engine_send(c->e, c->ranks[peer], FC_DATA, c->seq, c->sig, c->sig_len, chunk, p,
                           count * c->itemsize, c->err);
 }
@@ -73,6 +75,8 @@ int fc_recv(fc_call *c, int peer, int64_t chunk, uint8_t *p, size_t count)
      * what that peer says next, a timeout's notice included, while this rank waits on another */
     if (c->owed && fc_agree_take_all(c))
         return -1;
+    if (c->trace)
+        return fc_trace_recv(c, c->ranks[peer], c->sig, c->sig_len, chunk, p, count * c->itemsize);
     return fc_engine_recv(c->e, c->ranks[peer], c->seq, c->sig, c->sig_len, chunk, p, count * c->itemsize,
                           c->deadline, c->err);
 }
@@ -94,7 +98,7 @@ int fc_flush(fc_call *c)
         }
         return -1;
     }
-    return fc_engine_flush(c->e, c->deadline, c->err);
+    return c->trace ? fc_trace_flush(c) : fc_engine_flush(c->e, c->deadline, c->err);
 }
 
 size_t fc_piece_items(const fc_call *c)
@@ -122,12 +126,15 @@ static void combine_user(const fc_op *op, const uint8_t *a, const uint8_t *b, ui
     }
 }
 
-void fc_combine(const fc_op *op, const uint8_t *a, const uint8_t *b, uint8_t *out, size_t count)
+void fc_combine(fc_call *c, const fc_op *op, const uint8_t *a, const uint8_t *b, uint8_t *out, size_t count)
 {
+    fc_ns start = c->trace ? fc_now() : 0;
     if (op->user)
         combine_user(op, a, b, out, count);
     else
         fc_reduce(op->dtype, op->redop, a, b, out, count);
+    if (c->trace)
+        fc_trace_note(c->trace, FC_P_REDUCE, -1, count * c->itemsize, start);
 }
 
 void *fc_scratch(fc_call *c, size_t bytes)

@@ -1,6 +1,7 @@
-/* Collective algorithms in C: the schedules of fastcoll/algorithms/, step for step, so that the
- * native engine sends the messages the pure-Python engine sends and combines contributions in
- * the same order (every rank gets the same bits, and the same bits as the Python engine).
+/* Collective algorithms in C: the native engine's schedules, tuned, which the pure-Python
+ * engine's one schedule per collective (fastcoll/algorithms/reference.py) is the reference for.
+ * Every schedule combines each element in one order on every rank, so every rank gets the same
+ * bits; the direct exchange combines in rank order, as the Python engine does.
  *
  * An algorithm is one file that defines an fc_algorithm (a function per collective it runs,
  * NULL for the others) and one entry in fc_algo.c's registry; its functions see one fc_call
@@ -47,6 +48,24 @@ typedef struct fc_op {
     int agree_counts; /* all_to_all: each pair first confirms how many elements it exchanges */
 } fc_op;
 
+/* A traced call's phases (FASTCOLL_TRACE), the names fastcoll/trace.py writes, in this order
+ * (the module's PHASES): each send, each wait for a peer's header, each payload received, each
+ * reduction and each flush, noted by fc_trace.c into a bounded buffer the caller gives. */
+enum fc_phase { FC_P_SEND = 0, FC_P_WAIT, FC_P_RECEIVE, FC_P_REDUCE, FC_P_FLUSH, FC_P_COUNT };
+
+typedef struct fc_span {
+    fc_ns start, end;
+    int64_t bytes;
+    int32_t peer;  /* the job's rank, or -1 (a reduction, a flush) */
+    int32_t phase; /* enum fc_phase */
+} fc_span;
+
+typedef struct fc_trace {
+    fc_span *spans; /* cap of them; the first n noted */
+    size_t cap, n;
+    int64_t dropped; /* phases past cap, counted but not kept */
+} fc_trace;
+
 /* One call as the algorithms see it. */
 typedef struct fc_call {
     fc_engine *e;
@@ -65,6 +84,7 @@ typedef struct fc_call {
     uint8_t *owed;
     const fc_op *agreeing; /* the op it is about (an all_to_all's counts) */
     uint8_t *pair_sig;     /* scratch for an agreement message's signature */
+    fc_trace *trace;       /* where its phases are noted; NULL (untraced): one branch a primitive */
 } fc_call;
 
 typedef int (*fc_run_fn)(fc_call *c, const fc_op *op);
@@ -97,8 +117,15 @@ int fc_recv(fc_call *c, int peer, int64_t chunk, uint8_t *p, size_t count);
 int fc_flush(fc_call *c);
 /* Elements a piece carries (fastcoll's Call.piece_items). */
 size_t fc_piece_items(const fc_call *c);
-/* out = a op b over count elements (the op's dtype and reduction). */
-void fc_combine(const fc_op *op, const uint8_t *a, const uint8_t *b, uint8_t *out, size_t count);
+/* out = a op b over count elements (the op's dtype and reduction), noted if c is traced. */
+void fc_combine(fc_call *c, const fc_op *op, const uint8_t *a, const uint8_t *b, uint8_t *out, size_t count);
+/* The primitives of a traced call (fc_trace.c; `peer` by group rank, `job_peer` by the job's
+ * rank, counts in bytes for fc_trace_recv), each noted as its phase, failed or not. */
+void fc_trace_note(fc_trace *t, int phase, int peer, size_t bytes, fc_ns start);
+int fc_trace_send(fc_call *c, int peer, int64_t chunk, const uint8_t *p, size_t count);
+int fc_trace_recv(fc_call *c, int job_peer, const uint8_t *sig, size_t sig_len, int64_t chunk, uint8_t *p,
+                  size_t bytes);
+int fc_trace_flush(fc_call *c);
 /* Memory an algorithm needs (NULL: c->err is FC_E_NOMEM); fc_scratch_free gives it back. */
 void *fc_scratch(fc_call *c, size_t bytes);
 

@@ -1,4 +1,4 @@
-/* A pipelined chain for large rooted reductions (fastcoll/algorithms/chain.py): root+1 -> root+2
+/* A pipelined chain for large rooted reductions (the native engine's alone): root+1 -> root+2
  * -> ... -> root; each rank adds its contribution to a piece and forwards it at once. */
 #include <stdlib.h>
 
@@ -29,7 +29,7 @@ static int reduce(fc_call *c, const fc_op *op)
         rc = fc_recv(c, prev, (int64_t)k, tmp, (size_t)(pb - pa));
         if (rc)
             break;
-        fc_combine(op, tmp, FC_AT(op->src, pa, isz), FC_AT(acc, pa, isz), (size_t)(pb - pa));
+        fc_combine(c, op, tmp, FC_AT(op->src, pa, isz), FC_AT(acc, pa, isz), (size_t)(pb - pa));
         if (r != root)
             rc = fc_send(c, next, (int64_t)k, FC_AT(acc, pa, isz), (size_t)(pb - pa));
     }

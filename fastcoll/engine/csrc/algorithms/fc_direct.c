@@ -1,4 +1,4 @@
-/* Direct exchange (fastcoll/algorithms/direct.py): one hop from every rank to every other.
+/* Direct exchange: one hop from every rank to every other, each buffer whole.
  * Latency-optimal for small messages; contributions are combined in rank order. */
 #include <stdlib.h>
 #include <string.h>
@@ -28,9 +28,9 @@ static void combine_in_order(fc_call *c, const fc_op *op, const uint8_t **parts,
         memmove(out, parts[0], count * c->itemsize);
         return;
     }
-    fc_combine(op, parts[0], parts[1], out, count);
+    fc_combine(c, op, parts[0], parts[1], out, count);
     for (int p = 2; p < c->size; p++)
-        fc_combine(op, out, parts[p], out, count);
+        fc_combine(c, op, out, parts[p], out, count);
 }
 
 /* Every rank's contribution (this rank's is `own`) received, then (with `flush`, once this rank's own sends have left)
@@ -60,9 +60,9 @@ static int all_reduce(fc_call *c, const fc_op *op)
         if (fc_recv(c, peer, 0, op->dst, count) || fc_flush(c))
             return -1;
         if (c->rank == 0)
-            fc_combine(op, op->src, op->dst, op->dst, count);
+            fc_combine(c, op, op->src, op->dst, op->dst, count);
         else
-            fc_combine(op, op->dst, op->src, op->dst, count);
+            fc_combine(c, op, op->dst, op->src, op->dst, count);
         return 0;
     }
     return combine_all(c, op, op->src, count, 1);

@@ -1,4 +1,4 @@
-/* Recursive doubling and halving (fastcoll/algorithms/doubling.py) for 4, 8, 16 ... ranks:
+/* Recursive doubling and halving (the native engine's alone) for 4, 8, 16 ... ranks:
  * log2(n) exchanges with one partner each; contributions combined lower block first. */
 #include <stdlib.h>
 #include <string.h>
@@ -25,9 +25,9 @@ static int all_reduce(fc_call *c, const fc_op *op)
         int p = r ^ d;
         rc = fc_send(c, p, step, op->dst, count) || fc_recv(c, p, step, theirs, count) || fc_flush(c);
         if (!rc && r < p)
-            fc_combine(op, op->dst, theirs, op->dst, count);
+            fc_combine(c, op, op->dst, theirs, op->dst, count);
         else if (!rc)
-            fc_combine(op, theirs, op->dst, op->dst, count);
+            fc_combine(c, op, theirs, op->dst, op->dst, count);
     }
     fc_scratch_free(theirs);
     return rc ? -1 : 0;
@@ -73,9 +73,9 @@ static int reduce_scatter(fc_call *c, const fc_op *op)
         const uint8_t *mine = FC_AT(work, ka - base, c->itemsize);
         uint8_t *into = kept[step & 1];
         if (r < p)
-            fc_combine(op, mine, theirs, into, n);
+            fc_combine(c, op, mine, theirs, into, n);
         else
-            fc_combine(op, theirs, mine, into, n);
+            fc_combine(c, op, theirs, mine, into, n);
         work = into;
         base = ka;
         first = keep;

@@ -1,4 +1,4 @@
-/* Pairwise exchange for large all_to_all (fastcoll/algorithms/pairwise.py): n - 1 steps; at step
+/* Pairwise exchange for large all_to_all (the native engine's alone): n - 1 steps; at step
  * s rank r sends its block for r + s and receives the block of r - s, piece by piece, interleaved.
  * The messages are the direct exchange's (each block in pieces numbered from 0). */
 #include <string.h>

@@ -1,4 +1,4 @@
-/* Ring algorithms (fastcoll/algorithms/ring.py), pipelined in pieces: bandwidth-optimal for large
+/* Ring algorithms (the native engine's alone), pipelined in pieces: bandwidth-optimal for large
  * messages. Each rank sends only to its right neighbour and receives only from its left one; a
  * piece is forwarded as soon as it has been received (and reduced). */
 #include <stdlib.h>
@@ -106,7 +106,7 @@ static int reduce_scatter_steps(ring *g, int forward_last, placer *pl)
             }
             uint8_t *dst = place(g, pl, s, pa, pb);
             /* each block meets this rank's contribution exactly once, on its way round */
-            fc_combine(g->op, tmp, FC_AT(g->src, pa, isz), dst, (size_t)(pb - pa));
+            fc_combine(g->c, g->op, tmp, FC_AT(g->src, pa, isz), dst, (size_t)(pb - pa));
             if (!failed && (!last || forward_last))
                 failed = send_piece(g, dst, (size_t)(pb - pa)) != 0;
         }

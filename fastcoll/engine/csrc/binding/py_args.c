@@ -132,6 +132,8 @@ int py_op_fix(py_op *o, PyObject *const *f, int job_size, int job_rank)
     if (agree < 0)
         return -1;
     op->agree_counts = agree && op->kind == FC_K_ALL_TO_ALL;
+    if ((o->trace = f[PF_TRACE] ? PyObject_IsTrue(f[PF_TRACE]) : 0) < 0)
+        return -1;
     if (!fc_can_run(op->algo, op->kind))
         return fail("OpSpec field 'algorithm' names no native schedule of this 'kind'");
     if (o->size > job_size)

@@ -17,6 +17,7 @@
  *   py_messages.c the Links' message calls (the pure-Python schedules over native links)
  *   py_gate.c     the GateHost: the control page, releases, the profile, submits
  *   py_close.c    the Engine's end: the last words after an abort, close() (finalize())
+ *   py_trace.c    a traced run's phases, from the call's bounded buffer to Python
  *   py_items.c    what the service thread runs: queued calls, Python functions, gates, the
  *                 last words; completions; the references released later with the GIL
  *   py_graph.c    the graph table: collectives MLX's evaluation thread calls without Python
@@ -90,6 +91,7 @@ typedef struct py_op {
     int32_t *ranks;
     Py_buffer src, dst, bounds, recv_bounds;
     int held; /* bit i: the i-th of src, dst, bounds, recv_bounds is held */
+    int trace; /* run() notes its phases (fc_trace) and returns them */
     int64_t *even[2]; /* bounds computed here (None from Python: even blocks) */
 } py_op;
 
@@ -97,7 +99,7 @@ typedef struct py_op {
  * given, the others default to 0, None or False. */
 enum py_field {
     PF_KIND, PF_ALGORITHM, PF_SIG, PF_LIMIT, PF_RANK, PF_SIZE, PF_RANKS, PF_PIECE_BYTES, PF_DTYPE, PF_ITEMSIZE,
-    PF_REDUCE, PF_ROOT, PF_BOUNDS, PF_RECV_BOUNDS, PF_AGREE_COUNTS, PF_COUNT
+    PF_REDUCE, PF_ROOT, PF_BOUNDS, PF_RECV_BOUNDS, PF_AGREE_COUNTS, PF_TRACE, PF_COUNT
 };
 #define PF_REQUIRED PF_REDUCE
 extern const char *const py_field_names[PF_COUNT];
@@ -116,6 +118,17 @@ void py_op_unbind(py_op *o);
 void py_op_release(py_op *o);
 /* The fc_call that runs `o` on `e` (its deadline `limit` from now). */
 void py_op_call(py_op *o, fc_engine *e, fc_call *c, fc_err *err);
+
+/* A traced run's buffer (py_trace.c): taken (0, or -1 with MemoryError), then its phases for
+ * Python, ((phase, peer, bytes, start_ns, end_ns) ..., dropped) with times since it was taken,
+ * or the NativeError of a failed call, its `spans` attribute the same; either frees it. */
+typedef struct py_trace {
+    fc_trace t;
+    fc_ns origin;
+} py_trace;
+int py_trace_begin(py_trace *pt);
+PyObject *py_trace_end(py_trace *pt);
+PyObject *py_trace_raise(py_trace *pt, const fc_err *err);
 
 /* The error of a failed call as Python reads it: (code, peer, waiting_for, errno, n0, n1, n2,
  * n3, text). */

@@ -255,6 +255,11 @@ static PyObject *queue(EngineObject *self, py_item *it)
  * arguments (args[0], args[4], args[5]) until it has run; one that failed is freed (-1). */
 static int hold_op(py_item *it, int failed, PyObject *const *args)
 {
+    if (!failed && it->op.trace) { /* its phases come back through run()'s result, which a queue has not */
+        py_op_unbind(&it->op);
+        PyErr_SetString(PyExc_ValueError, "a traced OpSpec (trace=True) runs through Runner.run, not queued");
+        failed = 1;
+    }
     if (failed) {
         fc_done_unref(it->done);
         free(it);

@@ -19,6 +19,7 @@ static const char *const KIND_NAMES[FC_K_COUNT] = {
     "all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "all_to_all",
     "gather", "scatter", "reduce", "send", "recv"};
 static const char *const ALGO_NAMES[FC_A_COUNT] = {"direct", "doubling", "ring", "pairwise", "chain"};
+static const char *const PHASE_NAMES[FC_P_COUNT] = {"send", "wait", "receive", "reduce", "flush"};
 
 PyObject *py_err_info(const fc_err *err)
 {
@@ -194,7 +195,8 @@ PyMODINIT_FUNC PyInit__native(void)
         add(m, "OpSpec", Py_NewRef((PyObject *)&py_spec_type)) ||
         add(m, "ResultCache", Py_NewRef((PyObject *)&py_result_cache_type)) ||
         add(m, "DTYPES", names(DTYPE_NAMES, FC_DTYPE_COUNT)) || add(m, "OPS", names(OP_NAMES, FC_OP_COUNT)) ||
-        add(m, "KINDS", names(KIND_NAMES, FC_K_COUNT)) || add(m, "ALGORITHMS", names(ALGO_NAMES, FC_A_COUNT))) {
+        add(m, "KINDS", names(KIND_NAMES, FC_K_COUNT)) || add(m, "ALGORITHMS", names(ALGO_NAMES, FC_A_COUNT)) ||
+        add(m, "PHASES", names(PHASE_NAMES, FC_P_COUNT))) {
         Py_DECREF(m);
         return NULL;
     }

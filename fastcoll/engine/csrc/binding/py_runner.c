@@ -42,7 +42,8 @@ static PyObject *spec(PyObject *runner, PyObject *const *args, Py_ssize_t nargs,
 }
 
 /* run(spec, seq, src, dst): the OpSpec's collective as call `seq` with these buffers, on this
- * thread, which holds the run lock; NativeError if it fails. */
+ * thread, which holds the run lock; NativeError if it fails. A traced spec's run returns its
+ * phases (py_trace.c), and a failed one's NativeError carries them. */
 static PyObject *run(PyObject *runner, PyObject *const *args, Py_ssize_t nargs)
 {
     EngineObject *self = FACET(runner);
@@ -55,16 +56,22 @@ static PyObject *run(PyObject *runner, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     fc_call c;
     fc_err err;
+    py_trace pt;
     py_op_call(&o, &self->engine, &c, &err);
+    if (o.trace && py_trace_begin(&pt)) {
+        py_op_unbind(&o);
+        return NULL;
+    }
+    c.trace = o.trace ? &pt.t : NULL;
     WAIT_BEGIN(self)
     int rc = fc_run(&c, &o.op);
     WAIT_END(self)
     py_op_unbind(&o);
     if (rc) {
         atomic_store(&self->failed, 1);
-        return py_raise(&err);
+        return o.trace ? py_trace_raise(&pt, &err) : py_raise(&err);
     }
-    Py_RETURN_NONE;
+    return o.trace ? py_trace_end(&pt) : Py_NewRef(Py_None);
 }
 
 static PyObject *submit(PyObject *runner, PyObject *const *args, Py_ssize_t nargs)
@@ -98,7 +105,7 @@ static PyMethodDef runner_methods[] = {
     {"claim_if_idle", claim_if_idle, METH_NOARGS, "True: the run lock is this thread's (nothing queued or running)"},
     {"release", release, METH_NOARGS, "give back the run lock claim_if_idle took"},
     {"spec", FASTCALL(spec), METH_FASTCALL | METH_KEYWORDS, "spec(**fields) -> OpSpec (see OpSpec)"},
-    {"run", FASTCALL(run), METH_FASTCALL, "run(spec, seq, src, dst): the call on this thread, which holds the lock"},
+    {"run", FASTCALL(run), METH_FASTCALL, "run(spec, seq, src, dst): the call on this thread, which holds the lock (a traced spec: its phases)"},
     {"submit", FASTCALL(submit), METH_FASTCALL, "submit(spec, seq, src, dst, task, work) -> Completion"},
     {"submit_call", submit_call, METH_O, "submit_call(fn) -> Completion: fn() behind the queued calls"},
     {"on_failure", on_failure, METH_O, "on_failure(fn): fn(task, work, info, waited) when a queued call fails"},

@@ -9,7 +9,7 @@
 
 const char *const py_field_names[PF_COUNT] = {
     "kind", "algorithm", "sig", "limit", "rank", "size", "ranks", "piece_bytes", "dtype", "itemsize",
-    "reduce", "root", "bounds", "recv_bounds", "agree_counts"};
+    "reduce", "root", "bounds", "recv_bounds", "agree_counts", "trace"};
 
 /* Not tracked by the garbage collector (it holds no container that could make a cycle): a
  * group keeps a few of these for as long as it lives. */
@@ -159,6 +159,7 @@ static PyMemberDef spec_members[] = {
     FIELD("bounds", T_OBJECT, bounds),
     FIELD("recv_bounds", T_OBJECT, recv_bounds),
     FIELD("agree_counts", T_INT, fixed.op.agree_counts),
+    FIELD("trace", T_INT, fixed.trace),
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -169,7 +170,7 @@ PyTypeObject py_spec_type = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "A collective's fixed part, by name, checked once: made by Runner.spec(kind=..., algorithm=..., "
               "sig=..., limit=..., rank=..., size=..., ranks=..., piece_bytes=..., dtype=..., itemsize=..., "
-              "reduce=0, root=0, bounds=None, recv_bounds=None, agree_counts=False).",
+              "reduce=0, root=0, bounds=None, recv_bounds=None, agree_counts=False, trace=False).",
     .tp_members = spec_members,
     .tp_dealloc = (destructor)spec_dealloc,
 };

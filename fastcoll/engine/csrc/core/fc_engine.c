@@ -341,8 +341,8 @@ void fc_engine_keep_unread(fc_engine *e, int peer, int64_t chunk)
     c->watched = 0;
 }
 
-int fc_engine_recv(fc_engine *e, int peer, int64_t seq, const uint8_t *sig, size_t sig_len, int64_t chunk,
-                   void *dst, size_t n, fc_ns deadline, fc_err *err)
+int fc_engine_recv_header(fc_engine *e, int peer, int64_t seq, const uint8_t *sig, size_t sig_len, int64_t chunk,
+                          size_t n, fc_ns deadline, fc_err *err)
 {
     fc_header h;
     if (fc_engine_next_header(e, peer, chunk, deadline, &h, err))
@@ -361,5 +361,13 @@ int fc_engine_recv(fc_engine *e, int peer, int64_t seq, const uint8_t *sig, size
         err->n[3] = h.nbytes;
         return -1;
     }
+    return 0;
+}
+
+int fc_engine_recv(fc_engine *e, int peer, int64_t seq, const uint8_t *sig, size_t sig_len, int64_t chunk,
+                   void *dst, size_t n, fc_ns deadline, fc_err *err)
+{
+    if (fc_engine_recv_header(e, peer, seq, sig, sig_len, chunk, n, deadline, err))
+        return -1;
     return n ? fc_engine_read_payload(e, peer, chunk, dst, n, deadline, err) : 0;
 }

@@ -140,6 +140,10 @@ int fc_engine_next_header(fc_engine *e, int peer, int64_t chunk, fc_ns deadline,
 int fc_engine_read_payload(fc_engine *e, int peer, int64_t chunk, void *dst, size_t n, fc_ns deadline, fc_err *err);
 /* Hold the header just taken from that link: it is the next one read from it. */
 void fc_engine_keep_unread(fc_engine *e, int peer, int64_t chunk);
+/* The header of message (seq, sig, chunk) of n payload bytes from `peer`, its payload still to
+ * read (fc_engine_read_payload): FC_E_MISMATCH_* if it is another. */
+int fc_engine_recv_header(fc_engine *e, int peer, int64_t seq, const uint8_t *sig, size_t sig_len, int64_t chunk,
+                          size_t n, fc_ns deadline, fc_err *err);
 /* Message (seq, sig, chunk) from `peer` into dst[0..n): FC_E_MISMATCH_* if it is another. */
 int fc_engine_recv(fc_engine *e, int peer, int64_t seq, const uint8_t *sig, size_t sig_len, int64_t chunk,
                    void *dst, size_t n, fc_ns deadline, fc_err *err);
