@@ -12,6 +12,9 @@ the timing windows of a job's set-up and of a collective are reached every time,
     setup-done          the transport is set up, just before init() returns it
     zmq-frame           ZeroMQ: a received payload is about to be released
     abort               a call failed on this rank: its abort notice is about to go out
+    gate-failed         a gate's host half failed: its error is about to be recorded (the
+                        native engine has stored the gate's error release already, the
+                        Python engine stores it after)
 
 and one factory: `set_gate_factory(fn)` makes init() take its fence gate from fn(config) (a gate
 over a simulated device, for the multi-process tests of the gate's host half) instead of probing

@@ -1,8 +1,9 @@
 """The fence gate's host half against a device played by a thread (tests/gate_sim.py).
 
 Covers: ordinary releases in several dtypes, a peer dying mid-gate, a spin that hits its bound,
-a gate closed or aborted before it arrives, sequence numbers wrapping at 2**32, the profile, and
-that the arrival poll leaves the caller's Python thread its speed.
+a gate closed or aborted before it arrives, a gate released with an error before its error is
+recorded, sequence numbers wrapping at 2**32, the profile, and that the arrival poll leaves the
+caller's Python thread its speed.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from fastcoll.config import Config
 from fastcoll.errors import CollectiveTimeoutError, FastcollError, PeerLostError
 from fastcoll.gate import Gate
 from fastcoll.gate.protocol import layout as L
+from fastcoll.gate.host import serve
 from fastcoll.gate.host.serve import GateClosedError
 from fastcoll.gate.protocol.layout import ControlLayout
 from fastcoll.gate.host.poll import Poller
@@ -210,6 +212,35 @@ def test_abort_from_the_core_releases_unserved_gates():
         gate.abort(PeerLostError("rank 1 vanished during a host-path all_gather"))
         assert r.wait(WAIT).status == L.ERROR
         with pytest.raises(PeerLostError, match="vanished"):
+            gate.check()
+    finally:
+        close_all(gate, device, service)
+
+
+def test_a_gate_released_with_an_error_before_it_is_recorded_still_raises_it(monkeypatch):
+    # The native engine stores the error release first and records the error from another
+    # thread after: check() in between waits for it, and says so if it never comes.
+    monkeypatch.setattr(serve, "RECORD_WAIT_S", 0.5)
+    gate, device, service = make()
+    try:
+        words = device.page.view(np.uint32)
+        words[L.STATUS], words[L.RELEASE] = L.ERROR, 1  # as the native server's store does
+        late = threading.Timer(0.2, gate.abort, (PeerLostError("rank 1 vanished during gate 1"),))
+        late.start()
+        start = time.monotonic()
+        with pytest.raises(PeerLostError, match="vanished"):
+            gate.check()
+        assert 0.1 < time.monotonic() - start < 0.5
+        late.join()
+    finally:
+        close_all(gate, device, service)
+    gate, device, service = make()
+    try:
+        words = device.page.view(np.uint32)
+        words[L.STATUS], words[L.RELEASE] = L.ERROR, 1
+        with pytest.raises(FastcollError, match="released gate 1 with an error status, but no error was recorded"):
+            gate.check()
+        with pytest.raises(FastcollError, match="no error was recorded"):  # recorded now: at once
             gate.check()
     finally:
         close_all(gate, device, service)

@@ -44,6 +44,19 @@ def test_a_peer_lost_between_gates_releases_the_gate_with_an_error(launch, engin
 
 
 @pytest.mark.parametrize("engine", engines())
+def test_a_gate_seen_released_with_an_error_raises_it_even_before_it_is_recorded(launch, engine):
+    # The native engine stores a failed gate's error release at once, without the GIL; the
+    # Python side records the error later. The hook holds that recording up 0.5 s: a check()
+    # right after the release must still raise the error, not pass.
+    job = launch(2, "gate_worker.py", "kill", "late", FASTCOLL_NATIVE=engine, FASTCOLL_TIMEOUT="10", **GATE_ENV)
+    zero = job.wait(timeout=60)[0]
+    assert zero.code == 0, zero.err[-3000:]
+    engine_named(zero.out, engine)
+    assert next(line for line in zero.out.splitlines() if line.startswith("RELEASED ")).split()[1] == "error", zero.out
+    assert "ERROR PeerLostError" in zero.out, zero.out
+
+
+@pytest.mark.parametrize("engine", engines())
 def test_exiting_with_a_gate_the_device_never_reached_is_prompt(launch, engine):
     # main() returns with a gated result nobody evaluated: the host half must stop waiting for
     # that arrival at exit (the exit hook), not hold the exit up for the engine's second.

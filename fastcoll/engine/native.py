@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from fastcoll import dtypes, trace, wire
+from fastcoll import dtypes, testhooks, trace, wire
 from fastcoll.algorithms import select
 from fastcoll.config import AUTO_SPIN_US, for_host
 from fastcoll.engine import _native, door
@@ -432,6 +432,8 @@ class NativeEngine(Engine):
         and hand the caller's Work the error. A planned gate names its task as (template, seq)."""
         if type(task) is tuple:
             task = dataclasses.replace(task[0], seq=task[1])
+        if type(task.body) is Op and task.body.kind == "gate":
+            testhooks.point("gate-failed")
         try:
             err = task.broken()
             if info is None or err is not None:

@@ -6,6 +6,8 @@ names (the native one serves the host half in C, the Python one on its service t
                              sizes, between host-path collectives; every result checked exactly
     gate_worker.py kill      rank 1 dies between two gates; rank 0's next gate is released with
                              an error status (its device never left waiting) and check() raises
+    gate_worker.py kill late the same, with the recording of rank 0's error held up 0.5 s (the
+                             test hook gate-failed): check() right after the release still raises
     gate_worker.py exit      a gate whose device never arrives (the stream held: its result is
                              never evaluated) is pending when main() returns without finalize()
 
@@ -106,6 +108,8 @@ def many() -> int:
 
 
 def kill() -> int:
+    if sys.argv[2:] == ["late"]:  # the error is recorded well after the exchange failed
+        testhooks.set_hook(lambda point: time.sleep(0.5) if point == "gate-failed" else None)
     x = mx.ones(256, dtype=mx.float32)
     for _ in range(5):
         gated(x, "sum")

@@ -12,6 +12,11 @@ data, and the error is recorded here and raised to the caller at its next fastco
 `check()`. A spin that hits its iteration bound sets SPIN_FAILED on the GPU, which `check()`
 turns into CollectiveTimeoutError the same way. Errors are sticky: once one is recorded, every
 later release carries an error status, so no gate after it can hand out data.
+
+The native engine stores a failed gate's error release at once, from its service thread without
+the GIL, and records the error here only after (fastcoll/engine/native.py's _queued_failed, which
+needs the GIL): a caller can see the release first. So `check()`, finding STATUS an error with
+none recorded yet, waits for it (RECORD_WAIT_S at most), rather than pass.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
+from fastcoll import testhooks
 from fastcoll.errors import CollectiveTimeoutError, FastcollError, MismatchError
 from fastcoll.gate.protocol import layout as L
 from fastcoll.gate.protocol.page import ControlPage
@@ -41,6 +47,10 @@ Exchange = Callable[[np.ndarray, np.ndarray], None]
 # much of that it polls without yielding (a GPU acknowledges in microseconds).
 ACK_WAIT_S = 0.01
 ACK_TIGHT_S = 100e-6
+
+# How long check() waits for the error of a gate released with an error status to be recorded
+# (the native engine's service thread takes the GIL to hand it over: normally well under this).
+RECORD_WAIT_S = 5.0
 
 
 class GateClosedError(FastcollError):
@@ -114,6 +124,7 @@ class HostHalf:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._error: FastcollError | None = None
+        self._recorded = threading.Event()  # set once _error is (check() may wait for it)
         self._status = L.OK  # sticky: the first error status stays
         self._ranks = page.layout.ranks
         self._issued = seq_add(start_seq, -1)
@@ -159,7 +170,24 @@ class HostHalf:
 
     def check(self) -> None:
         """Raise the recorded error, or a failure the GPU reported (a spin that hit its bound, a
-        rank whose gate differs), if any."""
+        rank whose gate differs), if any. A gate already released with an error raises its error
+        even when that is not recorded yet: this waits for it (see the module's docstring)."""
+        if self._error is None and self.page.load(L.STATUS) == L.ERROR:
+            self._await_error()
+        self._check_now()
+
+    def _await_error(self) -> None:
+        """The page says a gate was released with an error: wait for its error to be recorded;
+        record one saying so if none comes within RECORD_WAIT_S."""
+        if self._recorded.wait(RECORD_WAIT_S):
+            return
+        self.fail(FastcollError(
+            f"the fence gate released gate {self.page.load(L.RELEASE)} with an error status, but no "
+            f"error was recorded for it within {RECORD_WAIT_S:g} s; its result is not valid"))
+
+    def _check_now(self) -> None:
+        """check() without waiting: what the service thread may call, since it is the thread
+        that records the error check() would wait for."""
         failed = self.page.load(L.SPIN_FAILED)
         if self._error is None and failed != 0:
             seq, peer = self.page.load(L.SPIN_FAILED_SEQ), self.page.load(L.SPIN_FAILED_PEER)
@@ -186,6 +214,7 @@ class HostHalf:
         with self._lock:
             if self._error is None:
                 self._error = error if isinstance(error, FastcollError) else fresh_error(error)
+                self._recorded.set()
                 log.error("fence gate failed: %s: %s", type(error).__name__, error)
             self._release_locked(self._issued, L.ERROR)
 
@@ -205,7 +234,7 @@ class HostHalf:
         try:
             if self._error is not None:
                 raise fresh_error(self._error)
-            self.check()  # a spin that already timed out: its peers' data would not be used
+            self._check_now()  # a spin that already timed out: its peers' data would not be used
             _, arrival_s = self._poller.wait(
                 lambda: self.page.load(L.ARRIVAL), seq, self._stop,
                 on_slow=lambda waited: log.warning(
@@ -216,7 +245,7 @@ class HostHalf:
             t_arrived = time.perf_counter()
             arrived = self.page.load(L.ARRIVAL)
             if arrived != seq:
-                self.check()  # a spin that hit its bound lets the GPU run ahead: report that
+                self._check_now()  # a spin that hit its bound lets the GPU run ahead: report that
                 raise FastcollError(f"gate protocol error: waiting for gate {seq}, the GPU published {arrived}")
             self.page.fence()  # the mailbox is read only after ARRIVAL was seen
             send = self.page.send[: ticket.nbytes]
@@ -234,6 +263,7 @@ class HostHalf:
                 self._release_locked(self._issued, L.CLOSED)
             raise err from None
         except BaseException as e:
+            testhooks.point("gate-failed")
             self.fail(e)  # stores the release before anything else can go wrong
             raise
         finally:
@@ -276,7 +306,7 @@ class HostHalf:
         if what == "gate_closed":
             return GateClosedError(f"the fence gate was closed before gate {seq} arrived")
         try:
-            self.check()  # a spin that hit its bound lets the GPU run ahead: report that
+            self._check_now()  # a spin that hit its bound lets the GPU run ahead: report that
         except FastcollError as e:
             return e
         return FastcollError(f"gate protocol error: waiting for gate {seq}, the GPU published {arrived}")
