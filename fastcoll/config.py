@@ -75,7 +75,7 @@ DEFAULT_RESULT_CACHE_MB = 512
 # FASTCOLL_MLX_GRAPH unset or empty: under fastcoll.mlx_compat MLX's graph runs the collectives
 # (graph mode, fastcoll/mlx_compat/graph.py) wherever it can, else they run eagerly, quietly. On
 # the pinned bed (two hosts, links unshaped, 1 Gbit/s + 50 us and + 200 us, mlx-lm decode) graph
-# mode was faster than the eager path in every configuration: tensor-parallel 1.23-1.34x,
+# mode was faster than the eager path in every configuration: tensor-parallel 1.18-1.34x,
 # pipelined 1.06-1.17x, median of 10 rounds (bench/records/2026-12-07-pinned-bed-decode/).
 DEFAULT_MLX_GRAPH = True
 
