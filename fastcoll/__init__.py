@@ -11,7 +11,7 @@ ones and point to point), `objects` (Python values), `algorithms/` (the Python e
 schedules, and `select.py`, the rule that names the native engine's algorithm), `engine/` (the data plane), `transport/` (tcp with shared
 memory, rdma's verbs links, zmq; the rendezvous), `service` (the service thread), `gate/` (the fence gate:
 its protocol under its host half and its device side, one kernel body over a prelude per GPU),
-`mlx_compat/` (fastcoll under mx.distributed), `launch/` (fastcoll-launch). docs/design.md walks
+`gpu/`, `metal/`, `cuda/` (the GPU languages and their preludes, below the gate), `mlx_compat/` (fastcoll under mx.distributed), `launch/` (fastcoll-launch). docs/design.md walks
 through them.
 """
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from fastcoll.config import Config
-from fastcoll.gate.device.cuda import LANGUAGE as CUDA
-from fastcoll.gate.device.metal import LANGUAGE as METAL
+from fastcoll.cuda import LANGUAGE as CUDA
+from fastcoll.metal import LANGUAGE as METAL
 
 _reasons = [r for r in (METAL.unavailable(), CUDA.unavailable()) if r]
 _GPU = len(_reasons) < 2

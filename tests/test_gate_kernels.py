@@ -21,12 +21,12 @@ from importlib import resources
 import pytest
 
 from conftest import ROOT
-from fastcoll.gate.device.cuda import LANGUAGE as CUDA
+from fastcoll.cuda import LANGUAGE as CUDA
 from fastcoll.gate.protocol.layout import OPS as L_OPS
 from fastcoll.gate.protocol.layout import ControlLayout, GatherLayout
 from fastcoll.gate.device import kernels
-from fastcoll.gate.device.language import Language, read_source
-from fastcoll.gate.device.metal import LANGUAGE as METAL
+from fastcoll.gpu.language import Language, read_source
+from fastcoll.metal import LANGUAGE as METAL
 
 LAYOUT = ControlLayout(16 * 1024, 2)
 GATHER = GatherLayout(16 * 1024, 2)
@@ -37,8 +37,8 @@ BODIES = ["gate", "mark"]
 PRIMITIVES = {"fc_load", "fc_store", "fc_load_relaxed", "fc_store_relaxed", "fc_fence", "fc_barrier",
               "fc_copy_in", "fc_mailbox_at", "fc_div"}
 MACROS = {"FC_DEVICE", "FC_OUT", "FC_WORDS", "FC_BYTES", "FC_SHARED"}
-SOURCES = {"fastcoll.gate.device": ["gate.h", "fc_gate.inc", "fc_mark.inc"], "fastcoll.gate.device.metal": ["prelude.metal"],
-           "fastcoll.gate.device.cuda": ["prelude.cuh"]}
+SOURCES = {"fastcoll.gate.device": ["gate.h", "fc_gate.inc", "fc_mark.inc"], "fastcoll.metal": ["prelude.h"],
+           "fastcoll.cuda": ["prelude.h"]}
 
 
 def _functions(text: str) -> list[str]:

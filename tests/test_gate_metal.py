@@ -5,7 +5,7 @@ mx.fast.metal_kernel, the source MLX would give Metal is assembled from it (the 
 then the `[[kernel]]` signature MLX writes around the body, as mlx/backend/metal/custom_kernel.cpp's
 write_signature does), and that source is compiled as C++ over a stand-in for Metal
 (tests/metal_shim/metal_shim.h) and run on one CPU thread against a control page the test fills
-as the host half would. So the Metal prelude (fastcoll/gate/device/metal/prelude.metal), the shared body
+as the host half would. So the Metal prelude (fastcoll/metal/prelude.h), the shared body
 (fastcoll/gate/device/fc_gate.inc, fc_mark.inc, gate.h) and kernels.py's assembly are held to this: the
 assembled source compiles, every gated dtype and every op the gate accepts
 (fastcoll/gate/protocol/accept.py) gives the host path's result, in both of x's address spaces, and an op
@@ -28,8 +28,8 @@ import pytest
 from conftest import ROOT
 from fastcoll.gate.protocol import layout as L
 from fastcoll.gate.protocol.accept import GATE_DTYPES, GATE_OPS
-from fastcoll.gate.device.language import Language
-from fastcoll.gate.device.metal import LANGUAGE as METAL
+from fastcoll.gpu.language import Language
+from fastcoll.metal import LANGUAGE as METAL
 
 mx = pytest.importorskip("mlx.core")
 
@@ -220,7 +220,7 @@ def test_every_op_the_gate_accepts_has_a_code_in_the_kernels_table():
     """What the gate accepts (accept.GATE_OPS) is what the kernels' op table names, each with a
     define of its own and a specialization of its own in gate.h (no default that sums)."""
     from fastcoll.gate.device import kernels
-    from fastcoll.gate.device.language import read_source
+    from fastcoll.gpu.language import read_source
 
     assert set(GATE_OPS) == set(L.OPS) and len(set(L.OPS.values())) == len(L.OPS)
     helpers = read_source("fastcoll.gate.device", "gate.h")

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from fastcoll.config import Config
-from fastcoll.gate.device.cuda import LANGUAGE as CUDA
+from fastcoll.cuda import LANGUAGE as CUDA
 from fastcoll.gate import Gate
 from fastcoll.gate.protocol.layout import ControlLayout
 from fastcoll.gate.host.probe import probe
 from fastcoll.gate.protocol.accept import gate_accepts
 from fastcoll.gate.protocol.seq import seq_add, seq_diff, seq_reached
-from fastcoll.gate.device.language import Language
+from fastcoll.gpu.language import Language
 
 from gate_sim import SimDevice
 
@@ -95,7 +95,7 @@ class _SilentGpu(Language):
     the gate's self-test must fail, or, with `broken`, building a kernel raises."""
 
     def __init__(self, broken: bool = False):
-        super().__init__(name="silent", title="Silent", package="fastcoll.gate.device.cuda", prelude_file="prelude.cuh",
+        super().__init__(name="silent", title="Silent", package="fastcoll.cuda", prelude_file="prelude.h",
                          types=CUDA.types)
         self.broken = broken
 

@@ -249,7 +249,9 @@ def test_the_room_check_sees_a_climb_and_a_private_header():
 # break): who may not import whom. A module name matches itself and everything under it; "fastcoll"
 # alone means the package's own __init__ (the public API), not its submodules.
 JOB = ("fastcoll.config", "fastcoll.lifecycle", "fastcoll.group", "fastcoll.service", "fastcoll.job")
+DEVICES = ("fastcoll.gpu", "fastcoll.metal", "fastcoll.cuda")
 NEVER = [
+    (DEVICES, "fastcoll.gate", "the GPU languages know no gate; it passes its defines in"),
     (JOB, "fastcoll.transport", "the job reaches links only through the engine"),
     (("fastcoll.transport",), "fastcoll", "links know no collectives"),
     (("bench",), "fastcoll.launch", "a benchmark starts jobs as users do"),
@@ -306,3 +308,10 @@ def test_the_layer_check_sees_each_kind_of_crossing():
     assert layer_breaks("fastcoll.transport.tcp", "t.py", tree) == ["t.py:4: imports fastcoll (links know no collectives)"]
     assert layer_breaks("bench.harness", "h.py", tree) == [
         "h.py:3: imports fastcoll.launch.agent (a benchmark starts jobs as users do)"]
+    gpu = ast.parse("from fastcoll.gpu.language import Language\nfrom fastcoll.gate.protocol import layout\n"
+                    "from fastcoll import gate\nimport fastcoll.gate.device.kernels\nfrom fastcoll.gateway import x\n")
+    why = "the GPU languages know no gate; it passes its defines in"
+    assert layer_breaks("fastcoll.cuda.advise", "a.py", gpu) == [
+        f"a.py:2: imports fastcoll.gate.protocol.layout ({why})", f"a.py:3: imports fastcoll.gate ({why})",
+        f"a.py:4: imports fastcoll.gate.device.kernels ({why})"]
+    assert layer_breaks("fastcoll.gate.device.kernels", "k.py", gpu) == []  # the gate may import the GPU side

@@ -7,9 +7,10 @@ the peers and publishes "released", and the kernel's one spinning thread lets th
     protocol/   what both sides agree on and nothing else: the control page's layout (`layout`),
                 the host's view of it (`page`), the wrap-aware sequence numbers (`seq`) and which
                 all-reduces take the gate (`accept`); it imports no other floor
-    device/     the GPU side: one kernel body (gate.h, fc_gate.inc, fc_mark.inc) over a prelude
-                per language (device/metal/, device/cuda/), and how MLX builds and runs them; it
-                knows the protocol only
+    device/     the gate's kernels: one body (gate.h, fc_gate.inc, fc_mark.inc) that joins the
+                protocol's defines with a language's prelude, and how MLX builds and runs them;
+                it knows the protocol and, below the gate, the GPU languages (fastcoll/gpu/,
+                fastcoll/metal/, fastcoll/cuda/, which import nothing of the gate)
     host/       the host half, which every GPU shares: `gate` (what the core calls), `serve`
                 (the handshake on the service thread), `direct_mode`, `poll`, `profile`,
                 `device_backend` (what the host half needs of a device), `backends` (the one

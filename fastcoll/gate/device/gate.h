@@ -1,6 +1,6 @@
 // The fence gate's helpers, one text for both GPUs (Metal and CUDA): the arrival, the release
 // spins, the reduction. Written in the primitives that each language's prelude defines
-// (fastcoll/gate/device/metal/prelude.metal, fastcoll/gate/device/cuda/prelude.cuh), after the control page's defines
+// (fastcoll/metal/prelude.h, fastcoll/cuda/prelude.h), after the control page's defines
 // (fastcoll/gate/protocol/layout.py). fastcoll/gate/device/kernels.py puts it, as text, at the end of the header of
 // each kernel that names it; the kernel bodies are fc_gate.inc and fc_mark.inc beside it.
 //

@@ -12,7 +12,7 @@ every GPU language, over a prelude per language.
 mx.fast.metal_kernel and mx.fast.cuda_kernel take a kernel's body as `source` and what precedes
 it as `header`. A kernel's header here is the control page's defines (fastcoll/gate/protocol/layout.py)
 and FC_X_SPACE, the constants of one kind of gate (`constants`), the language's prelude
-(fastcoll/gate/device/metal/prelude.metal, fastcoll/gate/device/cuda/prelude.cuh: the primitives the body is written in)
+(fastcoll/metal/prelude.h, fastcoll/cuda/prelude.h: the primitives the body is written in)
 and the helpers its body calls; the compiler resolves the rest (the `#if FC_DIRECT` paths, each
 language's thread index). The seed's spin kernel is one thread in one threadgroup because each
 further threadgroup slows a saturated GPU while "threads within a threadgroup are free": fc_gate
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from fastcoll.gate.protocol.layout import OPS, ControlLayout, GatherLayout, c_defines
-from fastcoll.gate.device.language import Language, read_source
+from fastcoll.gpu.language import Language, read_source
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from fastcoll.gate.protocol import layout as L
 from fastcoll.gate.protocol.accept import dtype_name
 from fastcoll.gate.protocol.page import ControlPage
 from fastcoll.gate.device import kernels
-from fastcoll.gate.device.language import Language
+from fastcoll.gpu.language import Language
 
 # fc_gate's threadgroup: one thread spins, all of them copy x in and reduce (at 8 KiB of bf16,
 # 16 elements each).
@@ -36,7 +36,7 @@ Advise = Callable[[np.ndarray], "Callable[[], None] | None"]
 
 class MlxBackend:
     """A DeviceBackend (fastcoll/gate/host/device_backend.py) whose kernels are the shared body in `lang`
-    (fastcoll.gate.device.metal.LANGUAGE or fastcoll.gate.device.cuda.LANGUAGE)."""
+    (fastcoll.metal.LANGUAGE or fastcoll.cuda.LANGUAGE)."""
 
     def __init__(self, lang: Language, layout: L.ControlLayout, advise: Advise | None = None):
         import mlx.core as mx

@@ -2,7 +2,7 @@
 how one is opened (its self-test run, and the fall-back to the host path said aloud). Nothing
 else in the host half imports a backend.
 
-A backend is a package (fastcoll/gate/device/metal/, fastcoll/gate/device/cuda/) whose LANGUAGE (fastcoll/gate/device/language.py)
+A backend is a package (fastcoll/metal/, fastcoll/cuda/) whose LANGUAGE (fastcoll/gpu/language.py)
 says what differs between the GPU languages; the kernels themselves are the shared body in
 fastcoll/gate/device/ over the language's prelude, run through MLX by fastcoll/gate/device/mlx_backend.py.
 """
@@ -14,20 +14,20 @@ import warnings
 from typing import Callable
 
 from fastcoll.gate.protocol.layout import ControlLayout
-from fastcoll.gate.device.language import Language
+from fastcoll.gpu.language import Language
 from fastcoll.gate.device.mlx_backend import MlxBackend, self_test
 
 log = logging.getLogger("fastcoll.gate")
 
 
 def _metal() -> Language:
-    from fastcoll.gate.device import metal
+    from fastcoll import metal
 
     return metal.LANGUAGE
 
 
 def _cuda() -> Language:
-    from fastcoll.gate.device import cuda
+    from fastcoll import cuda
 
     return cuda.LANGUAGE
 

@@ -2,7 +2,7 @@
 
 // ---- fastcoll fence gate: the CUDA prelude. It follows the control page's defines and
 // FC_X_SPACE, the address space that x lives in (empty: CUDA has one); the helpers both languages
-// share follow it (fastcoll/gate/device/gate.h); fastcoll/gate/device/metal/prelude.metal is the Metal prelude. ----
+// share follow it (fastcoll/gate/device/gate.h); fastcoll/metal/prelude.h is the Metal prelude. ----
 #define FC_DEVICE __device__ inline
 #define FC_WORDS(p) const_cast<fc_words_t>(p)
 #define FC_BYTES(p) reinterpret_cast<fc_bytes_t>(p)

@@ -1,5 +1,6 @@
-"""One GPU language of the gate's kernels (Metal or CUDA): what differs between the two, and how
-a kernel is built through MLX. fastcoll/gate/device/metal/ and fastcoll/gate/device/cuda/ each hold one (`LANGUAGE`)."""
+"""One GPU language of fastcoll's kernels (Metal or CUDA): what differs between the two, and how
+a kernel is built through MLX. fastcoll/metal/ and fastcoll/cuda/ each hold one (`LANGUAGE`); it
+knows nothing of the gate, whose kernel body the gate's device side puts over a language's prelude."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The fence gate on MLX's CUDA backend: the CUDA prelude (prelude.cuh) under the kernel body
-both GPUs share (fastcoll/gate/device/).
+"""MLX's CUDA backend as fastcoll's kernels see it: the CUDA prelude (prelude.h), the
+primitives that the fence gate's kernel body (fastcoll/gate/device/, shared by both GPUs) is
+written in, and its LANGUAGE. Nothing here imports the gate: its defines reach the prelude as text,
+put before it by the gate's device side.
 
 Ran on an NVIDIA H200 (docs/gate.md). CUDA specifics: MLX passes inputs as `const T*`, so the
 control page is written through a const_cast (FC_WORDS). System scope comes from
@@ -11,14 +13,14 @@ and registers the direct mode's gather segment with the GPU.
 
 from __future__ import annotations
 
-from fastcoll.gate.device.cuda.advise import advise_page, register_host_memory
-from fastcoll.gate.device.language import Language
+from fastcoll.cuda.advise import advise_page, register_host_memory
+from fastcoll.gpu.language import Language
 
 LANGUAGE = Language(
     name="cuda",
     title="CUDA",
     package=__name__,
-    prelude_file="prelude.cuh",
+    prelude_file="prelude.h",
     types={"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"},  # MLX's dtype_to_cuda_type
     share_host_memory=register_host_memory,
     advise_page=advise_page,

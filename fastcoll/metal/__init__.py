@@ -1,5 +1,7 @@
-"""The fence gate on MLX's Metal backend: the Metal prelude (prelude.metal) under the kernel body
-both GPUs share (fastcoll/gate/device/).
+"""MLX's Metal backend as fastcoll's kernels see it: the Metal prelude (prelude.h), the
+primitives that the fence gate's kernel body (fastcoll/gate/device/, shared by both GPUs) is
+written in, and its LANGUAGE. Nothing here imports the gate: its defines reach the prelude as text,
+put before it by the gate's device side.
 
 NOT RUN: no Mac was available to this project; docs/gate.md says what ran on which hardware.
 
@@ -20,13 +22,13 @@ Metal specifics, after MLX's own fence.metal (ml-explore/mlx#1773) and the seed'
 
 from __future__ import annotations
 
-from fastcoll.gate.device.language import Language
+from fastcoll.gpu.language import Language
 
 LANGUAGE = Language(
     name="metal",
     title="Metal",
     package=__name__,
-    prelude_file="prelude.metal",
+    prelude_file="prelude.h",
     types={"float32": "float", "float16": "float16_t", "bfloat16": "bfloat16_t"},  # MLX's get_type_string
     x_spaces=("device", "constant"),
 )

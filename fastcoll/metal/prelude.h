@@ -10,7 +10,7 @@ constexpr constant metal::thread_scope thread_scope_system =
 
 // ---- fastcoll fence gate: the Metal prelude. It follows the control page's defines and
 // FC_X_SPACE, the address space that x lives in (Metal has several); the helpers both languages
-// share follow it (fastcoll/gate/device/gate.h); fastcoll/gate/device/cuda/prelude.cuh is the CUDA prelude. ----
+// share follow it (fastcoll/gate/device/gate.h); fastcoll/cuda/prelude.h is the CUDA prelude. ----
 #define FC_DEVICE inline
 #define FC_WORDS(p) ((fc_words_t)(p))
 #define FC_BYTES(p) ((fc_bytes_t)(p))
