@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -20,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import netbed  # noqa: E402
-from bench import decode_bench, gate_bench, h200, harness, report, tp_hosts  # noqa: E402
+from bench import decode_bench, gate_bench, h200, harness, metrics, report, tp_hosts  # noqa: E402
 from bench import multihost  # noqa: E402
-from bench.multihost import PYTHON, REPO, Hosts, parse_link  # noqa: E402
+from bench.multihost import PYTHON, REPO, Hosts  # noqa: E402
 
 PROBE = REPO / "bench" / "linkprobe.py"
 GATE, DECODE = REPO / "bench" / "gate_bench.py", REPO / "bench" / "decode_bench.py"
@@ -61,10 +60,7 @@ def gate_hosts(bed: netbed.Bed, n: int, link: str, a: argparse.Namespace) -> lis
     """The gate across n hosts, a rank a host on the one GPU (CUDA MPS): gate_bench's chain (host path,
     host mode, --gate-exact gates checked) and decode_bench's decode in host mode through the launcher,
     beside the same scripts on host 1 alone, as h200.py runs them (once a call)."""
-    os.environ.update(h200.MPS)  # the MPS daemon once, outside the namespaces, as h200.py starts it
-    for d in h200.MPS.values():
-        Path(d).mkdir(parents=True, exist_ok=True)
-    h200.mps(True, h200.gpu_name())
+    h200.mps(True, h200.gpu_name())  # the MPS daemon once, outside the namespaces, as h200.py starts it
     hosts, out, env, rows = Hosts(bed, n), Path(a.out) / f"gate-{n}hosts", h200.MPS | {"FASTCOLL_TIMEOUT": "120"}, []
     more = ["--rows", f"{gate_bench.ROW}:bfloat16", "--tokens", "20", "--exact", str(a.gate_exact)]
     decode = argparse.Namespace(shape=a.gate_shape, tokens=a.decode_tokens, repeat=a.decode_repeat)
@@ -172,10 +168,10 @@ def _part(a: argparse.Namespace, doc: dict, t0: float, name: str, fn):
 
 def _on_bed(a: argparse.Namespace, doc: dict, t0: float, n: int, links: list[str], what: str, fn) -> None:
     """Build a bed of n hosts; for each link, probe it (once a run) and run fn(bed, n, link, a)."""
-    with multihost.bed(n) as bed:
+    with netbed.Bed(n) as bed:
         doc["beds"].append(bed.describe())
         for link in links:
-            bed.set_link(*parse_link(link))
+            bed.set_link(*netbed.parse_link(link))
             if not any(x["hosts"] == n and x["link"] == link for x in doc["links"]):
                 probe = _part(a, doc, t0, f"probe {n} hosts {link}", lambda: probe_link(bed))
                 if probe is not None:
@@ -206,36 +202,32 @@ def run_all(a: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ints, names = lambda text: metrics.csv(text, int), metrics.csv
     p.add_argument("--out", required=True)
-    p.add_argument("--hosts", default="2,4", help="host counts for the collectives ('': none)")
-    p.add_argument("--links", default="unshaped,1gbit+50us")
-    p.add_argument("--systems", default="fastcoll-tcp,mlx-ring,mpi")
-    p.add_argument("--ops", default="all_reduce,all_gather,broadcast")
-    p.add_argument("--sizes", default="4,4096,67108864")
+    p.add_argument("--hosts", default="2,4", type=ints, help="host counts for the collectives ('': none)")
+    p.add_argument("--links", default="unshaped,1gbit+50us", type=names)
+    p.add_argument("--systems", default="fastcoll-tcp,mlx-ring,mpi", type=names)
+    p.add_argument("--ops", default="all_reduce,all_gather,broadcast", type=names)
+    p.add_argument("--sizes", default="4,4096,67108864", type=ints)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--budget", type=float, default=0.25, help="seconds per point and round")
     p.add_argument("--settle", type=float, default=harness.Config.settle_s)
     p.add_argument("--job-timeout", type=float, default=120)
-    p.add_argument("--decode-hosts", default="", help="host counts for mlx-lm decode (none by default)")
-    p.add_argument("--decode-links", default="unshaped,1gbit+50us")
-    p.add_argument("--decode-shapes", default="small", help=", ".join(tp_hosts.SHAPES))
-    p.add_argument("--decode-modes", default="tp",
+    p.add_argument("--decode-hosts", default="", type=ints, help="host counts for mlx-lm decode (none by default)")
+    p.add_argument("--decode-links", default="unshaped,1gbit+50us", type=names)
+    p.add_argument("--decode-shapes", default="small", type=names, help=", ".join(tp_hosts.SHAPES))
+    p.add_argument("--decode-modes", default="tp", type=names,
                    help="tp (model.shard) in every shape, pp (model.model.pipeline) in the first shape")
-    p.add_argument("--decode-systems", default="fastcoll-graph,ring", help=", ".join(tp_hosts.SYSTEMS))
+    p.add_argument("--decode-systems", default="fastcoll-graph,ring", type=names, help=", ".join(tp_hosts.SYSTEMS))
     p.add_argument("--decode-rounds", type=int, default=3)
     p.add_argument("--decode-tokens", type=int, default=32, help="tokens a run generates")
     p.add_argument("--decode-repeat", type=int, default=2, help="runs a job makes; its median is its figure")
-    p.add_argument("--gate-hosts", default="", help="host counts for the GPU's gate across hosts (none by default)")
-    p.add_argument("--gate-links", default="unshaped,1gbit+50us")
+    p.add_argument("--gate-hosts", default="", type=ints, help="host counts for the GPU's gate across hosts (none by default)")
+    p.add_argument("--gate-links", default="unshaped,1gbit+50us", type=names)
     p.add_argument("--gate-exact", type=int, default=10048, help="gate_bench's --exact")
     p.add_argument("--gate-shape", default="8b", choices=sorted(decode_bench.SHAPES), help="decode_bench's --shape")
     p.add_argument("--deadline", type=float, default=1e9, help="seconds after which no part starts")
     a = p.parse_args(argv)
-    csv = lambda text, kind=str: [kind(s) for s in text.split(",") if s]
-    a.hosts, a.decode_hosts, a.gate_hosts = csv(a.hosts, int), csv(a.decode_hosts, int), csv(a.gate_hosts, int)
-    a.sizes = csv(a.sizes, int)
-    for name in ("links", "systems", "ops", "decode_links", "gate_links", "decode_shapes", "decode_modes", "decode_systems"):
-        setattr(a, name, csv(getattr(a, name)))
     unknown = [s for s in a.decode_shapes if s not in tp_hosts.SHAPES]
     unknown += [s for s in a.decode_systems if s.partition("/")[0] not in tp_hosts.SYSTEMS]
     if unknown:
@@ -243,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         links = a.links * bool(a.hosts) + a.decode_links * bool(a.decode_hosts) + a.gate_links * bool(a.gate_hosts)
         for link in links:  # a link it cannot read is refused before any bed is built
-            parse_link(link)
+            netbed.parse_link(link)
         for system in a.systems:  # a system the bed cannot start is refused before any bed is built
             multihost.bed_system(system)
     except ValueError as e:

@@ -167,7 +167,8 @@ class Host:
 
 class Bed:
     """`Bed(hosts=4).build()`; `set_link(50, 10**9)` shapes the data link; `teardown()` removes
-    everything (also at exit). Offers what `bench/multihost.Hosts` uses of `netns.TestBed`."""
+    everything (also at exit); `with Bed(4) as bed:` builds and tears down around a block. Offers
+    what `bench/multihost.Hosts` uses of `netns.TestBed`."""
 
     def __init__(self, hosts: int = 2, base: str = BASE, cpus: int | None = None) -> None:
         if not 2 <= hosts <= 4:
@@ -186,6 +187,12 @@ class Bed:
         self._closed = False
 
     # ---- building
+
+    def __enter__(self) -> "Bed":
+        return self.build()
+
+    def __exit__(self, *exc) -> None:
+        self.teardown()
 
     def build(self) -> "Bed":
         if os.geteuid() != 0 or not sys.platform.startswith("linux"):
@@ -371,6 +378,8 @@ class Bed:
         chosen = [self.host(i) for i in hosts]
         if fmt == "json":
             text = json.dumps({"hosts": [{"ssh": h.name, "ips": list(h.data), "slots": slots} for h in chosen]})
+        elif fmt == "mlx":  # mlx.launch's --hostfile: a list of hosts, one process each
+            text = json.dumps([{"ssh": h.name, "ips": list(h.data)} for h in chosen])
         else:
             text = "".join(f"{h.name} slots={slots} ips={','.join(h.data)}\n" for h in chosen)
         path = self.root / (name or f"hosts-{'-'.join(map(str, hosts))}-{slots}.{fmt}")
@@ -417,6 +426,26 @@ class Bed:
         if self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
         atexit.unregister(self.teardown)
+
+
+LINK_UNITS = {"gbit": 10**9, "mbit": 10**6, "kbit": 10**3}
+
+
+def parse_link(text: str) -> tuple[float | None, int | None]:
+    """`set_link`'s (one-way delay in us, rate in bit/s) of a link as bench/hostbed.py names it:
+    `unshaped`, `1gbit+50us`, `0+200us` (a delay alone) or `1gbit` (a rate alone)."""
+    if text == "unshaped":
+        return None, None
+    rate, _, delay = text.partition("+")
+    bps = 0
+    if rate not in ("", "0"):
+        unit = next((u for u in LINK_UNITS if rate.endswith(u)), None)
+        if unit is None:
+            raise ValueError(f"link {text!r}: the rate must end in gbit, mbit or kbit (or be 0)")
+        bps = int(float(rate.removesuffix(unit)) * LINK_UNITS[unit])
+    if delay and not delay.endswith("us"):
+        raise ValueError(f"link {text!r}: the delay must end in us")
+    return float(delay.removesuffix("us") or 0), bps
 
 
 def kernel_has_tbf() -> str:

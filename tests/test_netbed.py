@@ -1,5 +1,5 @@
 """The bed of tests/netbed.py and what bench/hostbed.py reads of it: the core plan, the ssh
-command line its `ssh` understands, the link settings (bench/multihost.py) and the summary (test_netbed_built.py
+command line its `ssh` understands, the link settings (netbed.parse_link) and the summary (test_netbed_built.py
 builds one); hostbed's gate part on a built bed (root; slow)."""
 
 from __future__ import annotations
@@ -59,13 +59,13 @@ def test_ssh_without_a_host_is_refused():
     ("100mbit", (0.0, 10**8)), ("2.5gbit+10us", (10.0, 2_500_000_000)),
 ])
 def test_link_settings(text, want):
-    assert multihost.parse_link(text) == want
+    assert netbed.parse_link(text) == want
 
 
 @pytest.mark.parametrize("text", ["1gb+50us", "1gbit+50ms", "fast"])
 def test_a_link_setting_it_cannot_read_is_refused(text):
     with pytest.raises(ValueError, match="link"):
-        multihost.parse_link(text)
+        netbed.parse_link(text)
 
 
 def test_the_summary_compares_each_peer_with_fastcoll():
