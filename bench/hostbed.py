@@ -1,5 +1,5 @@
 """The cross-host set on a bed of bench/multihost.py, written as one record: for each host count a
-bed; for each link, a probe (bench/linkprobe.py), the collectives (through multihost.Hosts, every
+bed; for each link, a probe (`netbed.Bed.probe_link`), the collectives (through multihost.Hosts, every
 op in each job) and, where asked, mlx-lm decode (bench/tp_hosts.py). docs/multihost.md has the
 command, the beds, the links and what it writes, and the GPU's gate across hosts (`--gate-hosts`).
 Parts that would start after `--deadline` seconds are skipped and listed, so that a lent machine's
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,27 +22,7 @@ from bench import decode_bench, gate_bench, h200, harness, metrics, report, tp_h
 from bench import multihost  # noqa: E402
 from bench.multihost import PYTHON, REPO, Hosts  # noqa: E402
 
-PROBE = REPO / "bench" / "linkprobe.py"
 GATE, DECODE = REPO / "bench" / "gate_bench.py", REPO / "bench" / "decode_bench.py"
-
-
-def probe_link(bed: netbed.Bed) -> dict:
-    """host1 -> host2 over d0: round trips, one stream, and bedlink's lateness meanwhile."""
-    port = 47000
-    server = subprocess.Popen(bed.in_host(2, [PYTHON, str(PROBE), "serve", str(port), "60"]),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        server.stdout.readline()  # "listening"
-        bed.relay_stats()  # bedlink counts lateness from here
-        done = subprocess.run(bed.in_host(1, [PYTHON, str(PROBE), "probe", bed.host(2).data[0], str(port), "500",
-                                              "64"]), capture_output=True, text=True, timeout=120)
-        got = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {"error": done.stderr[-500:]}
-        got["bedlink"] = bed.relay_stats()
-        return got
-    finally:
-        server.kill()
-        server.wait()
-        bed.kill_strays()
 
 
 def collectives(bed: netbed.Bed, n: int, link: str, a: argparse.Namespace) -> dict:
@@ -173,7 +152,7 @@ def _on_bed(a: argparse.Namespace, doc: dict, t0: float, n: int, links: list[str
         for link in links:
             bed.set_link(*netbed.parse_link(link))
             if not any(x["hosts"] == n and x["link"] == link for x in doc["links"]):
-                probe = _part(a, doc, t0, f"probe {n} hosts {link}", lambda: probe_link(bed))
+                probe = _part(a, doc, t0, f"probe {n} hosts {link}", bed.probe_link)
                 if probe is not None:
                     doc["links"].append({"hosts": n, "link": link, **probe})
                     print(f"[{n} hosts, {link}] link: {json.dumps(probe)}", flush=True)

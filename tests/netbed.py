@@ -340,6 +340,25 @@ class Bed:
         words = self._relay_say("stats").split()[1:]
         return dict(w.split("=", 1) for w in words)
 
+    def probe_link(self, port: int = 47000, count: int = 500, mib: int = 64) -> dict:
+        """host1 -> host2 over d0 (tests/linkprobe.py): round trips, one stream of `mib` MiB, and
+        bedlink's lateness meanwhile; {"error": ...} where the probe failed."""
+        probe = [sys.executable, str(HERE.parent / "linkprobe.py")]
+        server = subprocess.Popen(self.in_host(2, [*probe, "serve", str(port), "60"]), stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+        try:
+            server.stdout.readline()  # "listening"
+            self.relay_stats()  # bedlink counts lateness from here
+            done = subprocess.run(self.in_host(1, [*probe, "probe", self.host(2).data[0], str(port), str(count),
+                                                   str(mib)]), capture_output=True, text=True, timeout=120)
+            if done.returncode != 0:
+                return {"error": done.stderr[-500:], "bedlink": self.relay_stats()}
+            return json.loads(done.stdout.strip().splitlines()[-1]) | {"bedlink": self.relay_stats()}
+        finally:
+            server.kill()
+            server.wait()
+            self.kill_strays()
+
     def _stop_relay(self) -> None:
         if self._relay is not None:
             try:
