@@ -25,14 +25,15 @@ from bench.multihost import PYTHON, REPO, Hosts  # noqa: E402
 GATE, DECODE = REPO / "bench" / "gate_bench.py", REPO / "bench" / "decode_bench.py"
 
 
-def collectives(bed: netbed.Bed, n: int, link: str, a: argparse.Namespace) -> dict:
+def collectives(bed: netbed.Bed, n: int, link: str, a: argparse.Namespace) -> list[dict]:
+    """Every system's job on this link, rounds interleaved; its report, the run as `collectives`' one row."""
     hosts = Hosts(bed, n)
     config = harness.Config(systems=a.systems, ops=a.ops, worlds=[n], sizes=a.sizes, rounds=a.rounds,
                             budget_s=a.budget, settle_s=a.settle, max_iters=1000, timeout_s=a.job_timeout)
     doc = report.assemble(harness.run(config, hosts.launch, lambda m: print(f"[{n} hosts, {link}] {m}", flush=True)))
     doc["meta"] |= {"link": link, "bed": bed.describe()}
     report.write(doc, Path(a.out) / f"collectives-{n}hosts-{link}", plots=True)
-    return doc
+    return [{"hosts": n, "link": link, "doc": doc}]
 
 
 def gate_hosts(bed: netbed.Bed, n: int, link: str, a: argparse.Namespace) -> list[dict]:
@@ -115,7 +116,7 @@ def summary(runs: list[dict], systems: list[str]) -> str:
     fast = next((s for s in systems if s.startswith("fastcoll")), None)
     head = ["hosts", "link", "op", "size", *[f"{s} median (busbw GB/s)" for s in systems],
             *[f"{s} / {fast}" for s in systems if s != fast]]
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    rows = []
     for run in runs:
         pts = run["doc"]["points"]
         for op, size in _groups(run):
@@ -125,8 +126,8 @@ def summary(runs: list[dict], systems: list[str]) -> str:
             mine = _cell(pts, fast, op, size) if fast else None
             ratio = [f"{c['median_s'] / mine['median_s']:.2f}x" if c and mine else "" for s, c in zip(systems, cells)
                      if s != fast]
-            lines.append(f"| {run['hosts']} | {run['link']} | {op} | {size} | " + " | ".join(shown + ratio) + " |")
-    return "\n".join(lines)
+            rows.append([str(run["hosts"]), run["link"], op, str(size), *shown, *ratio])
+    return "\n".join(report.md_table(head, rows))
 
 
 def _save(a: argparse.Namespace, doc: dict) -> None:
@@ -156,11 +157,7 @@ def _on_bed(a: argparse.Namespace, doc: dict, t0: float, n: int, links: list[str
                 if probe is not None:
                     doc["links"].append({"hosts": n, "link": link, **probe})
                     print(f"[{n} hosts, {link}] link: {json.dumps(probe)}", flush=True)
-            got = _part(a, doc, t0, f"{what} {n} hosts {link}", lambda: fn(bed, n, link, a))
-            if what == "collectives" and got is not None:
-                doc["collectives"].append({"hosts": n, "link": link, "doc": got})
-            elif got is not None:
-                doc[what] += got
+            doc[what] += _part(a, doc, t0, f"{what} {n} hosts {link}", lambda: fn(bed, n, link, a)) or []
             _save(a, doc)
 
 

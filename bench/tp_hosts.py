@@ -13,6 +13,7 @@ import statistics
 from pathlib import Path
 
 from bench.multihost import PYTHON, REPO, Hosts
+from bench.report import md_table
 
 WORKER = REPO / "bench" / "workers" / "tp_worker.py"
 SHAPES = {  # tp_worker's model arguments
@@ -90,18 +91,17 @@ def measure(bed, n: int, link: str, a: argparse.Namespace) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     """One line per configuration and system: ms/token, tokens/s, against ring, the same tokens."""
-    out = ["| hosts | link | shape | mode | system | ms/token (median) | tokens/s | ring / system | "
-           "tokens = single | link floor, ms/token | all-reduces' share of ring's token |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    keys = sorted({(r["hosts"], r["link"], r["shape"], r["mode"]) for r in rows})
-    for key in keys:
+    head = ["hosts", "link", "shape", "mode", "system", "ms/token (median)", "tokens/s", "ring / system",
+            "tokens = single", "link floor, ms/token", "all-reduces' share of ring's token"]
+    out = []
+    for key in sorted({(r["hosts"], r["link"], r["shape"], r["mode"]) for r in rows}):
         mine = [r for r in rows if (r["hosts"], r["link"], r["shape"], r["mode"]) == key]
-        ms = {s: statistics.median(r["ms_per_token"] for r in mine if r["system"] == s and "ms_per_token" in r)
-              for s in dict.fromkeys(r["system"] for r in mine)
-              if any(r["system"] == s and "ms_per_token" in r for r in mine)}
-        want = next((r["tokens"] for r in mine if r["system"] == "single" and "tokens" in r), None)
-        for s in dict.fromkeys(r["system"] for r in mine):
-            ok = [r for r in mine if r["system"] == s and "tokens" in r]
+        runs = {s: [r for r in mine if r["system"] == s] for s in dict.fromkeys(r["system"] for r in mine)}
+        ms = {s: statistics.median(r["ms_per_token"] for r in got if "ms_per_token" in r)
+              for s, got in runs.items() if any("ms_per_token" in r for r in got)}
+        want = next((r["tokens"] for r in runs.get("single", []) if "tokens" in r), None)
+        for s, got in runs.items():
+            ok = [r for r in got if "tokens" in r]
             same = ("wrong by design" if s == "floor" else "n/a" if want is None or not ok
                     else "yes" if all(r["tokens"] == want for r in ok) else "NO")
             ratio = f"{ms['ring'] / ms[s]:.2f}x" if s in ms and "ring" in ms and s not in ("single", "floor") else ""
@@ -109,6 +109,5 @@ def table(rows: list[dict]) -> str:
             value = f"{ms[s]:.2f}" if s in ms else "failed"
             tps = f"{1e3 / ms[s]:.1f}" if s in ms else ""
             floor = f"{mine[0]['floor_ms']:.2f}" if mine[0]["floor_ms"] else ""
-            out.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {s} | {value} | {tps} | {ratio} | {same} "
-                       f"| {floor} | {share} |")
-    return "\n".join(out)
+            out.append([*map(str, key), s, value, tps, ratio, same, floor, share])
+    return "\n".join(md_table(head, out))
