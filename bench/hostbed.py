@@ -1,7 +1,9 @@
 """The cross-host set on a bed of bench/multihost.py, written as one record: for each host count a
 bed; for each link, a probe (`netbed.Bed.probe_link`), the collectives (through multihost.Hosts, every
-op in each job) and, where asked, mlx-lm decode (bench/tp_hosts.py). docs/multihost.md has the
-command, the beds, the links and what it writes, and the GPU's gate across hosts (`--gate-hosts`).
+op in each job) and, where asked, mlx-lm decode (`decode`) and the GPU's gate across hosts
+(`gate_hosts`). Decode's `floor` is the tensor-parallel split started as `ring` with its all-reduces
+left out, so that ring's time less the floor's is what its all-reduces cost a token.
+docs/multihost.md has the command, the beds, the links and what it writes.
 Parts that would start after `--deadline` seconds are skipped and listed, so that a lent machine's
 time limit cuts the parts that run last (the gate's, then decode) first.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -18,11 +21,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import netbed  # noqa: E402
-from bench import decode_bench, gate_bench, h200, harness, metrics, report, tp_hosts  # noqa: E402
+from bench import decode_bench, gate_bench, h200, harness, metrics, report  # noqa: E402
 from bench import multihost  # noqa: E402
-from bench.multihost import PYTHON, REPO, Hosts  # noqa: E402
+from bench.multihost import PYTHON, REPO, TP_WORKER, Hosts  # noqa: E402
 
 GATE, DECODE = REPO / "bench" / "gate_bench.py", REPO / "bench" / "decode_bench.py"
+DECODE_SHAPES = {  # tp_worker's model arguments for the decode part
+    "small": "--hidden 256 --layers 4 --heads 8 --kv-heads 8 --intermediate 688 --vocab 4096".split(),
+    "smaller": "--hidden 128 --layers 4 --heads 4 --kv-heads 4 --intermediate 344 --vocab 1024".split(),
+    "large": "--hidden 512 --layers 8 --heads 8 --kv-heads 8 --intermediate 1408 --vocab 8192".split(),
+}
 
 
 def collectives(bed: netbed.Bed, n: int, link: str, a: argparse.Namespace) -> list[dict]:
@@ -34,6 +42,76 @@ def collectives(bed: netbed.Bed, n: int, link: str, a: argparse.Namespace) -> li
     doc["meta"] |= {"link": link, "bed": bed.describe()}
     report.write(doc, Path(a.out) / f"collectives-{n}hosts-{link}", plots=True)
     return [{"hosts": n, "link": link, "doc": doc}]
+
+
+def floor_ms(link: str, mode: str, layers: int) -> float:
+    """The link's floor for one token: a round trip for each all-reduce (tp: two a layer)."""
+    delay_us = netbed.parse_link(link)[0]
+    return 2 * layers * 2 * delay_us / 1e3 if delay_us and mode == "tp" else 0.0
+
+
+def decode_run(hosts: Hosts, system: str, args: list[str], timeout: float) -> dict:
+    """One job (`single`: one process on host 1); its RESULT document, or {"error": ...}."""
+    single = system == "single"
+    cmd = [PYTHON, str(TP_WORKER), *args] if single else hosts.decode_command(system, args, timeout)
+    got = hosts.run(cmd, timeout, "ms_per_token", host=int(single), **multihost.THREADS)
+    return got.doc if got.doc is not None else {"error": got.error}
+
+
+def decode_combos(a: argparse.Namespace) -> list[tuple[str, str]]:
+    """(shape, mode) to run: tp in every shape, pp (one pipeline run each way) in the first."""
+    shapes, modes = a.decode_shapes, a.decode_modes
+    return [(shape, "tp") for shape in shapes if "tp" in modes] + [(shapes[0], "pp")] * ("pp" in modes)
+
+
+def decode(bed: netbed.Bed, n: int, link: str, a: argparse.Namespace) -> list[dict]:
+    """mlx-lm decoding, one rank a host running workers/tp_worker.py: every shape and mode on this link
+    of a bed of n hosts, `--decode-rounds` rounds, the systems alternating each round beside one
+    process (`single`); docs/multihost.md tells what each system, shape and link is."""
+    hosts, rows = Hosts(bed, n), []
+    for shape, mode in decode_combos(a):
+        args = ["--mode", mode, "--tokens", str(a.decode_tokens), "--repeat", str(a.decode_repeat),
+                *DECODE_SHAPES[shape]]
+        single = ["--mode", "single", *args[2:]] + (["--model", "qwen2"] if mode == "pp" else [])
+        systems = [s for s in a.decode_systems if s != "floor" or mode == "tp"]  # a pipeline has no floor without its sends
+        for r in range(a.decode_rounds):
+            order = ["single", *(systems if r % 2 == 0 else systems[::-1])]
+            for system in order:
+                doc = decode_run(hosts, system, single if system == "single" else args, a.job_timeout)
+                rows.append({**doc, "hosts": len(hosts.hosts), "link": link, "shape": shape, "mode": mode,
+                             "system": system, "round": r,
+                             "floor_ms": floor_ms(link, mode, int(DECODE_SHAPES[shape][3]))})
+                Path(a.out).mkdir(parents=True, exist_ok=True)
+                with open(Path(a.out) / "decode-rows.jsonl", "a") as f:  # kept if a time limit cuts the part
+                    f.write(json.dumps(rows[-1]) + "\n")
+                said = doc.get("error") or f"{doc['ms_per_token']:.2f} ms/token"
+                print(f"[{len(hosts.hosts)} hosts, {link}, {shape}, {mode}, round {r}] {system}: {said}",
+                      flush=True)
+    return rows
+
+
+def decode_table(rows: list[dict]) -> str:
+    """One line per configuration and system: ms/token, tokens/s, against ring, the same tokens."""
+    head = ["hosts", "link", "shape", "mode", "system", "ms/token (median)", "tokens/s", "ring / system",
+            "tokens = single", "link floor, ms/token", "all-reduces' share of ring's token"]
+    out = []
+    for key in sorted({(r["hosts"], r["link"], r["shape"], r["mode"]) for r in rows}):
+        mine = [r for r in rows if (r["hosts"], r["link"], r["shape"], r["mode"]) == key]
+        runs = {s: [r for r in mine if r["system"] == s] for s in dict.fromkeys(r["system"] for r in mine)}
+        ms = {s: statistics.median(r["ms_per_token"] for r in got if "ms_per_token" in r)
+              for s, got in runs.items() if any("ms_per_token" in r for r in got)}
+        want = next((r["tokens"] for r in runs.get("single", []) if "tokens" in r), None)
+        for s, got in runs.items():
+            ok = [r for r in got if "tokens" in r]
+            same = ("wrong by design" if s == "floor" else "n/a" if want is None or not ok
+                    else "yes" if all(r["tokens"] == want for r in ok) else "NO")
+            ratio = f"{ms['ring'] / ms[s]:.2f}x" if s in ms and "ring" in ms and s not in ("single", "floor") else ""
+            share = f"{(ms['ring'] - ms['floor']) / ms['ring']:.2f}" if s == "ring" and "floor" in ms else ""
+            value = f"{ms[s]:.2f}" if s in ms else "failed"
+            tps = f"{1e3 / ms[s]:.1f}" if s in ms else ""
+            floor = f"{mine[0]['floor_ms']:.2f}" if mine[0]["floor_ms"] else ""
+            out.append([*map(str, key), s, value, tps, ratio, same, floor, share])
+    return "\n".join(report.md_table(head, out))
 
 
 def gate_hosts(bed: netbed.Bed, n: int, link: str, a: argparse.Namespace) -> list[dict]:
@@ -133,7 +211,7 @@ def summary(runs: list[dict], systems: list[str]) -> str:
 def _save(a: argparse.Namespace, doc: dict) -> None:
     report.save(Path(a.out), "results", doc)
     report.save(Path(a.out), "summary", summary(doc["collectives"], a.systems) + "\n\n"
-                + (tp_hosts.table(doc["decode"]) if doc["decode"] else "") + "\n\n"
+                + (decode_table(doc["decode"]) if doc["decode"] else "") + "\n\n"
                 + (gate_table(doc["gate"], a) if doc["gate"] else "") + "\n")
 
 
@@ -169,7 +247,7 @@ def run_all(a: argparse.Namespace) -> dict:
     for n in a.hosts:
         _on_bed(a, doc, t0, n, a.links, "collectives", collectives)
     for n in a.decode_hosts:
-        _on_bed(a, doc, t0, n, a.decode_links, "decode", tp_hosts.measure)
+        _on_bed(a, doc, t0, n, a.decode_links, "decode", decode)
     for n in a.gate_hosts:
         _on_bed(a, doc, t0, n, a.gate_links, "gate", gate_hosts)
     _save(a, doc)
@@ -191,21 +269,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--job-timeout", type=float, default=120)
     p.add_argument("--decode-hosts", default="", type=ints, help="host counts for mlx-lm decode (none by default)")
     p.add_argument("--decode-links", default="unshaped,1gbit+50us", type=names)
-    p.add_argument("--decode-shapes", default="small", type=names, help=", ".join(tp_hosts.SHAPES))
+    p.add_argument("--decode-shapes", default="small", type=names, help=", ".join(DECODE_SHAPES))
     p.add_argument("--decode-modes", default="tp", type=names,
                    help="tp (model.shard) in every shape, pp (model.model.pipeline) in the first shape")
-    p.add_argument("--decode-systems", default="fastcoll-graph,ring", type=names, help=", ".join(tp_hosts.SYSTEMS))
+    p.add_argument("--decode-systems", default="fastcoll-graph,ring", type=names,
+                   help=", ".join(multihost.DECODE_SYSTEMS))
     p.add_argument("--decode-rounds", type=int, default=3)
     p.add_argument("--decode-tokens", type=int, default=32, help="tokens a run generates")
     p.add_argument("--decode-repeat", type=int, default=2, help="runs a job makes; its median is its figure")
-    p.add_argument("--gate-hosts", default="", type=ints, help="host counts for the GPU's gate across hosts (none by default)")
+    p.add_argument("--gate-hosts", default="", type=ints,
+                   help="host counts for the GPU's gate across hosts (none by default)")
     p.add_argument("--gate-links", default="unshaped,1gbit+50us", type=names)
     p.add_argument("--gate-exact", type=int, default=10048, help="gate_bench's --exact")
     p.add_argument("--gate-shape", default="8b", choices=sorted(decode_bench.SHAPES), help="decode_bench's --shape")
     p.add_argument("--deadline", type=float, default=1e9, help="seconds after which no part starts")
     a = p.parse_args(argv)
-    unknown = [s for s in a.decode_shapes if s not in tp_hosts.SHAPES]
-    unknown += [s for s in a.decode_systems if s.partition("/")[0] not in tp_hosts.SYSTEMS]
+    unknown = [s for s in a.decode_shapes if s not in DECODE_SHAPES]
+    unknown += [s for s in a.decode_systems if s.partition("/")[0] not in multihost.DECODE_SYSTEMS]
     if unknown:
         p.error(f"unknown decode shape or system: {', '.join(unknown)}")
     try:
@@ -219,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = run_all(a)
     print(summary(doc["collectives"], a.systems))
     if doc["decode"]:
-        print(tp_hosts.table(doc["decode"]))
+        print(decode_table(doc["decode"]))
     if doc["gate"]:
         print(gate_table(doc["gate"], a))
     return 0 if not doc["skipped"] and not any(r["problem"] for r in doc["gate"]) else 3

@@ -1,5 +1,5 @@
-"""The bed's hosts and how each system's job starts across them, for bench/hostbed.py (the
-collectives) and bench/tp_hosts.py (mlx-lm decode); root and Linux only (docs/multihost.md).
+"""The bed's hosts and how each system's job starts across them, for bench/hostbed.py's parts (the
+collectives' systems and mlx-lm decode's); root and Linux only (docs/multihost.md).
 
 The bed is `tests/netbed.py`'s: each host its own cores where the machine has 8 CPUs or more
 (below that nothing is pinned), links shaped by bench/bedlink.c as `netbed.parse_link` reads them
@@ -8,6 +8,7 @@ The bed is `tests/netbed.py`'s: each host its own cores where the machine has 8 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -21,6 +22,9 @@ from bench.systems import WORKERS, System, fastcoll_env, parse_system, tool  # n
 
 REPO = harness.REPO_ROOT
 PYTHON = sys.executable
+TP_WORKER = WORKERS / "tp_worker.py"  # the decode part's rank (mlx-lm's generation loop)
+DECODE_SYSTEMS = ("fastcoll", "fastcoll-graph", "ring", "ring-mlx.launch", "floor")
+THREADS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}  # one core a rank, as the ranks share two
 
 
 def bed_system(name: str) -> System:
@@ -32,7 +36,8 @@ def bed_system(name: str) -> System:
 
 
 class Hosts:
-    """The bed's hosts and how each system's job is started across them."""
+    """The bed's hosts and how each system's job is started across them: the collectives' (`command`)
+    and decode's (`decode_command`)."""
 
     def __init__(self, bed: netbed.Bed, hosts: int) -> None:
         self.bed, self.port = bed, 41000
@@ -76,6 +81,26 @@ class Hosts:
                 "-localhost", netbed.CTL_ADDR, "-genv", "PYTHONPATH", self.pythonpath, "-genv",
                 "MPIR_CVAR_CH4_NETMOD", "ofi", "-genv", "FI_PROVIDER", "tcp", "-genv", "FI_TCP_IFACE", "d0",
                 "-wdir", str(REPO), PYTHON, str(s.worker), *args]
+
+    def decode_command(self, system: str, args: list[str], timeout: float) -> list[str]:
+        """The launcher's command line for one mlx-lm decode job of `system` (DECODE_SYSTEMS) running
+        workers/tp_worker.py with `args`; `floor` is `ring` with the model's all-reduces left out."""
+        name, _, knobs = system.partition("/")  # fastcoll/NAME=VALUE/...: with those FASTCOLL_TUNING knobs
+        if name in ("fastcoll", "fastcoll-graph"):
+            env = THREADS | {"FASTCOLL_TIMEOUT": "60"} | ({"FASTCOLL_TUNING": knobs.replace("/", ",")} if knobs else {})
+            env |= {"FASTCOLL_MLX_GRAPH": "1" if name == "fastcoll-graph" else "0"}  # "fastcoll": the eager path
+            return [*self.fastcoll_launch(timeout, env), PYTHON, "-m", "fastcoll.mlx_compat", str(TP_WORKER),
+                    *args]
+        launch = self.fastcoll_launch(timeout, THREADS)
+        ring = self.bed.root / f"ring-{self.port}.json"
+        ring.write_text(json.dumps([[f"{h.data[0]}:{self.port + i}"] for i, h in enumerate(self.hosts)]))
+        if system in ("ring", "floor"):
+            args = [*args, "--no-exchange"] if system == "floor" else args
+            inner = f"MLX_RANK=$FASTCOLL_RANK MLX_HOSTFILE={ring} exec {PYTHON} {TP_WORKER} " + " ".join(args)
+            return [*launch, "/bin/sh", "-c", inner]
+        if system == "ring-mlx.launch":
+            return self.mlx_launch_ring(TP_WORKER, args, THREADS)
+        raise ValueError(f"unknown system {system!r}; known: {', '.join(DECODE_SYSTEMS)}")
 
     def launch(self, system: str, world: int, args: list[str], timeout: float) -> harness.JobResult:
         """harness.run's launch: one job across the hosts, started from the launcher namespace."""

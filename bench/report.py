@@ -155,7 +155,8 @@ def targets_table(doc: dict[str, Any]) -> list[str]:
                  if "large_busbw_ratio" in t else "-")
         rows.append([str(t["world"]), t["fastcoll"], t["peer"], small, f">= {TARGETS[t['peer']][0]:g}x", large,
                      f">= {TARGETS[t['peer']][1]:g}x"])
-    return ["", "## Targets (report.TARGETS: issue 7 against MLX ring, issue 24 against MPICH)", "", *md_table(head, rows)]
+    return ["", "## Targets (report.TARGETS: issue 7 against MLX ring, issue 24 against MPICH)", "",
+            *md_table(head, rows)]
 
 
 def _op_tables(doc: dict[str, Any], op: str, world: int, present: list[str]) -> list[str]:
