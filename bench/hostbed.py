@@ -23,14 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import netbed  # noqa: E402
 from bench import decode_bench, gate_bench, h200, harness, metrics, report  # noqa: E402
 from bench import multihost  # noqa: E402
-from bench.multihost import PYTHON, REPO, TP_WORKER, Hosts  # noqa: E402
+from bench.multihost import PYTHON, REPO, Hosts  # noqa: E402
 
 GATE, DECODE = REPO / "bench" / "gate_bench.py", REPO / "bench" / "decode_bench.py"
-DECODE_SHAPES = {  # tp_worker's model arguments for the decode part
-    "small": "--hidden 256 --layers 4 --heads 8 --kv-heads 8 --intermediate 688 --vocab 4096".split(),
-    "smaller": "--hidden 128 --layers 4 --heads 4 --kv-heads 4 --intermediate 344 --vocab 1024".split(),
-    "large": "--hidden 512 --layers 8 --heads 8 --kv-heads 8 --intermediate 1408 --vocab 8192".split(),
-}
 
 
 def collectives(bed: netbed.Bed, n: int, link: str, a: argparse.Namespace) -> list[dict]:
@@ -53,7 +48,7 @@ def floor_ms(link: str, mode: str, layers: int) -> float:
 def decode_run(hosts: Hosts, system: str, args: list[str], timeout: float) -> dict:
     """One job (`single`: one process on host 1); its RESULT document, or {"error": ...}."""
     single = system == "single"
-    cmd = [PYTHON, str(TP_WORKER), *args] if single else hosts.decode_command(system, args, timeout)
+    cmd = [PYTHON, str(decode_bench.WORKER), *args] if single else hosts.decode_command(system, args, timeout)
     got = hosts.run(cmd, timeout, "ms_per_token", host=int(single), **multihost.THREADS)
     return got.doc if got.doc is not None else {"error": got.error}
 
@@ -70,8 +65,8 @@ def decode(bed: netbed.Bed, n: int, link: str, a: argparse.Namespace) -> list[di
     process (`single`); docs/multihost.md tells what each system, shape and link is."""
     hosts, rows = Hosts(bed, n), []
     for shape, mode in decode_combos(a):
-        args = ["--mode", mode, "--tokens", str(a.decode_tokens), "--repeat", str(a.decode_repeat),
-                *DECODE_SHAPES[shape]]
+        model = decode_bench.SHAPES[shape].split()
+        args = ["--mode", mode, "--tokens", str(a.decode_tokens), "--repeat", str(a.decode_repeat), *model]
         single = ["--mode", "single", *args[2:]] + (["--model", "qwen2"] if mode == "pp" else [])
         systems = [s for s in a.decode_systems if s != "floor" or mode == "tp"]  # a pipeline has no floor without its sends
         for r in range(a.decode_rounds):
@@ -79,8 +74,7 @@ def decode(bed: netbed.Bed, n: int, link: str, a: argparse.Namespace) -> list[di
             for system in order:
                 doc = decode_run(hosts, system, single if system == "single" else args, a.job_timeout)
                 rows.append({**doc, "hosts": len(hosts.hosts), "link": link, "shape": shape, "mode": mode,
-                             "system": system, "round": r,
-                             "floor_ms": floor_ms(link, mode, int(DECODE_SHAPES[shape][3]))})
+                             "system": system, "round": r, "floor_ms": floor_ms(link, mode, int(model[3]))})
                 Path(a.out).mkdir(parents=True, exist_ok=True)
                 with open(Path(a.out) / "decode-rows.jsonl", "a") as f:  # kept if a time limit cuts the part
                     f.write(json.dumps(rows[-1]) + "\n")
@@ -269,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--job-timeout", type=float, default=120)
     p.add_argument("--decode-hosts", default="", type=ints, help="host counts for mlx-lm decode (none by default)")
     p.add_argument("--decode-links", default="unshaped,1gbit+50us", type=names)
-    p.add_argument("--decode-shapes", default="small", type=names, help=", ".join(DECODE_SHAPES))
+    p.add_argument("--decode-shapes", default="small", type=names, help=", ".join(decode_bench.SHAPES))
     p.add_argument("--decode-modes", default="tp", type=names,
                    help="tp (model.shard) in every shape, pp (model.model.pipeline) in the first shape")
     p.add_argument("--decode-systems", default="fastcoll-graph,ring", type=names,
@@ -284,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gate-shape", default="8b", choices=sorted(decode_bench.SHAPES), help="decode_bench's --shape")
     p.add_argument("--deadline", type=float, default=1e9, help="seconds after which no part starts")
     a = p.parse_args(argv)
-    unknown = [s for s in a.decode_shapes if s not in DECODE_SHAPES]
+    unknown = [s for s in a.decode_shapes if s not in decode_bench.SHAPES]
     unknown += [s for s in a.decode_systems if s.partition("/")[0] not in multihost.DECODE_SYSTEMS]
     if unknown:
         p.error(f"unknown decode shape or system: {', '.join(unknown)}")

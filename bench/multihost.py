@@ -17,12 +17,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import netbed  # noqa: E402
-from bench import harness  # noqa: E402
+from bench import decode_bench, harness  # noqa: E402
 from bench.systems import WORKERS, System, fastcoll_env, parse_system, tool  # noqa: E402
 
 REPO = harness.REPO_ROOT
 PYTHON = sys.executable
-TP_WORKER = WORKERS / "tp_worker.py"  # the decode part's rank (mlx-lm's generation loop)
 DECODE_SYSTEMS = ("fastcoll", "fastcoll-graph", "ring", "ring-mlx.launch", "floor")
 THREADS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}  # one core a rank, as the ranks share two
 
@@ -86,20 +85,20 @@ class Hosts:
         """The launcher's command line for one mlx-lm decode job of `system` (DECODE_SYSTEMS) running
         workers/tp_worker.py with `args`; `floor` is `ring` with the model's all-reduces left out."""
         name, _, knobs = system.partition("/")  # fastcoll/NAME=VALUE/...: with those FASTCOLL_TUNING knobs
+        worker = decode_bench.WORKER
         if name in ("fastcoll", "fastcoll-graph"):
             env = THREADS | {"FASTCOLL_TIMEOUT": "60"} | ({"FASTCOLL_TUNING": knobs.replace("/", ",")} if knobs else {})
             env |= {"FASTCOLL_MLX_GRAPH": "1" if name == "fastcoll-graph" else "0"}  # "fastcoll": the eager path
-            return [*self.fastcoll_launch(timeout, env), PYTHON, "-m", "fastcoll.mlx_compat", str(TP_WORKER),
-                    *args]
+            return [*self.fastcoll_launch(timeout, env), PYTHON, "-m", "fastcoll.mlx_compat", str(worker), *args]
         launch = self.fastcoll_launch(timeout, THREADS)
         ring = self.bed.root / f"ring-{self.port}.json"
         ring.write_text(json.dumps([[f"{h.data[0]}:{self.port + i}"] for i, h in enumerate(self.hosts)]))
         if system in ("ring", "floor"):
             args = [*args, "--no-exchange"] if system == "floor" else args
-            inner = f"MLX_RANK=$FASTCOLL_RANK MLX_HOSTFILE={ring} exec {PYTHON} {TP_WORKER} " + " ".join(args)
+            inner = f"MLX_RANK=$FASTCOLL_RANK MLX_HOSTFILE={ring} exec {PYTHON} {worker} " + " ".join(args)
             return [*launch, "/bin/sh", "-c", inner]
         if system == "ring-mlx.launch":
-            return self.mlx_launch_ring(TP_WORKER, args, THREADS)
+            return self.mlx_launch_ring(worker, args, THREADS)
         raise ValueError(f"unknown system {system!r}; known: {', '.join(DECODE_SYSTEMS)}")
 
     def launch(self, system: str, world: int, args: list[str], timeout: float) -> harness.JobResult:

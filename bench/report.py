@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from bench import harness, metrics
+from bench import harness
 from bench.metrics import format_size
 
 SMALL_MAX = 4096  # "small messages": 4 B to 4 KiB

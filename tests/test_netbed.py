@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, ROOT)
 
 import netbed  # noqa: E402
-from bench import hostbed, multihost  # noqa: E402
+from bench import decode_bench, hostbed, multihost  # noqa: E402
 
 
 def test_sixteen_cpus_give_each_host_cores_of_its_own():
@@ -135,7 +135,7 @@ def test_every_job_on_the_bed_starts_through_one_launcher_line(tmp_path):
     assert "--env=FASTCOLL_MLX_GRAPH=0" in hosts.decode_command("fastcoll", ["--mode", "tp"], 60)  # eager, by name
     ring = hosts.decode_command("ring-mlx.launch", ["--mode", "tp"], 60)
     assert ring[ring.index("--starting-port") + 1] == str(hosts.port) and "--env=OPENBLAS_NUM_THREADS=1" in ring
-    assert ring[-3:] == [str(multihost.TP_WORKER), "--mode", "tp"]
+    assert ring[-3:] == [str(decode_bench.WORKER), "--mode", "tp"]
     a = argparse.Namespace(decode_shapes=["small", "large"], decode_modes=["tp", "pp"])
     assert hostbed.decode_combos(a) == [("small", "tp"), ("large", "tp"), ("small", "pp")]
 
