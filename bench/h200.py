@@ -43,8 +43,8 @@ def gpu_name() -> str:
 
 
 def mps(on: bool, gpu: str) -> None:
-    """Two ranks share the GPU through CUDA MPS (on: its folders made and named in this
-    environment, which the ranks inherit); one process runs without it (off)."""
+    """Two ranks share the GPU through CUDA MPS (on); one process runs without it (off). Either way
+    MPS's folders are made and named in this environment, which the ranks (and hostbed's) inherit."""
     os.environ.update(MPS)
     for d in MPS.values():
         Path(d).mkdir(parents=True, exist_ok=True)
