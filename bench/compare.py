@@ -16,10 +16,6 @@ from bench import harness, metrics, report, systems  # noqa: E402
 from bench.workers.timing import ALL_OPS, OPS  # noqa: E402
 
 
-def _csv(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Run fastcoll and its peers side by side on localhost.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -50,18 +46,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def build_config(args: argparse.Namespace) -> harness.Config:
     """The harness configuration from the command line (--quick changes only the defaults)."""
-    ops = _csv(args.ops)
+    ops = metrics.csv(args.ops)
     unknown = [op for op in ops if op not in ALL_OPS]
     if unknown:
         raise ValueError(f"unknown op {unknown[0]!r}; known: {', '.join(ALL_OPS)}")
     if args.sizes:
-        sizes = sorted({metrics.parse_size(s) for s in _csv(args.sizes)})
+        sizes = sorted({metrics.parse_size(s) for s in metrics.csv(args.sizes)})
     else:
         sizes = [4, 4096] if args.quick else metrics.sizes_pow4(4, 64 << 20)
     quick = lambda value, given, normal: given if given is not None else (value if args.quick else normal)
     return harness.Config(
-        systems=[systems.parse_system(s) for s in _csv(args.systems)], ops=ops,
-        worlds=[int(w) for w in _csv(quick("2", args.world, "2,4"))], sizes=sizes,
+        systems=[systems.parse_system(s) for s in metrics.csv(args.systems)], ops=ops,
+        worlds=[int(w) for w in metrics.csv(quick("2", args.world, "2,4"))], sizes=sizes,
         rounds=quick(1, args.rounds, 3), iters=quick(5, args.iters, 0), warmup=quick(1, args.warmup, 3),
         settle_s=quick(0.0, args.settle, harness.Config.settle_s),
         budget_s=args.budget, timeout_s=quick(60.0, args.timeout, 600.0))

@@ -25,9 +25,13 @@ from bench.report import save  # noqa: E402
 from bench.systems import launcher  # noqa: E402
 
 WORKER = harness.REPO_ROOT / "bench" / "workers" / "tp_worker.py"
-SHAPES = {  # tp_worker's model arguments: Llama 3 8B's shape, and a smoke test for any machine
+SHAPES = {  # tp_worker's model arguments: Llama 3 8B's shape, a smoke test for any machine, and the
+    # three of bench/hostbed.py's decode part (on the bed's CPUs); each names its layers second
     "8b": "--hidden 4096 --layers 32 --intermediate 14336 --heads 32 --kv-heads 8 --vocab 128256",
     "tiny": "--hidden 256 --layers 2 --intermediate 512 --heads 4 --kv-heads 2 --vocab 1000",
+    "small": "--hidden 256 --layers 4 --heads 8 --kv-heads 8 --intermediate 688 --vocab 4096",
+    "smaller": "--hidden 128 --layers 4 --heads 4 --kv-heads 4 --intermediate 344 --vocab 1024",
+    "large": "--hidden 512 --layers 8 --heads 8 --kv-heads 8 --intermediate 1408 --vocab 8192",
 }
 # Every run of ranks takes the eager path (FASTCOLL_MLX_GRAPH=0), which the gate is part of: `host`
 # is the host path, not graph mode (the default under fastcoll.mlx_compat).

@@ -43,7 +43,11 @@ def gpu_name() -> str:
 
 
 def mps(on: bool, gpu: str) -> None:
-    """Two ranks share the GPU through CUDA MPS (on); one process runs without it (off)."""
+    """Two ranks share the GPU through CUDA MPS (on); one process runs without it (off). Either way
+    MPS's folders are made and named in this environment, which the ranks (and hostbed's) inherit."""
+    os.environ.update(MPS)
+    for d in MPS.values():
+        Path(d).mkdir(parents=True, exist_ok=True)
     if not gpu:
         return
     if on:
@@ -96,10 +100,9 @@ def main(argv: list[str]) -> int:
     if unknown:
         print(f"unknown part(s) {', '.join(unknown)}: the parts are {', '.join(table)}", file=sys.stderr)
         return 2
-    os.environ.update({**MPS, "NCCL_NVLS_ENABLE": "0", "PYTHONUNBUFFERED": "1"})
+    os.environ.update({"NCCL_NVLS_ENABLE": "0", "PYTHONUNBUFFERED": "1"})
     os.environ.setdefault("FASTCOLL_LOG", "warning")  # a gate that falls back to the host path says why
-    for d in (out, *map(Path, MPS.values())):
-        d.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     gpu = gpu_name()
     print(gpu or "no NVIDIA GPU: the parts run on the CPU", flush=True)
     failed = 0

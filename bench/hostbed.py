@@ -1,7 +1,9 @@
 """The cross-host set on a bed of bench/multihost.py, written as one record: for each host count a
-bed; for each link, a probe (bench/linkprobe.py), the collectives (through multihost.Hosts, every
-op in each job) and, where asked, mlx-lm decode (bench/tp_hosts.py). docs/multihost.md has the
-command, the beds, the links and what it writes, and the GPU's gate across hosts (`--gate-hosts`).
+bed; for each link, a probe (`netbed.Bed.probe_link`), the collectives (through multihost.Hosts, every
+op in each job) and, where asked, mlx-lm decode (`decode`) and the GPU's gate across hosts
+(`gate_hosts`). Decode's `floor` is the tensor-parallel split started as `ring` with its all-reduces
+left out, so that ring's time less the floor's is what its all-reduces cost a token.
+docs/multihost.md has the command, the beds, the links and what it writes.
 Parts that would start after `--deadline` seconds are skipped and listed, so that a lent machine's
 time limit cuts the parts that run last (the gate's, then decode) first.
 """
@@ -10,8 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -20,51 +21,98 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import netbed  # noqa: E402
-from bench import decode_bench, gate_bench, h200, harness, report, tp_hosts  # noqa: E402
+from bench import decode_bench, gate_bench, h200, harness, metrics, report  # noqa: E402
 from bench import multihost  # noqa: E402
-from bench.multihost import PYTHON, REPO, Hosts, parse_link  # noqa: E402
+from bench.multihost import PYTHON, REPO, Hosts  # noqa: E402
 
-PROBE = REPO / "bench" / "linkprobe.py"
 GATE, DECODE = REPO / "bench" / "gate_bench.py", REPO / "bench" / "decode_bench.py"
 
 
-def probe_link(bed: netbed.Bed) -> dict:
-    """host1 -> host2 over d0: round trips, one stream, and bedlink's lateness meanwhile."""
-    port = 47000
-    server = subprocess.Popen(bed.in_host(2, [PYTHON, str(PROBE), "serve", str(port), "60"]),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        server.stdout.readline()  # "listening"
-        bed.relay_stats()  # bedlink counts lateness from here
-        done = subprocess.run(bed.in_host(1, [PYTHON, str(PROBE), "probe", bed.host(2).data[0], str(port), "500",
-                                              "64"]), capture_output=True, text=True, timeout=120)
-        got = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {"error": done.stderr[-500:]}
-        got["bedlink"] = bed.relay_stats()
-        return got
-    finally:
-        server.kill()
-        server.wait()
-        bed.kill_strays()
-
-
-def collectives(bed: netbed.Bed, n: int, link: str, a: argparse.Namespace) -> dict:
+def collectives(bed: netbed.Bed, n: int, link: str, a: argparse.Namespace) -> list[dict]:
+    """Every system's job on this link, rounds interleaved; its report, the run as `collectives`' one row."""
     hosts = Hosts(bed, n)
     config = harness.Config(systems=a.systems, ops=a.ops, worlds=[n], sizes=a.sizes, rounds=a.rounds,
                             budget_s=a.budget, settle_s=a.settle, max_iters=1000, timeout_s=a.job_timeout)
     doc = report.assemble(harness.run(config, hosts.launch, lambda m: print(f"[{n} hosts, {link}] {m}", flush=True)))
     doc["meta"] |= {"link": link, "bed": bed.describe()}
     report.write(doc, Path(a.out) / f"collectives-{n}hosts-{link}", plots=True)
-    return doc
+    return [{"hosts": n, "link": link, "doc": doc}]
+
+
+def floor_ms(link: str, mode: str, layers: int) -> float:
+    """The link's floor for one token: a round trip for each all-reduce (tp: two a layer)."""
+    delay_us = netbed.parse_link(link)[0]
+    return 2 * layers * 2 * delay_us / 1e3 if delay_us and mode == "tp" else 0.0
+
+
+def decode_run(hosts: Hosts, system: str, args: list[str], timeout: float) -> dict:
+    """One job (`single`: one process on host 1); its RESULT document, or {"error": ...}."""
+    single = system == "single"
+    cmd = [PYTHON, str(decode_bench.WORKER), *args] if single else hosts.decode_command(system, args, timeout)
+    got = hosts.run(cmd, timeout, "ms_per_token", host=int(single), **multihost.THREADS)
+    return got.doc if got.doc is not None else {"error": got.error}
+
+
+def decode_combos(a: argparse.Namespace) -> list[tuple[str, str]]:
+    """(shape, mode) to run: tp in every shape, pp (one pipeline run each way) in the first."""
+    shapes, modes = a.decode_shapes, a.decode_modes
+    return [(shape, "tp") for shape in shapes if "tp" in modes] + [(shapes[0], "pp")] * ("pp" in modes)
+
+
+def decode(bed: netbed.Bed, n: int, link: str, a: argparse.Namespace) -> list[dict]:
+    """mlx-lm decoding, one rank a host running workers/tp_worker.py: every shape and mode on this link
+    of a bed of n hosts, `--decode-rounds` rounds, the systems alternating each round beside one
+    process (`single`); docs/multihost.md tells what each system, shape and link is."""
+    hosts, rows = Hosts(bed, n), []
+    for shape, mode in decode_combos(a):
+        model = decode_bench.SHAPES[shape].split()
+        args = ["--mode", mode, "--tokens", str(a.decode_tokens), "--repeat", str(a.decode_repeat), *model]
+        single = ["--mode", "single", *args[2:]] + (["--model", "qwen2"] if mode == "pp" else [])
+        systems = [s for s in a.decode_systems if s != "floor" or mode == "tp"]  # a pipeline has no floor without its sends
+        for r in range(a.decode_rounds):
+            order = ["single", *(systems if r % 2 == 0 else systems[::-1])]
+            for system in order:
+                doc = decode_run(hosts, system, single if system == "single" else args, a.job_timeout)
+                rows.append({**doc, "hosts": len(hosts.hosts), "link": link, "shape": shape, "mode": mode,
+                             "system": system, "round": r, "floor_ms": floor_ms(link, mode, int(model[3]))})
+                Path(a.out).mkdir(parents=True, exist_ok=True)
+                with open(Path(a.out) / "decode-rows.jsonl", "a") as f:  # kept if a time limit cuts the part
+                    f.write(json.dumps(rows[-1]) + "\n")
+                said = doc.get("error") or f"{doc['ms_per_token']:.2f} ms/token"
+                print(f"[{len(hosts.hosts)} hosts, {link}, {shape}, {mode}, round {r}] {system}: {said}",
+                      flush=True)
+    return rows
+
+
+def decode_table(rows: list[dict]) -> str:
+    """One line per configuration and system: ms/token, tokens/s, against ring, the same tokens."""
+    head = ["hosts", "link", "shape", "mode", "system", "ms/token (median)", "tokens/s", "ring / system",
+            "tokens = single", "link floor, ms/token", "all-reduces' share of ring's token"]
+    out = []
+    for key in sorted({(r["hosts"], r["link"], r["shape"], r["mode"]) for r in rows}):
+        mine = [r for r in rows if (r["hosts"], r["link"], r["shape"], r["mode"]) == key]
+        runs = {s: [r for r in mine if r["system"] == s] for s in dict.fromkeys(r["system"] for r in mine)}
+        ms = {s: statistics.median(r["ms_per_token"] for r in got if "ms_per_token" in r)
+              for s, got in runs.items() if any("ms_per_token" in r for r in got)}
+        want = next((r["tokens"] for r in runs.get("single", []) if "tokens" in r), None)
+        for s, got in runs.items():
+            ok = [r for r in got if "tokens" in r]
+            same = ("wrong by design" if s == "floor" else "n/a" if want is None or not ok
+                    else "yes" if all(r["tokens"] == want for r in ok) else "NO")
+            ratio = f"{ms['ring'] / ms[s]:.2f}x" if s in ms and "ring" in ms and s not in ("single", "floor") else ""
+            share = f"{(ms['ring'] - ms['floor']) / ms['ring']:.2f}" if s == "ring" and "floor" in ms else ""
+            value = f"{ms[s]:.2f}" if s in ms else "failed"
+            tps = f"{1e3 / ms[s]:.1f}" if s in ms else ""
+            floor = f"{mine[0]['floor_ms']:.2f}" if mine[0]["floor_ms"] else ""
+            out.append([*map(str, key), s, value, tps, ratio, same, floor, share])
+    return "\n".join(report.md_table(head, out))
 
 
 def gate_hosts(bed: netbed.Bed, n: int, link: str, a: argparse.Namespace) -> list[dict]:
     """The gate across n hosts, a rank a host on the one GPU (CUDA MPS): gate_bench's chain (host path,
     host mode, --gate-exact gates checked) and decode_bench's decode in host mode through the launcher,
     beside the same scripts on host 1 alone, as h200.py runs them (once a call)."""
-    os.environ.update(h200.MPS)  # the MPS daemon once, outside the namespaces, as h200.py starts it
-    for d in h200.MPS.values():
-        Path(d).mkdir(parents=True, exist_ok=True)
-    h200.mps(True, h200.gpu_name())
+    h200.mps(True, h200.gpu_name())  # the MPS daemon once, outside the namespaces, as h200.py starts it
     hosts, out, env, rows = Hosts(bed, n), Path(a.out) / f"gate-{n}hosts", h200.MPS | {"FASTCOLL_TIMEOUT": "120"}, []
     more = ["--rows", f"{gate_bench.ROW}:bfloat16", "--tokens", "20", "--exact", str(a.gate_exact)]
     decode = argparse.Namespace(shape=a.gate_shape, tokens=a.decode_tokens, repeat=a.decode_repeat)
@@ -140,7 +188,7 @@ def summary(runs: list[dict], systems: list[str]) -> str:
     fast = next((s for s in systems if s.startswith("fastcoll")), None)
     head = ["hosts", "link", "op", "size", *[f"{s} median (busbw GB/s)" for s in systems],
             *[f"{s} / {fast}" for s in systems if s != fast]]
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    rows = []
     for run in runs:
         pts = run["doc"]["points"]
         for op, size in _groups(run):
@@ -150,14 +198,14 @@ def summary(runs: list[dict], systems: list[str]) -> str:
             mine = _cell(pts, fast, op, size) if fast else None
             ratio = [f"{c['median_s'] / mine['median_s']:.2f}x" if c and mine else "" for s, c in zip(systems, cells)
                      if s != fast]
-            lines.append(f"| {run['hosts']} | {run['link']} | {op} | {size} | " + " | ".join(shown + ratio) + " |")
-    return "\n".join(lines)
+            rows.append([str(run["hosts"]), run["link"], op, str(size), *shown, *ratio])
+    return "\n".join(report.md_table(head, rows))
 
 
 def _save(a: argparse.Namespace, doc: dict) -> None:
     report.save(Path(a.out), "results", doc)
     report.save(Path(a.out), "summary", summary(doc["collectives"], a.systems) + "\n\n"
-                + (tp_hosts.table(doc["decode"]) if doc["decode"] else "") + "\n\n"
+                + (decode_table(doc["decode"]) if doc["decode"] else "") + "\n\n"
                 + (gate_table(doc["gate"], a) if doc["gate"] else "") + "\n")
 
 
@@ -172,20 +220,16 @@ def _part(a: argparse.Namespace, doc: dict, t0: float, name: str, fn):
 
 def _on_bed(a: argparse.Namespace, doc: dict, t0: float, n: int, links: list[str], what: str, fn) -> None:
     """Build a bed of n hosts; for each link, probe it (once a run) and run fn(bed, n, link, a)."""
-    with multihost.bed(n) as bed:
+    with netbed.Bed(n) as bed:
         doc["beds"].append(bed.describe())
         for link in links:
-            bed.set_link(*parse_link(link))
+            bed.set_link(*netbed.parse_link(link))
             if not any(x["hosts"] == n and x["link"] == link for x in doc["links"]):
-                probe = _part(a, doc, t0, f"probe {n} hosts {link}", lambda: probe_link(bed))
+                probe = _part(a, doc, t0, f"probe {n} hosts {link}", bed.probe_link)
                 if probe is not None:
                     doc["links"].append({"hosts": n, "link": link, **probe})
                     print(f"[{n} hosts, {link}] link: {json.dumps(probe)}", flush=True)
-            got = _part(a, doc, t0, f"{what} {n} hosts {link}", lambda: fn(bed, n, link, a))
-            if what == "collectives" and got is not None:
-                doc["collectives"].append({"hosts": n, "link": link, "doc": got})
-            elif got is not None:
-                doc[what] += got
+            doc[what] += _part(a, doc, t0, f"{what} {n} hosts {link}", lambda: fn(bed, n, link, a)) or []
             _save(a, doc)
 
 
@@ -197,7 +241,7 @@ def run_all(a: argparse.Namespace) -> dict:
     for n in a.hosts:
         _on_bed(a, doc, t0, n, a.links, "collectives", collectives)
     for n in a.decode_hosts:
-        _on_bed(a, doc, t0, n, a.decode_links, "decode", tp_hosts.measure)
+        _on_bed(a, doc, t0, n, a.decode_links, "decode", decode)
     for n in a.gate_hosts:
         _on_bed(a, doc, t0, n, a.gate_links, "gate", gate_hosts)
     _save(a, doc)
@@ -206,44 +250,42 @@ def run_all(a: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ints, names = lambda text: metrics.csv(text, int), metrics.csv
     p.add_argument("--out", required=True)
-    p.add_argument("--hosts", default="2,4", help="host counts for the collectives ('': none)")
-    p.add_argument("--links", default="unshaped,1gbit+50us")
-    p.add_argument("--systems", default="fastcoll-tcp,mlx-ring,mpi")
-    p.add_argument("--ops", default="all_reduce,all_gather,broadcast")
-    p.add_argument("--sizes", default="4,4096,67108864")
+    p.add_argument("--hosts", default="2,4", type=ints, help="host counts for the collectives ('': none)")
+    p.add_argument("--links", default="unshaped,1gbit+50us", type=names)
+    p.add_argument("--systems", default="fastcoll-tcp,mlx-ring,mpi", type=names)
+    p.add_argument("--ops", default="all_reduce,all_gather,broadcast", type=names)
+    p.add_argument("--sizes", default="4,4096,67108864", type=ints)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--budget", type=float, default=0.25, help="seconds per point and round")
     p.add_argument("--settle", type=float, default=harness.Config.settle_s)
     p.add_argument("--job-timeout", type=float, default=120)
-    p.add_argument("--decode-hosts", default="", help="host counts for mlx-lm decode (none by default)")
-    p.add_argument("--decode-links", default="unshaped,1gbit+50us")
-    p.add_argument("--decode-shapes", default="small", help=", ".join(tp_hosts.SHAPES))
-    p.add_argument("--decode-modes", default="tp",
+    p.add_argument("--decode-hosts", default="", type=ints, help="host counts for mlx-lm decode (none by default)")
+    p.add_argument("--decode-links", default="unshaped,1gbit+50us", type=names)
+    p.add_argument("--decode-shapes", default="small", type=names, help=", ".join(decode_bench.SHAPES))
+    p.add_argument("--decode-modes", default="tp", type=names,
                    help="tp (model.shard) in every shape, pp (model.model.pipeline) in the first shape")
-    p.add_argument("--decode-systems", default="fastcoll-graph,ring", help=", ".join(tp_hosts.SYSTEMS))
+    p.add_argument("--decode-systems", default="fastcoll-graph,ring", type=names,
+                   help=", ".join(multihost.DECODE_SYSTEMS))
     p.add_argument("--decode-rounds", type=int, default=3)
     p.add_argument("--decode-tokens", type=int, default=32, help="tokens a run generates")
     p.add_argument("--decode-repeat", type=int, default=2, help="runs a job makes; its median is its figure")
-    p.add_argument("--gate-hosts", default="", help="host counts for the GPU's gate across hosts (none by default)")
-    p.add_argument("--gate-links", default="unshaped,1gbit+50us")
+    p.add_argument("--gate-hosts", default="", type=ints,
+                   help="host counts for the GPU's gate across hosts (none by default)")
+    p.add_argument("--gate-links", default="unshaped,1gbit+50us", type=names)
     p.add_argument("--gate-exact", type=int, default=10048, help="gate_bench's --exact")
     p.add_argument("--gate-shape", default="8b", choices=sorted(decode_bench.SHAPES), help="decode_bench's --shape")
     p.add_argument("--deadline", type=float, default=1e9, help="seconds after which no part starts")
     a = p.parse_args(argv)
-    csv = lambda text, kind=str: [kind(s) for s in text.split(",") if s]
-    a.hosts, a.decode_hosts, a.gate_hosts = csv(a.hosts, int), csv(a.decode_hosts, int), csv(a.gate_hosts, int)
-    a.sizes = csv(a.sizes, int)
-    for name in ("links", "systems", "ops", "decode_links", "gate_links", "decode_shapes", "decode_modes", "decode_systems"):
-        setattr(a, name, csv(getattr(a, name)))
-    unknown = [s for s in a.decode_shapes if s not in tp_hosts.SHAPES]
-    unknown += [s for s in a.decode_systems if s.partition("/")[0] not in tp_hosts.SYSTEMS]
+    unknown = [s for s in a.decode_shapes if s not in decode_bench.SHAPES]
+    unknown += [s for s in a.decode_systems if s.partition("/")[0] not in multihost.DECODE_SYSTEMS]
     if unknown:
         p.error(f"unknown decode shape or system: {', '.join(unknown)}")
     try:
         links = a.links * bool(a.hosts) + a.decode_links * bool(a.decode_hosts) + a.gate_links * bool(a.gate_hosts)
         for link in links:  # a link it cannot read is refused before any bed is built
-            parse_link(link)
+            netbed.parse_link(link)
         for system in a.systems:  # a system the bed cannot start is refused before any bed is built
             multihost.bed_system(system)
     except ValueError as e:
@@ -251,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = run_all(a)
     print(summary(doc["collectives"], a.systems))
     if doc["decode"]:
-        print(tp_hosts.table(doc["decode"]))
+        print(decode_table(doc["decode"]))
     if doc["gate"]:
         print(gate_table(doc["gate"], a))
     return 0 if not doc["skipped"] and not any(r["problem"] for r in doc["gate"]) else 3

@@ -9,7 +9,7 @@ second here; the report prints GB/s (1e9 bytes per second, as nccl-tests does).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -55,11 +55,9 @@ def summarize(times: Sequence[float]) -> dict[str, float]:
     }
 
 
-def speedup(t_peer: float, t_fastcoll: float) -> float:
-    """How many times faster fastcoll is than a peer: t_peer / t_fastcoll (> 1: fastcoll wins)."""
-    if t_peer <= 0 or t_fastcoll <= 0:
-        raise ValueError("times must be positive")
-    return t_peer / t_fastcoll
+def csv(text: str, kind: Callable[[str], Any] = str) -> list:
+    """A command line's comma-separated list, each item read by `kind`; empty items dropped."""
+    return [kind(t.strip()) for t in text.split(",") if t.strip()]
 
 
 def parse_size(text: str) -> int:

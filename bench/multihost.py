@@ -1,17 +1,15 @@
-"""The bed's hosts and how each system's job starts across them, for bench/hostbed.py (the
-collectives) and bench/tp_hosts.py (mlx-lm decode); root and Linux only (docs/multihost.md).
+"""The bed's hosts and how each system's job starts across them, for bench/hostbed.py's parts (the
+collectives' systems and mlx-lm decode's); root and Linux only (docs/multihost.md).
 
 The bed is `tests/netbed.py`'s: each host its own cores where the machine has 8 CPUs or more
-(below that nothing is pinned), links shaped by bench/bedlink.c. A link is `unshaped` or
-`RATE+DELAY` (`1gbit+50us`, `0+200us` for a delay alone, `1gbit` for a rate alone).
+(below that nothing is pinned), links shaped by bench/bedlink.c as `netbed.parse_link` reads them
+(`unshaped`, `1gbit+50us`, `0+200us` for a delay alone, `1gbit` for a rate alone).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -19,28 +17,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import netbed  # noqa: E402
-from bench import harness  # noqa: E402
-from bench.systems import WORKERS, System, fastcoll_env, parse_system  # noqa: E402
+from bench import decode_bench, harness  # noqa: E402
+from bench.systems import WORKERS, System, fastcoll_env, parse_system, tool  # noqa: E402
 
 REPO = harness.REPO_ROOT
 PYTHON = sys.executable
-UNITS = {"gbit": 10**9, "mbit": 10**6, "kbit": 10**3}
-
-
-def parse_link(text: str) -> tuple[float | None, int | None]:
-    """(one-way delay in us, rate in bit/s) of `unshaped`, `1gbit+50us`, `0+200us` or `1gbit`."""
-    if text == "unshaped":
-        return None, None
-    rate, _, delay = text.partition("+")
-    bps = 0
-    if rate not in ("", "0"):
-        unit = next((u for u in UNITS if rate.endswith(u)), None)
-        if unit is None:
-            raise ValueError(f"link {text!r}: the rate must end in gbit, mbit or kbit (or be 0)")
-        bps = int(float(rate.removesuffix(unit)) * UNITS[unit])
-    if delay and not delay.endswith("us"):
-        raise ValueError(f"link {text!r}: the delay must end in us")
-    return float(delay.removesuffix("us") or 0), bps
+DECODE_SYSTEMS = ("fastcoll", "fastcoll-graph", "ring", "ring-mlx.launch", "floor")
+THREADS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}  # one core a rank, as the ranks share two
 
 
 def bed_system(name: str) -> System:
@@ -51,38 +34,22 @@ def bed_system(name: str) -> System:
     return s
 
 
-@contextlib.contextmanager
-def bed(hosts: int):
-    """A built bed of `hosts` hosts, torn down after the block."""
-    built = netbed.Bed(hosts).build()
-    try:
-        yield built
-    finally:
-        built.teardown()
-
-
 class Hosts:
-    """The bed's hosts and how each system's job is started across them."""
+    """The bed's hosts and how each system's job is started across them: the collectives' (`command`)
+    and decode's (`decode_command`)."""
 
     def __init__(self, bed: netbed.Bed, hosts: int) -> None:
         self.bed, self.port = bed, 41000
-        bindir = bed.root / "bin"  # an `ssh` that reaches the bed's hosts, for mlx.launch and hydra
-        if not (bindir / "ssh").exists():
-            bindir.mkdir(exist_ok=True)
-            (bindir / "ssh").write_text(f'#!/bin/sh\nexec {bed.ssh_command} "$@"\n')
-            (bindir / "ssh").chmod(0o755)
-        self.path = f"{bindir}:{os.path.dirname(PYTHON)}:{os.environ.get('PATH', '')}"
         # Beside this Python (a venv), else on PATH: where a machine that carried its packages has them.
-        self.mpiexec = os.environ.get("BENCH_MPIEXEC") or shutil.which("mpiexec", path=self.path) or "mpiexec"
-        self.mlx_launch = shutil.which("mlx.launch", path=self.path) or "mlx.launch"
+        self.mpiexec = os.environ.get("BENCH_MPIEXEC") or tool("mpiexec") or "mpiexec"
+        self.mlx_launch = tool("mlx.launch") or "mlx.launch"
         # The ranks' PYTHONPATH: the repository and the workers, then what the launcher's has
         # (a machine whose packages were carried in keeps them on PYTHONPATH, not in site-packages).
         carried = filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))
         self.pythonpath = os.pathsep.join([str(REPO), str(WORKERS), *carried])
         self.hosts = [bed.host(i) for i in range(1, hosts + 1)]
         self.hostfile = bed.hostfile(tuple(range(1, hosts + 1)), fmt="mpirun")
-        self.mlx_hostfile = bed.root / "mlx_hosts.json"
-        self.mlx_hostfile.write_text(json.dumps([{"ssh": h.name, "ips": [h.data[0]]} for h in self.hosts]))
+        self.mlx_hostfile = bed.hostfile(tuple(range(1, hosts + 1)), fmt="mlx")
 
     def fastcoll_launch(self, timeout: float, env: dict[str, str]) -> list[str]:
         """fastcoll-launch over the bed's ssh with the ranks' PYTHONPATH and `env`; a fresh port
@@ -95,7 +62,7 @@ class Hosts:
     def mlx_launch_ring(self, script: Path, args: list[str], env: dict[str, str]) -> list[str]:
         """`mlx.launch --backend ring` over the bed's ssh, as MLX's users start a job."""
         pairs = {"PYTHONPATH": self.pythonpath, **env}
-        return [self.mlx_launch, "--backend", "ring", "--hostfile", str(self.mlx_hostfile), "--starting-port",
+        return [self.mlx_launch, "--backend", "ring", "--hostfile", self.mlx_hostfile, "--starting-port",
                 str(self.port), "--python", PYTHON, "--cwd", str(REPO), *[f"--env={k}={v}" for k, v in pairs.items()],
                 "--", str(script), *args]
 
@@ -114,16 +81,37 @@ class Hosts:
                 "MPIR_CVAR_CH4_NETMOD", "ofi", "-genv", "FI_PROVIDER", "tcp", "-genv", "FI_TCP_IFACE", "d0",
                 "-wdir", str(REPO), PYTHON, str(s.worker), *args]
 
+    def decode_command(self, system: str, args: list[str], timeout: float) -> list[str]:
+        """The launcher's command line for one mlx-lm decode job of `system` (DECODE_SYSTEMS) running
+        workers/tp_worker.py with `args`; `floor` is `ring` with the model's all-reduces left out."""
+        name, _, knobs = system.partition("/")  # fastcoll/NAME=VALUE/...: with those FASTCOLL_TUNING knobs
+        worker = decode_bench.WORKER
+        if name in ("fastcoll", "fastcoll-graph"):
+            env = THREADS | {"FASTCOLL_TIMEOUT": "60"} | ({"FASTCOLL_TUNING": knobs.replace("/", ",")} if knobs else {})
+            env |= {"FASTCOLL_MLX_GRAPH": "1" if name == "fastcoll-graph" else "0"}  # "fastcoll": the eager path
+            return [*self.fastcoll_launch(timeout, env), PYTHON, "-m", "fastcoll.mlx_compat", str(worker), *args]
+        launch = self.fastcoll_launch(timeout, THREADS)
+        ring = self.bed.root / f"ring-{self.port}.json"
+        ring.write_text(json.dumps([[f"{h.data[0]}:{self.port + i}"] for i, h in enumerate(self.hosts)]))
+        if system in ("ring", "floor"):
+            args = [*args, "--no-exchange"] if system == "floor" else args
+            inner = f"MLX_RANK=$FASTCOLL_RANK MLX_HOSTFILE={ring} exec {PYTHON} {worker} " + " ".join(args)
+            return [*launch, "/bin/sh", "-c", inner]
+        if system == "ring-mlx.launch":
+            return self.mlx_launch_ring(worker, args, THREADS)
+        raise ValueError(f"unknown system {system!r}; known: {', '.join(DECODE_SYSTEMS)}")
+
     def launch(self, system: str, world: int, args: list[str], timeout: float) -> harness.JobResult:
         """harness.run's launch: one job across the hosts, started from the launcher namespace."""
         return self.run(self.command(system, args, timeout), timeout)
 
     def run(self, cmd: list[str], timeout: float, key: str | None = "points", host: int = 0,
             **env: str) -> harness.JobResult:
-        """cmd started from the launcher namespace (or on host `host`) with `env` added, the bed's
-        strays killed after."""
+        """cmd started from the launcher namespace (or on host `host`) with `env` added (the bed's
+        bin/ first on PATH: its `ssh`, which mlx.launch and hydra take from there), the bed's strays
+        killed after."""
         cmd = self.bed.in_host(host, cmd) if host else self.bed.in_ctl(cmd)
         try:
-            return harness.run_job([(cmd, self.bed.launcher_env(PATH=self.path, **env))], timeout + 30, key=key)
+            return harness.run_job([(cmd, self.bed.launcher_env(**env))], timeout + 30, key=key)
         finally:
             self.bed.kill_strays()

@@ -167,7 +167,8 @@ class Host:
 
 class Bed:
     """`Bed(hosts=4).build()`; `set_link(50, 10**9)` shapes the data link; `teardown()` removes
-    everything (also at exit). Offers what `bench/multihost.Hosts` uses of `netns.TestBed`."""
+    everything (also at exit); `with Bed(4) as bed:` builds and tears down around a block. Offers
+    what `bench/multihost.Hosts` uses of `netns.TestBed`."""
 
     def __init__(self, hosts: int = 2, base: str = BASE, cpus: int | None = None) -> None:
         if not 2 <= hosts <= 4:
@@ -186,6 +187,12 @@ class Bed:
         self._closed = False
 
     # ---- building
+
+    def __enter__(self) -> "Bed":
+        return self.build()
+
+    def __exit__(self, *exc) -> None:
+        self.teardown()
 
     def build(self) -> "Bed":
         if os.geteuid() != 0 or not sys.platform.startswith("linux"):
@@ -333,6 +340,25 @@ class Bed:
         words = self._relay_say("stats").split()[1:]
         return dict(w.split("=", 1) for w in words)
 
+    def probe_link(self, port: int = 47000, count: int = 500, mib: int = 64) -> dict:
+        """host1 -> host2 over d0 (tests/linkprobe.py): round trips, one stream of `mib` MiB, and
+        bedlink's lateness meanwhile; {"error": ...} where the probe failed."""
+        probe = [sys.executable, str(HERE.parent / "linkprobe.py")]
+        server = subprocess.Popen(self.in_host(2, [*probe, "serve", str(port), "60"]), stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+        try:
+            server.stdout.readline()  # "listening"
+            self.relay_stats()  # bedlink counts lateness from here
+            done = subprocess.run(self.in_host(1, [*probe, "probe", self.host(2).data[0], str(port), str(count),
+                                                   str(mib)]), capture_output=True, text=True, timeout=120)
+            if done.returncode != 0:
+                return {"error": done.stderr[-500:], "bedlink": self.relay_stats()}
+            return json.loads(done.stdout.strip().splitlines()[-1]) | {"bedlink": self.relay_stats()}
+        finally:
+            server.kill()
+            server.wait()
+            self.kill_strays()
+
     def _stop_relay(self) -> None:
         if self._relay is not None:
             try:
@@ -371,6 +397,8 @@ class Bed:
         chosen = [self.host(i) for i in hosts]
         if fmt == "json":
             text = json.dumps({"hosts": [{"ssh": h.name, "ips": list(h.data), "slots": slots} for h in chosen]})
+        elif fmt == "mlx":  # mlx.launch's --hostfile: a list of hosts, one process each
+            text = json.dumps([{"ssh": h.name, "ips": list(h.data)} for h in chosen])
         else:
             text = "".join(f"{h.name} slots={slots} ips={','.join(h.data)}\n" for h in chosen)
         path = self.root / (name or f"hosts-{'-'.join(map(str, hosts))}-{slots}.{fmt}")
@@ -417,6 +445,26 @@ class Bed:
         if self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
         atexit.unregister(self.teardown)
+
+
+LINK_UNITS = {"gbit": 10**9, "mbit": 10**6, "kbit": 10**3}
+
+
+def parse_link(text: str) -> tuple[float | None, int | None]:
+    """`set_link`'s (one-way delay in us, rate in bit/s) of a link as bench/hostbed.py names it:
+    `unshaped`, `1gbit+50us`, `0+200us` (a delay alone) or `1gbit` (a rate alone)."""
+    if text == "unshaped":
+        return None, None
+    rate, _, delay = text.partition("+")
+    bps = 0
+    if rate not in ("", "0"):
+        unit = next((u for u in LINK_UNITS if rate.endswith(u)), None)
+        if unit is None:
+            raise ValueError(f"link {text!r}: the rate must end in gbit, mbit or kbit (or be 0)")
+        bps = int(float(rate.removesuffix(unit)) * LINK_UNITS[unit])
+    if delay and not delay.endswith("us"):
+        raise ValueError(f"link {text!r}: the delay must end in us")
+    return float(delay.removesuffix("us") or 0), bps
 
 
 def kernel_has_tbf() -> str:

@@ -305,7 +305,7 @@ def _tokens(stdout: str) -> list[int]:
 
 
 def test_tp_worker_floor_leaves_the_all_reduces_out() -> None:
-    """tp_worker's --no-exchange (bench/tp_hosts.py's floor): two ranks run the split model
+    """tp_worker's --no-exchange (bench/hostbed.py's decode floor): two ranks run the split model
     without its all-reduces, so their tokens are not the whole model's, which the same split with
     its all-reduces makes; a pipeline has no such floor and is refused."""
     pytest.importorskip("mlx_lm")

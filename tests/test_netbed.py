@@ -1,5 +1,5 @@
 """The bed of tests/netbed.py and what bench/hostbed.py reads of it: the core plan, the ssh
-command line its `ssh` understands, the link settings (bench/multihost.py) and the summary (test_netbed_built.py
+command line its `ssh` understands, the link settings (netbed.parse_link) and the summary (test_netbed_built.py
 builds one); hostbed's gate part on a built bed (root; slow)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, ROOT)
 
 import netbed  # noqa: E402
-from bench import hostbed, multihost  # noqa: E402
+from bench import decode_bench, hostbed, multihost  # noqa: E402
 
 
 def test_sixteen_cpus_give_each_host_cores_of_its_own():
@@ -59,13 +59,13 @@ def test_ssh_without_a_host_is_refused():
     ("100mbit", (0.0, 10**8)), ("2.5gbit+10us", (10.0, 2_500_000_000)),
 ])
 def test_link_settings(text, want):
-    assert multihost.parse_link(text) == want
+    assert netbed.parse_link(text) == want
 
 
 @pytest.mark.parametrize("text", ["1gb+50us", "1gbit+50ms", "fast"])
 def test_a_link_setting_it_cannot_read_is_refused(text):
     with pytest.raises(ValueError, match="link"):
-        multihost.parse_link(text)
+        netbed.parse_link(text)
 
 
 def test_the_summary_compares_each_peer_with_fastcoll():
@@ -123,23 +123,21 @@ class _FakeBed:
 def test_every_job_on_the_bed_starts_through_one_launcher_line(tmp_path):
     """The collectives' and decode's jobs share Hosts' launcher lines: fastcoll-launch over the bed's
     ssh with the ranks' PYTHONPATH (and decode's one thread a rank), mlx.launch on the job's ports."""
-    from bench import tp_hosts
-
     hosts = multihost.Hosts(_FakeBed(tmp_path), 2)
     fast = hosts.command("fastcoll-tcp/py", ["--sizes", "4"], 30)
     assert fast[fast.index("--ssh") + 1] == "/bed/bin/ssh" and f"--env=PYTHONPATH={hosts.pythonpath}" in fast
     assert "--env=FASTCOLL_NATIVE=0" in fast and fast[-2:] == ["--sizes", "4"]
     with pytest.raises(ValueError, match="localhost's variants"):
         hosts.command("fastcoll-tcp/a2", [], 30)
-    graph = tp_hosts.command(hosts, "fastcoll-graph/yield_reads=0", ["--mode", "tp"], 60)
+    graph = hosts.decode_command("fastcoll-graph/yield_reads=0", ["--mode", "tp"], 60)
     assert "--env=OMP_NUM_THREADS=1" in graph and "--env=FASTCOLL_MLX_GRAPH=1" in graph
     assert "--env=FASTCOLL_TUNING=yield_reads=0" in graph and graph[graph.index("--timeout") + 1] == "60"
-    assert "--env=FASTCOLL_MLX_GRAPH=0" in tp_hosts.command(hosts, "fastcoll", ["--mode", "tp"], 60)  # eager, by name
-    ring = tp_hosts.command(hosts, "ring-mlx.launch", ["--mode", "tp"], 60)
+    assert "--env=FASTCOLL_MLX_GRAPH=0" in hosts.decode_command("fastcoll", ["--mode", "tp"], 60)  # eager, by name
+    ring = hosts.decode_command("ring-mlx.launch", ["--mode", "tp"], 60)
     assert ring[ring.index("--starting-port") + 1] == str(hosts.port) and "--env=OPENBLAS_NUM_THREADS=1" in ring
-    assert ring[-3:] == [str(tp_hosts.WORKER), "--mode", "tp"]
+    assert ring[-3:] == [str(decode_bench.WORKER), "--mode", "tp"]
     a = argparse.Namespace(decode_shapes=["small", "large"], decode_modes=["tp", "pp"])
-    assert tp_hosts.combos(a) == [("small", "tp"), ("large", "tp"), ("small", "pp")]
+    assert hostbed.decode_combos(a) == [("small", "tp"), ("large", "tp"), ("small", "pp")]
 
 
 SHM, TCP = "tcp, shared memory on 1 of 1 connections; native engine", "tcp; native engine"

@@ -4,7 +4,6 @@ nothing behind."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -17,7 +16,6 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, ROOT)
 
 import netbed  # noqa: E402
-from bench import hostbed  # noqa: E402
 
 
 def _bed_or_skip():
@@ -30,17 +28,9 @@ def _bed_or_skip():
 
 
 def _probe(bed) -> dict:
-    server = subprocess.Popen(bed.in_host(2, [sys.executable, str(hostbed.PROBE), "serve", "47001", "30"]),
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        server.stdout.readline()
-        done = subprocess.run(bed.in_host(1, [sys.executable, str(hostbed.PROBE), "probe", bed.host(2).data[0],
-                                              "47001", "40", "4"]), capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
-    finally:
-        server.kill()
-        server.wait()
+    got = bed.probe_link(port=47001, count=40, mib=4)
+    assert "error" not in got, got
+    return got
 
 
 def test_a_built_bed_delays_and_limits_its_shaped_link():

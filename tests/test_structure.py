@@ -315,3 +315,41 @@ def test_the_layer_check_sees_each_kind_of_crossing():
         f"a.py:2: imports fastcoll.gate.protocol.layout ({why})", f"a.py:3: imports fastcoll.gate ({why})",
         f"a.py:4: imports fastcoll.gate.device.kernels ({why})"]
     assert layer_breaks("fastcoll.gate.device.kernels", "k.py", gpu) == []  # the gate may import the GPU side
+
+
+# bench/'s Python (its scripts and workers; bench/records/ holds scripts of their time) within its
+# cap: a benchmark that outgrows it repeats itself somewhere (bench/README.md, "Scripts that are gone").
+BENCH_CAP = 2400
+
+
+def python_lines(folders: list[str]) -> dict[str, int]:
+    """Lines of each .py file directly in `folders` (not below them), by path from ROOT."""
+    found = {}
+    for folder in folders:
+        for name in sorted(os.listdir(os.path.join(ROOT, folder))):
+            if name.endswith(".py"):
+                with open(os.path.join(ROOT, folder, name)) as f:
+                    found[os.path.join(folder, name)] = sum(1 for _ in f)
+    return found
+
+
+def over_cap(lines: dict[str, int], cap: int) -> str | None:
+    """None within `cap`, else the total and the five largest files, largest first."""
+    total = sum(lines.values())
+    if total <= cap:
+        return None
+    largest = sorted(lines.items(), key=lambda kv: -kv[1])[:5]
+    return f"{total} lines, cap {cap}; largest: " + ", ".join(f"{path} {n}" for path, n in largest)
+
+
+def test_bench_python_stays_within_its_cap():
+    lines = python_lines(["bench", os.path.join("bench", "workers")])
+    assert "bench/harness.py" in lines and not any("records" in path for path in lines)
+    problem = over_cap(lines, BENCH_CAP)
+    assert problem is None, problem
+
+
+def test_the_cap_check_names_the_largest_files():
+    lines = {"bench/a.py": 10, "bench/b.py": 30, "bench/c.py": 20}
+    assert over_cap(lines, 60) is None
+    assert over_cap(lines, 59) == "60 lines, cap 59; largest: bench/b.py 30, bench/c.py 20, bench/a.py 10"

@@ -1,4 +1,4 @@
-"""One rank of bench/tp_hosts.py and bench/decode_bench.py: mlx-lm's own generation loop
+"""One rank of bench/hostbed.py's decode part and bench/decode_bench.py: mlx-lm's own generation loop
 (`generate_step`, greedy) over a model of random weights from `--seed` (nothing downloaded).
 
 `--mode tp`: mlx-lm's llama with `model.shard(group)`; `--mode pp`: its qwen2 with

@@ -1,8 +1,9 @@
 """What a link of the bed gives: round trips of small messages and one TCP stream's rate
-(bench/hostbed.py runs it between two hosts to record the delay and rate actually got).
+(tests/netbed.py's `Bed.probe_link` runs it between two hosts: bench/hostbed.py records the delay
+and rate actually got, tests/test_netbed_built.py checks that the shaping took).
 
-    python bench/linkprobe.py serve PORT SECONDS     # UDP echo, TCP echo and TCP sink on PORT
-    python bench/linkprobe.py probe ADDR PORT [COUNT] [MIB]
+    python tests/linkprobe.py serve PORT SECONDS     # UDP echo, TCP echo and TCP sink on PORT
+    python tests/linkprobe.py probe ADDR PORT [COUNT] [MIB]
 
 `probe` prints one JSON line: UDP and TCP (TCP_NODELAY) round trips of 64 B (microseconds:
 min, p10, median, p90 over COUNT after 20 unmeasured) and the rate of one TCP stream of MIB MiB
