@@ -11,6 +11,7 @@
 #include "py_common.h"
 
 #include "base/fc_mem.h"
+#include "core/fc_close.h"
 
 #include <string.h>
 #include <sys/socket.h>

@@ -1,5 +1,8 @@
 /* How the engine ends: the last words after an abort, the goodbye of a clean finalize, the
- * linger that lets the peers read them, and closing the links. */
+ * linger that lets the peers read them, and what a call that close() ended leaves. It is above
+ * the messages (its goodbye flushes); the links themselves are closed with the engine's state
+ * (fc_state.c), which opened them. */
+#include "fc_close.h"
 #include "fc_engine.h"
 
 #include <errno.h>
@@ -142,16 +145,5 @@ void fc_engine_forget_call(fc_engine *e)
             if (!c->link.send_errno)
                 c->link.send_errno = ECANCELED; /* its next push drops the frame unwritten */
         }
-    }
-}
-
-void fc_engine_close_links(fc_engine *e)
-{
-    if (!e->chans)
-        return;
-    for (int i = 0; i < e->size * e->channels; i++) {
-        if (e->chans[i].open)
-            fc_link_close(&e->chans[i].link);
-        e->chans[i].open = 0;
     }
 }

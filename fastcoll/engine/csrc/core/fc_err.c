@@ -1,5 +1,5 @@
-/* An fc_err, the engine's report of a failure to the binding (fc_engine.h). */
-#include "fc_engine.h"
+/* An fc_err, the engine's report of a failure to the binding (fc_err.h). */
+#include "fc_err.h"
 
 #include <stdio.h>
 #include <string.h>

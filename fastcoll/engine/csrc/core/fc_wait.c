@@ -10,7 +10,7 @@
 #if defined(__linux__) && !defined(_GNU_SOURCE)
 #define _GNU_SOURCE 1 /* sched_getcpu */
 #endif
-#include "fc_engine.h"
+#include "fc_wait.h"
 
 #include <errno.h>
 #include <sched.h>

@@ -36,7 +36,7 @@ size_t fc_wire_pack(uint8_t *out, size_t cap, int kind, int64_t seq, const uint8
 uint32_t fc_wire_body_length(const uint8_t prefix[FC_PREFIX]);
 
 /* Why an ABORT whose chunk (1 + the rank its sender waited for, 0 for none) names no rank of the
- * job is malformed (the receiver knows the job's size: fc_engine.c checks it). */
+ * job is malformed (the receiver knows the job's size: fc_state.c checks it). */
 #define FC_WIRE_ABORT_RANK "malformed header: an ABORT that names no rank of the job"
 
 /* Unpack a header body of `len` bytes (the signature well-formed UTF-8, as Python decodes it).
