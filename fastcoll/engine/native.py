@@ -36,7 +36,8 @@ import numpy as np
 from fastcoll import dtypes, testhooks, trace, wire
 from fastcoll.algorithms import select
 from fastcoll.config import AUTO_SPIN_US, for_host
-from fastcoll.engine import _native, door
+import fastcoll.engine._native as _native  # the compiled extension itself, no name of engine/__init__
+from fastcoll.engine import door
 from fastcoll.engine.base import Engine, Task, finalized_mid_call
 from fastcoll.engine.ops import KINDS, Op
 from fastcoll.engine.python import run_task
@@ -48,7 +49,7 @@ from fastcoll.wire import ABORT, Header
 
 door.check(_native)  # an extension of another surface is an ImportError naming what differs
 
-# The codes of fc_engine.h's enum fc_code, by name.
+# The codes of fc_err.h's enum fc_code, by name.
 _CODES = ("ok", "timeout_wait", "timeout_payload", "timeout_send", "closed", "closed_mid", "conn", "finalized",
           "malformed", "abort", "mismatch_call", "mismatch_chunk", "interrupted", "signal", "broken", "nomem",
           "internal", "gate_closed", "gate_protocol", "gate_spin", "shut")
