@@ -36,8 +36,7 @@ import numpy as np
 from fastcoll import dtypes, testhooks, trace, wire
 from fastcoll.algorithms import select
 from fastcoll.config import AUTO_SPIN_US, for_host
-import fastcoll.engine._native as _native  # the compiled extension itself, no name of engine/__init__
-from fastcoll.engine import door
+from fastcoll.engine import _native, door
 from fastcoll.engine.base import Engine, Task, finalized_mid_call
 from fastcoll.engine.ops import KINDS, Op
 from fastcoll.engine.python import run_task
