@@ -182,8 +182,8 @@ PyObject *py_submit_call(EngineObject *self, PyObject *fn);
 /* py_graph.c: graph_open(*, prefix, ranks, rank, limit, piece_bytes, all_reduce=(small_max,
  * small_algo, large_algo), all_gather=(the same), labels, dtype_names, op_names,
  * trace_calls=0, trace_phases=0 (both set: its calls are noted, py_graph_trace.c)) -> a capsule
- * of fc_graph_api (Runner.graph_open hands it out in a GraphTable); close refuses later calls (after the one under way); free at the engine's
- * end. */
+ * of fc_graph_api (Runner.graph_open hands it out in a GraphTable); close refuses later calls
+ * (after the one under way); free at the engine's end. */
 PyObject *py_graph_open(EngineObject *self, PyObject *args, PyObject *kw);
 void py_graph_close(EngineObject *self);
 void py_graph_free(EngineObject *self);
