@@ -239,7 +239,7 @@ class Group:
         labels = self.rank_names()
         rules = [select.by_size(c, self.size(), self.config) for c in ("all_reduce", "all_gather")]
         return prepared.graph_table(self._prefix, self._ranks, self.rank(), self.config.timeout,
-                                      self.config.piece_bytes, *rules, labels)
+                                      self.config.piece_bytes, *rules, labels, self._job.tracer)
 
     def drain_gate(self) -> None:
         """Evaluate gated results nobody has evaluated yet: they would hold the service queue

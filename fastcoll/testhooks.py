@@ -18,7 +18,8 @@ the timing windows of a job's set-up and of a collective are reached every time,
 
 and one factory: `set_gate_factory(fn)` makes init() take its fence gate from fn(config) (a gate
 over a simulated device, for the multi-process tests of the gate's host half) instead of probing
-the GPUs.
+the GPUs. `set_graph_trace_bounds(calls, phases)` makes a traced graph table (FASTCOLL_TRACE in
+graph mode) keep at most that many calls and phases, so that a test reaches the bound with a few.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any, Callable
 
 _hook: Callable[[str], None] | None = None
 _gate_factory: Callable[[Any], Any] | None = None
+_graph_trace_bounds: dict[str, int] | None = None
 
 
 def set_hook(fn: Callable[[str], None] | None) -> None:
@@ -50,3 +52,15 @@ def set_gate_factory(fn: Callable[[Any], Any] | None) -> None:
 def gate_factory() -> Callable[[Any], Any] | None:
     """The factory a test set, if any."""
     return _gate_factory
+
+
+def set_graph_trace_bounds(calls: int, phases: int) -> None:
+    """For tests only: a traced graph table opened after this keeps at most `calls` calls and
+    `phases` phases (graph_open's trace_calls and trace_phases)."""
+    global _graph_trace_bounds
+    _graph_trace_bounds = {"trace_calls": calls, "trace_phases": phases}
+
+
+def graph_trace_bounds() -> dict[str, int] | None:
+    """The bounds a test set, if any."""
+    return _graph_trace_bounds

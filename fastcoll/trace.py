@@ -4,7 +4,9 @@ Each rank writes `path` with `.rankN` before the extension (trace.json -> trace.
 `python -m fastcoll.trace merged.json trace.rank*.json` joins them into one file in which every
 rank is a process. Open it at ui.perfetto.dev or chrome://tracing. Phases: `queue` (submitted
 to started), the collective itself, `send`, `wait` (for a peer's header), `receive` (payload
-bytes), `reduce`, and `flush` (waiting for the sends to leave).
+bytes), `reduce`, and `flush` (waiting for the sends to leave). The calls MLX's graph makes in
+graph mode, which no Python sees, the engine notes itself; they are collected when the file is
+written (`add_collector`) and shown on a row of their own.
 
 `init()` checks the path at once (`check_path`: its directory must exist and be writable), and so
 does `fastcoll-launch` for the ranks it starts, so a bad path fails before any collective runs.
@@ -22,7 +24,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 PROG = "python -m fastcoll.trace"
 # The phases within a collective, by the names both engines write (the native engine's
@@ -55,13 +57,16 @@ def check_path(path: str, rank: int = 0, cwd: str | None = None) -> str:
 
 
 class Tracer:
-    """Collects complete ('X') events in memory; `write()` saves them as Chrome trace JSON."""
+    """Collects complete ('X') events in memory; `write()` saves them as Chrome trace JSON, with
+    the events each collector gives then (`add_collector`)."""
 
     def __init__(self, path: str, rank: int):
         self.path = rank_path(path, rank)
         self.rank = rank
         self.events: list[dict] = []
         self._threads: dict[int, str] = {}
+        self._lanes: dict[str, int] = {}
+        self._collectors: list[Callable[[], list[dict]]] = []
         self._lock = threading.Lock()
         # Wall-clock microseconds, so that the ranks of one host line up in a merged trace.
         self._offset_ns = time.time_ns() - time.perf_counter_ns()
@@ -74,20 +79,37 @@ class Tracer:
         """Record an event that began at start_ns (from now()) and ends now or at end_ns."""
         end_ns = time.perf_counter_ns() if end_ns is None else end_ns
         tid = threading.get_ident()
-        ev = {
-            "name": name,
-            "ph": "X",
-            "pid": self.rank,
-            "tid": tid,
-            "ts": (start_ns + self._offset_ns) / 1000,
-            "dur": (end_ns - start_ns) / 1000,
-        }
-        if args:
-            ev["args"] = args
+        ev = self.event(name, tid, start_ns, end_ns, **args)
         with self._lock:
             if tid not in self._threads:
                 self._threads[tid] = threading.current_thread().name
             self.events.append(ev)
+
+    def event(self, name: str, tid: int, start_ns: int, end_ns: int | None = None, **args) -> dict:
+        """A complete ('X') event of thread or lane `tid` from start_ns to end_ns (now()'s clock),
+        or an instant ('i') one at start_ns where end_ns is None; not recorded (a collector's)."""
+        ev = {"name": name, "ph": "X" if end_ns is not None else "i", "pid": self.rank, "tid": tid,
+              "ts": (start_ns + self._offset_ns) / 1000}
+        if end_ns is not None:
+            ev["dur"] = (end_ns - start_ns) / 1000
+        else:
+            ev["s"] = "t"  # an instant of its row
+        if args:
+            ev["args"] = args
+        return ev
+
+    def lane(self, name: str) -> int:
+        """The tid of a row named `name` for events no Python thread records (MLX's graph)."""
+        with self._lock:
+            if name not in self._lanes:
+                self._lanes[name] = len(self._lanes) + 1  # (a Python thread's ident is never this small)
+                self._threads[self._lanes[name]] = name
+            return self._lanes[name]
+
+    def add_collector(self, collect: Callable[[], list[dict]]) -> None:
+        """Call collect() as the file is written: its events (made with `event`) go in too."""
+        with self._lock:
+            self._collectors.append(collect)
 
     @contextmanager
     def phase(self, name: str, **args) -> Iterator[None]:
@@ -100,13 +122,14 @@ class Tracer:
 
     def write(self) -> str:
         """Write the trace file and return its path."""
+        collected = [ev for collect in list(self._collectors) for ev in collect()]
         meta = [{"name": "process_name", "ph": "M", "pid": self.rank, "args": {"name": f"rank {self.rank}"}}]
         meta += [
             {"name": "thread_name", "ph": "M", "pid": self.rank, "tid": tid, "args": {"name": name}}
             for tid, name in self._threads.items()
         ]
         with self._lock:
-            events = meta + list(self.events)
+            events = meta + list(self.events) + collected
         with open(self.path, "w") as f:
             json.dump({"traceEvents": events, "displayTimeUnit": "ns"}, f)
         return self.path

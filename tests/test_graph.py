@@ -16,6 +16,9 @@ MPI library (fastcoll/mlx_compat/csrc/mpi_abi.c over fastcoll/engine/csrc/bindin
   MismatchError naming both calls in the user's terms;
 - the library alone: what it says to MLX's probe, and what it refuses;
 - on the pure-Python engine (which has no table) graph mode says so and the eager path serves;
+- FASTCOLL_TRACE: every graph call in the rank's trace, once and in order, after init's calls,
+  with its phases inside it and its bytes and peers; a rank that traces alone beside an untraced
+  one; the table's bounds (set small by a test hook) keep the first calls and count the rest;
 - the default (FASTCOLL_MLX_GRAPH unset) is graph mode where it can run, and where it cannot (an
   MLX older than 0.29.4, one whose MPI backend loads nothing, the fence gate asked for) the eager
   path with a log line and no warning; =0 is the eager path; =1 where it cannot run warns.
@@ -23,6 +26,7 @@ MPI library (fastcoll/mlx_compat/csrc/mpi_abi.c over fastcoll/engine/csrc/bindin
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -287,3 +291,109 @@ def test_graph_mode_is_the_default_where_it_can_run_else_the_eager_path_quietly(
                                           ("unknown", True)])
 def test_mlx_older_than_0_29_4_cannot_run_graph_mode(version, old):
     assert graph.mlx_too_old(version) is old
+
+
+# graph_worker.py traced's calls on two ranks, in order: rank r's name for each, and the bytes it
+# sends and receives in it (a send's bytes go one way only)
+def _traced_calls(r: int) -> list[tuple[str, int, int]]:
+    p2p = "send" if r == 0 else "recv"
+    return [("s0c0/all_reduce(sum,float32,(16,))", 64, 64), ("s0c0/all_gather(int16,(3,))", 6, 6),
+            ("s0c0/all_reduce(max,int32,(4,))", 16, 16), (f"s0c0/{p2p}(0,1,uint8,(20,))", 20 * (r == 0), 20 * (r == 1)),
+            ("s0c0/all_reduce(sum,float32,(1,))", 4, 4)]
+
+
+PHASES = ("send", "wait", "receive", "reduce", "flush")
+
+
+def _rows(path) -> tuple[list[dict], list[dict], list[dict]]:
+    """A rank's trace: (its eager spans, its graph row's spans, the graph row's instants)."""
+    events = json.loads(path.read_text())["traceEvents"]
+    rows = [e["tid"] for e in events if e["ph"] == "M" and e["args"]["name"] == "MLX's graph"]
+    assert len(rows) == 1, events
+    eager = [e for e in events if e["ph"] == "X" and e["tid"] != rows[0]]
+    graph_row = [e for e in events if e["ph"] == "X" and e["tid"] == rows[0]]
+    return eager, graph_row, [e for e in events if e["ph"] == "i" and e["tid"] == rows[0]]
+
+
+def _inside(e: dict, call: dict) -> bool:
+    return call["ts"] <= e["ts"] and e["ts"] + e["dur"] <= call["ts"] + call["dur"] + 1
+
+
+@GRAPH_ONLY
+def test_graph_mode_trace_has_every_graph_call_with_its_phases(launch, tmp_path):
+    """FASTCOLL_TRACE in graph mode: each call MLX's graph made (all_sum, all_gather, all_max,
+    send/recv) is in the rank's trace once, in order, numbered, with a queue span and its phases
+    inside it; the sends and receives name the peer and add up to what the calls move; every
+    graph span comes after init's eager calls and lies within the job's time."""
+    path = tmp_path / "t.json"
+    began = time.time() * 1e6
+    assert_ok(launch(2, "graph_worker.py", "traced", FASTCOLL_MLX_GRAPH="1", FASTCOLL_TRACE=str(path)).wait(120))
+    ended = time.time() * 1e6
+    for r in range(2):
+        eager, row, instants = _rows(tmp_path / f"t.rank{r}.json")
+        calls = [e for e in row if e["name"] not in PHASES + ("queue",)]
+        want = _traced_calls(r)
+        assert [c["name"] for c in calls] == [name for name, _, _ in want], calls
+        assert [c["args"]["seq"] for c in calls] == [0, 1, 2, 0, 3], calls  # p2p messages: their own count
+        assert all(a["ts"] + a["dur"] <= b["ts"] for a, b in zip(calls, calls[1:])), "calls out of order"
+        assert len([e for e in row if e["name"] == "queue"]) == len(calls) and not instants, row
+        for call, (name, sent, received) in zip(calls, want):
+            inner = [e for e in row if e["name"] in PHASES and _inside(e, call)]
+            assert {e["name"] for e in inner} >= ({"send", "flush"} if sent else set()) | (
+                {"wait", "receive"} if received else set()), (name, inner)
+            assert all(e["args"]["peer"] == 1 - r for e in inner if e["name"] in ("send", "wait", "receive"))
+            assert sum(e["args"]["bytes"] for e in inner if e["name"] == "send") == sent, (name, inner)
+            assert sum(e["args"]["bytes"] for e in inner if e["name"] == "receive") == received, (name, inner)
+        assert sum(e["name"] in PHASES for e in row) == sum(
+            e["name"] in PHASES and any(_inside(e, c) for c in calls) for e in row), "a phase outside every call"
+        assert calls[3]["args"] == {"seq": 0, "peer": 1 - r, "bytes": 20}, calls[3]
+        init = [e for e in eager if e["name"].startswith(("split(", "all_reduce(min"))]
+        assert len(init) == 2, eager  # init's split and its all-ranks check
+        assert max(e["ts"] + e["dur"] for e in init) <= min(e["ts"] for e in row), "a graph span before init's"
+        assert began <= min(e["ts"] for e in eager) and max(e["ts"] + e["dur"] for e in row) <= ended
+
+
+@GRAPH_ONLY
+def test_graph_mode_rank_may_trace_alone_and_an_untraced_rank_writes_nothing(launch, tmp_path):
+    path = tmp_path / "t.json"
+    job = launch(2, "graph_worker.py", "traced", FASTCOLL_MLX_GRAPH="1",
+                 per_rank_env=lambda r: {"FASTCOLL_TRACE": str(path)} if r == 1 else {})
+    assert_ok(job.wait(120))
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["t.rank1.json"]
+    _, row, _ = _rows(tmp_path / "t.rank1.json")
+    assert [e["name"] for e in row if e["name"].startswith("s0c0/")] == [n for n, _, _ in _traced_calls(1)]
+
+
+@GRAPH_ONLY
+def test_graph_mode_trace_keeps_the_first_calls_and_phases_and_counts_the_rest(launch, tmp_path):
+    """A table that keeps 3 calls and 8 phases (the test hook's bounds): the first all_sum's 5
+    phases, the all_gather's first 3 (its 4th counted as its `dropped`), none of the all_max's
+    (all 5 counted); its 22 later calls counted in an instant at the first of them."""
+    path = tmp_path / "t.json"
+    assert_ok(launch(2, "graph_worker.py", "traced", "3", "8", FASTCOLL_MLX_GRAPH="1",
+                     FASTCOLL_TRACE=str(path)).wait(120))
+    for r in range(2):
+        _, row, instants = _rows(tmp_path / f"t.rank{r}.json")
+        calls = [e for e in row if e["name"].startswith("s0c0/")]
+        assert [c["name"] for c in calls] == [n for n, _, _ in _traced_calls(r)[:3]], calls
+        assert [c["args"].get("dropped", 0) for c in calls] == [0, 1, 5], calls
+        assert sum(e["name"] in PHASES for e in row) == 8
+        assert [(e["name"], e["args"]) for e in instants] == [("graph calls not kept", {"dropped": 22})], instants
+        assert instants[0]["ts"] >= calls[-1]["ts"] + calls[-1]["dur"]
+
+
+@GRAPH_ONLY
+def test_graph_mode_trace_shows_a_graph_call_waiting_behind_an_eager_one(launch, tmp_path):
+    """Rank 0's graph all_sum, made while its eager all_reduce (async_op=True) waits 1 s for rank
+    1, waits behind it on the engine: its queue span covers the wait, and the call itself starts
+    after the eager call ended."""
+    path = tmp_path / "t.json"
+    assert_ok(launch(2, "graph_worker.py", "queued", FASTCOLL_MLX_GRAPH="1", FASTCOLL_TRACE=str(path)).wait(120))
+    eager, row, _ = _rows(tmp_path / "t.rank0.json")
+    before = [e for e in eager if e["name"] == "all_reduce(sum,float32,(4,))"]
+    call = [e for e in row if e["name"] == "s0c0/all_reduce(sum,float32,(8,))"]
+    queue = [e for e in row if e["name"] == "queue"]
+    assert len(before) == len(call) == len(queue) == 1, (eager, row)
+    assert queue[0]["dur"] >= 200_000, queue  # (us) most of rank 1's second
+    assert abs(queue[0]["ts"] + queue[0]["dur"] - call[0]["ts"]) <= 1, (queue, call)
+    assert call[0]["ts"] >= before[0]["ts"] + before[0]["dur"], (before, call)

@@ -134,12 +134,13 @@ class Prepared(Protocol):
 
     def graph_table(self, prefix: str, ranks: tuple[int, ...], rank: int, limit: float, piece_bytes: int,
                     all_reduce: tuple[int, str, str], all_gather: tuple[int, str, str],
-                    labels: tuple[str, ...]) -> Any:
+                    labels: tuple[str, ...], tracer: Any = None) -> Any:
         """A capsule of the table that runs one group's collectives from MLX's evaluation thread
         without Python (fastcoll/engine/csrc/binding/fc_graph.h). The group (`prefix`, the job's
         `ranks`, this `rank` in it) must run nothing else: the table numbers its calls.
         all_reduce, all_gather: select.by_size's rule; labels: each member's name in error
-        messages."""
+        messages; tracer: the job's trace.Tracer, or None: the table notes its calls, which go
+        into the trace as it is written."""
 
     def result_memory(self, nbytes: int) -> Any:
         """Writable memory of `nbytes` for a large numpy result, which this engine takes back

@@ -14,8 +14,8 @@ from __future__ import annotations
 from types import ModuleType
 
 # The module's public names: its types (checked below) and the rest.
-MODULE = ("ALGORITHMS", "Completion", "DTYPES", "Engine", "GateHost", "KINDS", "Links", "NativeError", "OPS",
-          "OpSpec", "PHASES", "ResultCache", "Runner", "finish_mean", "link_kinds", "reduce")
+MODULE = ("ALGORITHMS", "Completion", "DTYPES", "Engine", "GateHost", "GraphTable", "KINDS", "Links", "NativeError",
+          "OPS", "OpSpec", "PHASES", "ResultCache", "Runner", "finish_mean", "link_kinds", "reduce")
 
 # Each type's public attributes (methods, fields).
 PUBLIC_API: dict[str, tuple[str, ...]] = {
@@ -27,6 +27,7 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     "Links": ("add", "flush", "info", "keep_unread", "next_header", "read_payload", "send", "send_raw"),
     "GateHost": ("attach", "outstanding", "release", "stop", "submit", "timings"),
     "Completion": ("code", "done", "wait"),
+    "GraphTable": ("capsule", "trace"),  # Runner.graph_open's: the table's capsule, its calls traced
     "ResultCache": ("close", "kept", "take"),
 }
 

@@ -306,15 +306,20 @@ class NativeEngine(Engine):
 
     def graph_table(self, prefix: str, ranks: tuple[int, ...], rank: int, limit: float, piece_bytes: int,
                     all_reduce: tuple[int, str, str], all_gather: tuple[int, str, str],
-                    labels: tuple[str, ...]) -> Any:
+                    labels: tuple[str, ...], tracer: Any = None) -> Any:
         rules = [(most, _ALGORITHM[small], _ALGORITHM[large]) for most, small, large in (all_reduce, all_gather)]
+        bounds = {} if tracer is None else testhooks.graph_trace_bounds() or GRAPH_TRACE_BOUNDS
         try:
             # the signatures name dtypes and ops as the eager path does, from fastcoll.dtypes
-            return self._runner.graph_open(prefix=prefix, ranks=tuple(ranks), rank=rank, limit=limit,
-                                           piece_bytes=piece_bytes, all_reduce=rules[0], all_gather=rules[1],
-                                           labels=tuple(labels), dtype_names=dtypes.names(), op_names=dtypes.OPS)
+            table = self._runner.graph_open(prefix=prefix, ranks=tuple(ranks), rank=rank, limit=limit,
+                                            piece_bytes=piece_bytes, all_reduce=rules[0], all_gather=rules[1],
+                                            labels=tuple(labels), dtype_names=dtypes.names(), op_names=dtypes.OPS,
+                                            **bounds)
         except _native.NativeError as e:  # closed: finalize() ran
             raise error_from(e.args, self.transport.rank) from None
+        if tracer is not None:
+            tracer.add_collector(GraphTrace(table, tracer))
+        return table.capsule
 
     def run_planned(self, plan: Any, seq: int, src: Any, dst: Any) -> None:
         try:
@@ -473,6 +478,58 @@ class NativeEngine(Engine):
                                  piece_bytes=task.piece_bytes, dtype=dtype, itemsize=itemsize,
                                  reduce=_REDUCE[op.reduce or "sum"], root=op.root, bounds=_bounds(op.bounds),
                                  recv_bounds=_bounds(op.recv_bounds), agree_counts=op.agree_counts, trace=trace)
+
+
+# What a traced graph table keeps at most (fastcoll/engine/csrc/binding/py_common.h says why: the
+# engine's own maxima, PY_GRAPH_TRACE_CALLS_MAX and PY_GRAPH_TRACE_PHASES_MAX).
+GRAPH_TRACE_BOUNDS = {"trace_calls": 1 << 17, "trace_phases": 1 << 20}
+
+
+class GraphTrace:
+    """The graph table's calls in the rank's trace (a Tracer's collector): what the engine noted
+    since the last time (GraphTable.trace), as the spans the eager path's traced calls have,
+    on a row of their own, "MLX's graph": the queue (where the call waited behind Python's),
+    the call named by its signature with its `seq` (and a send's or receive's peer and bytes),
+    and within it its phases; and, where calls were not kept, an instant naming how many."""
+
+    ROW = "MLX's graph"
+
+    def __init__(self, table: Any, tracer: Any):
+        self._table = table
+        self._tracer = tracer
+        self._events: list[dict] = []
+        self._dropped: dict | None = None
+
+    def __call__(self) -> list[dict]:
+        tracer = self._tracer
+        asked = tracer.now()
+        got = self._table.trace()
+        if got is None:
+            return []
+        shift = asked - got["now"]  # the engine's clock (fc_now) to the tracer's, as of the asking
+        tid = tracer.lane(self.ROW)
+        for call in got["calls"]:
+            self._events += self._spans(call, tid, shift)
+        if got["dropped"]:
+            self._dropped = tracer.event("graph calls not kept", tid, got["first_dropped"] + shift,
+                                         dropped=got["dropped"])
+        return self._events + ([self._dropped] if self._dropped is not None else [])
+
+    def _spans(self, call: dict, tid: int, shift: int) -> list[dict]:
+        event = self._tracer.event
+        events = [event("queue", tid, call["queued"] + shift, call["start"] + shift, seq=call["seq"])]
+        for phase, peer, nbytes, start, end in call["phases"]:
+            args = {} if peer < 0 else {"peer": peer}
+            if _PHASES[phase] in ("send", "receive", "reduce"):
+                args["bytes"] = nbytes
+            events.append(event(_PHASES[phase], tid, start + shift, end + shift, **args))
+        args = {"seq": call["seq"]}
+        if call["peer"] >= 0:
+            args.update(peer=call["peer"], bytes=call["bytes"])
+        if call["dropped"]:
+            args["dropped"] = call["dropped"]
+        events.append(event(call["name"], tid, call["start"] + shift, call["end"] + shift, **args))
+        return events
 
 
 # The longest a verbs link's set-up may wait for its peer (links.add's bound: a day).

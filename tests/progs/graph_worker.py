@@ -21,6 +21,14 @@ loads nothing) makes graph mode unable to run on this rank, as such an MLX would
                                        rank 1 comes late: the library ends rank 0 naming both
     python graph_worker.py finalize    fastcoll.finalize() while rank 0's graph all_sum still
                                        waits for its input: it waits for the call, then ends
+    python graph_worker.py traced [CALLS PHASES]
+                                       (with FASTCOLL_TRACE) an all_sum, an all_gather, an all_max,
+                                       a send from rank 0 to 1, (with CALLS and PHASES, the most a
+                                       traced table keeps: 20 all_sums more,) an all_sum, then
+                                       fastcoll.finalize()
+    python graph_worker.py queued      an eager all_reduce queued (async_op=True; rank 1 joins it
+                                       1 s late), then at once an all_sum in MLX's graph, which
+                                       waits behind it on rank 0
 """
 
 from __future__ import annotations
@@ -141,6 +149,35 @@ def threads(g) -> None:
     print("two threads' calls at once were not caught", flush=True)
 
 
+def traced(g, bounds: list[str]) -> None:
+    r, d = g.rank(), mx.distributed
+    mx.eval(d.all_sum(mx.ones((16,)), group=g))
+    mx.eval(d.all_gather(mx.full((3,), r, dtype=mx.int16), group=g))
+    mx.eval(d.all_max(mx.arange(4) + r, group=g))
+    if r == 0:
+        mx.eval(d.send(mx.arange(5, dtype=mx.float32), 1, group=g))
+    else:
+        mx.eval(d.recv((5,), mx.float32, 0, group=g))
+    for _ in range(20 if bounds else 0):  # more calls than the bound keeps
+        mx.eval(d.all_sum(mx.ones((16,)), group=g))
+    mx.eval(d.all_sum(mx.array(1.0), group=g))
+    fastcoll.finalize()
+    print(f"rank {r}: traced calls made", flush=True)
+
+
+def queued(g) -> None:
+    r = g.rank()
+    if r == 1:
+        time.sleep(1)
+    work = fastcoll.all_reduce(np.ones(4, np.float32), async_op=True)
+    y = mx.distributed.all_sum(mx.ones((8,)), group=g)
+    mx.eval(y)
+    work.wait()
+    assert y.tolist() == [2.0] * 8
+    fastcoll.finalize()
+    print(f"rank {r}: queued behind the eager call", flush=True)
+
+
 def unavailable(how: str) -> None:
     """Make graph mode unable to run here (FASTCOLL_TEST_GRAPH_UNAVAILABLE), as it cannot on an
     MLX older than 0.29.4 or one built without its MPI backend."""
@@ -158,8 +195,18 @@ def main() -> None:
     mx.set_default_device(mx.cpu)
     unavailable(os.environ.get("FASTCOLL_TEST_GRAPH_UNAVAILABLE", ""))
     mlx_compat.install()
-    g = mx.distributed.init()
     what = sys.argv[1]
+    if what == "traced" and sys.argv[2:]:  # before init(), which opens the graph's table
+        from fastcoll import testhooks
+
+        testhooks.set_graph_trace_bounds(int(sys.argv[2]), int(sys.argv[3]))
+    g = mx.distributed.init()
+    if what == "traced":
+        traced(g, sys.argv[2:])
+        return
+    if what == "queued":
+        queued(g)
+        return
     if what == "check":
         check(g)
     elif what == "die":

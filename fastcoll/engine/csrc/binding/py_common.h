@@ -21,7 +21,10 @@
  *   py_items.c    what the service thread runs: queued calls, Python functions, gates, the
  *                 last words; completions; the references released later with the GIL
  *   py_graph.c    the graph table: collectives MLX's evaluation thread calls without Python
- *   py_graph_names.c  the graph table's signatures, in the user's terms (fastcoll.dtypes' names)
+ *   py_graph_trace.c  the graph table's calls noted for the rank's trace (FASTCOLL_TRACE), and
+ *                 the GraphTable graph_open returns (the capsule, trace())
+ *   py_graph_names.c  the graph table's signatures and failures, in the user's terms
+ *                 (fastcoll.dtypes' names)
  *   py_results.c  the ResultCache type: memory for large results, kept between calls
  *
  * The GIL is released around every wait. The service thread never takes it to run a native
@@ -122,6 +125,9 @@ void py_op_call(py_op *o, fc_engine *e, fc_call *c, fc_err *err);
 /* A traced run's buffer (py_trace.c): taken (0, or -1 with MemoryError), then its phases for
  * Python, ((phase, peer, bytes, start_ns, end_ns) ..., dropped) with times since it was taken,
  * or the NativeError of a failed call, its `spans` attribute the same; either frees it. */
+/* The most phases one call keeps (more are counted as dropped): a 1 GiB all_reduce in 1 MiB
+ * pieces over 8 ranks notes about 6,000. */
+#define PY_TRACE_SPANS ((size_t)1 << 14)
 typedef struct py_trace {
     fc_trace t;
     fc_ns origin;
@@ -174,12 +180,44 @@ PyObject *py_submit_gate(EngineObject *self, PyObject *const *args, Py_ssize_t n
 PyObject *py_submit_call(EngineObject *self, PyObject *fn);
 
 /* py_graph.c: graph_open(*, prefix, ranks, rank, limit, piece_bytes, all_reduce=(small_max,
- * small_algo, large_algo), all_gather=(the same), labels, dtype_names, op_names) -> a capsule
- * of fc_graph_api; close refuses later calls (after the one under way); free at the engine's
- * end. */
+ * small_algo, large_algo), all_gather=(the same), labels, dtype_names, op_names,
+ * trace_calls=0, trace_phases=0 (both set: its calls are noted, py_graph_trace.c)) -> a capsule
+ * of fc_graph_api (Runner.graph_open hands it out in a GraphTable); close refuses later calls
+ * (after the one under way); free at the engine's end. */
 PyObject *py_graph_open(EngineObject *self, PyObject *args, PyObject *kw);
 void py_graph_close(EngineObject *self);
 void py_graph_free(EngineObject *self);
+
+/* py_graph_trace.c: the graph table's calls noted for the rank's trace (graph_open's
+ * trace_calls and trace_phases: the most calls and phases kept in all, each at most its
+ * maximum below). new: an empty record (NULL: no memory); begin (under the table's lock): 1 and
+ * c->trace set where the call is kept, else 0 (counted); started: the call began to run (where
+ * it waited behind the queue); end: it ended. detach (under the lock): what was noted since the
+ * last, handed over (NULL: no memory); report (with the GIL, no lock): that as Python's
+ * {"now", "calls", "dropped", "first_dropped"} (times in ns of fc_now, `now` when it was
+ * asked), freeing it. */
+#define PY_GRAPH_TRACE_NAME 192
+/* 32 MiB of phases and about 30 MiB of calls (with their names) at most: a token of
+ * tensor-parallel decode on two ranks makes two all_sums a layer of about 5 phases each (a
+ * 32-layer model: 64 calls, 320 phases), so some 2,000 tokens are kept, more than a trace viewer
+ * shows well; a pipelined token makes fewer. */
+#define PY_GRAPH_TRACE_CALLS_MAX ((size_t)1 << 17)
+#define PY_GRAPH_TRACE_PHASES_MAX ((size_t)1 << 20)
+typedef struct py_graph_trace py_graph_trace;
+typedef struct py_graph_batch py_graph_batch;
+py_graph_trace *py_graph_trace_new(size_t calls_max, size_t phases_max);
+void py_graph_trace_free(py_graph_trace *t);
+int py_graph_trace_begin(py_graph_trace *t, fc_call *c, const fc_op *op, const char *name, int64_t seq);
+void py_graph_trace_started(py_graph_trace *t);
+void py_graph_trace_end(py_graph_trace *t);
+py_graph_batch *py_graph_trace_detach(py_graph_trace *t);
+PyObject *py_graph_trace_report(py_graph_batch *b, fc_ns now);
+/* py_graph.c: the table's calls noted since the last (report's dict), or None where the table
+ * does not trace or was never opened. */
+PyObject *py_graph_traced(EngineObject *self);
+/* py_graph_trace.c: the GraphTable Runner.graph_open returns (it takes the capsule's reference). */
+PyObject *py_graph_table_new(EngineObject *engine, PyObject *capsule);
+extern PyTypeObject py_graph_table_type;
 
 /* py_graph_names.c: the names of fastcoll.dtypes (names() in fc_reduce.h's code order, OPS),
  * which the graph table's signatures use. */
@@ -197,6 +235,10 @@ void py_graph_sig_all_reduce(const py_graph_names *n, char *out, size_t size, co
 /* "<prefix>all_gather(float32,(4,))"; uint8 and the byte count where the dtype is not known. */
 void py_graph_sig_all_gather(const py_graph_names *n, char *out, size_t size, const char *prefix, size_t nbytes,
                              int name_dtype);
+
+/* The error as fastcoll/engine/native.py's error_from words it (its class first), `who` the
+ * peer's label and `limit` the table's time limit, into out (n bytes). */
+void py_graph_describe(const fc_err *e, const char *who, double limit, char *out, size_t n);
 
 /* py_engine.c: release the GIL for a wait; on the main thread, let the wait run Python's signal handlers. */
 #define WAIT_BEGIN(self)                                                     \

@@ -37,6 +37,7 @@ struct py_graph {
     int64_t *sent, *received; /* point-to-point messages to and from each group rank */
     uint8_t *scratch;         /* an in-place all_reduce's contribution */
     size_t scratch_bytes;
+    py_graph_trace *trace; /* the calls noted for FASTCOLL_TRACE (py_graph_trace.c); NULL: untraced */
 };
 
 /* ----- the end of the process ----- */
@@ -47,48 +48,6 @@ static const char *label(const py_graph *g, int job_rank)
         if (g->ranks[i] == job_rank)
             return g->labels[i];
     return "an unknown rank";
-}
-
-/* The error as fastcoll/engine/native.py's error_from words it (its class first). */
-static void describe(const py_graph *g, const fc_err *e, char *out, size_t n)
-{
-    const char *who = label(g, e->peer);
-    int len = (int)e->text_len;
-    switch (e->code) {
-    case FC_E_TIMEOUT_WAIT:
-    case FC_E_TIMEOUT_PAYLOAD:
-        snprintf(out, n, "CollectiveTimeoutError: %s did not answer within %g s", who, g->limit);
-        break;
-    case FC_E_TIMEOUT_SEND:
-        snprintf(out, n, "CollectiveTimeoutError: %s stopped taking data for %g s", who, g->limit);
-        break;
-    case FC_E_CLOSED:
-    case FC_E_CLOSED_MID:
-        snprintf(out, n, "PeerLostError: %s closed its connection (it exited or was killed)", who);
-        break;
-    case FC_E_CONN:
-    case FC_E_BROKEN:
-        snprintf(out, n, "PeerLostError: connection to %s failed: %s", who, len ? e->text : strerror(e->sys_errno));
-        break;
-    case FC_E_FINALIZED:
-        snprintf(out, n, "PeerLostError: %s called finalize() while this rank still needed it", who);
-        break;
-    case FC_E_MALFORMED:
-        snprintf(out, n, "PeerLostError: %s sent a malformed frame (%.*s)", who, len, e->text);
-        break;
-    case FC_E_ABORT:
-        snprintf(out, n, "PeerLostError: %s gave up: %.*s", who, len, e->text);
-        break;
-    case FC_E_MISMATCH_CALL:
-    case FC_E_MISMATCH_CHUNK:
-        snprintf(out, n, "MismatchError: %s called another collective (%.*s)", who, len, e->text);
-        break;
-    case FC_E_NOMEM:
-        snprintf(out, n, "FastcollError: the native engine ran out of memory");
-        break;
-    default:
-        snprintf(out, n, "FastcollError: internal error %d in the native engine (%.*s)", e->code, len, e->text);
-    }
 }
 
 /* Say what failed and end the process (fc_graph.h says why). */
@@ -102,7 +61,7 @@ static void fatal(const py_graph *g, const char *what, const char *why)
 static void fatal_err(const py_graph *g, const char *what, const fc_err *e)
 {
     char why[256 + FC_TEXT_MAX];
-    describe(g, e, why, sizeof why);
+    py_graph_describe(e, label(g, e->peer), g->limit, why, sizeof why);
     fatal(g, what, why);
 }
 
@@ -113,11 +72,14 @@ typedef struct {
     fc_call *call;
     const fc_op *op;
     fc_done *done;
+    py_graph_trace *trace; /* the call's start is noted here, if it is traced */
 } queued;
 
 static void run_queued(fc_item *it)
 {
     queued *q = (queued *)it;
+    if (q->trace)
+        py_graph_trace_started(q->trace);
     fc_done_finish(q->done, fc_run(q->call, q->op) ? (q->call->err->code ? q->call->err->code : FC_E_INTERNAL) : FC_OK);
 }
 
@@ -129,9 +91,9 @@ static void drop_queued(fc_item *it)
     fc_done_finish(q->done, FC_E_INTERNAL);
 }
 
-/* Run op as call (seq, sig) of the graph's group: here when the engine is idle, else behind the
- * queued calls on the service thread. Holds g->lock. */
-static void run(py_graph *g, const char *what, int64_t seq, const char *sig, const fc_op *op)
+/* Run op as call (seq, sig) of the graph's group (traced as `name`, sig where NULL): here when
+ * the engine is idle, else behind the queued calls on the service thread. Holds g->lock. */
+static void run(py_graph *g, const char *what, int64_t seq, const char *sig, const fc_op *op, const char *name)
 {
     EngineObject *o = g->owner;
     if (py_forked(o))
@@ -145,12 +107,15 @@ static void run(py_graph *g, const char *what, int64_t seq, const char *sig, con
     fc_err err;
     fc_call c;
     py_op_call(&fixed, &o->engine, &c, &err);
+    /* an untraced call's one test: c.trace stays NULL, its primitives' own branch */
+    py_graph_trace *traced = g->trace && py_graph_trace_begin(g->trace, &c, op, name ? name : sig, seq) ? g->trace
+                                                                                                       : NULL;
     int rc;
     if (fc_service_claim_if_idle(&o->service)) {
         rc = fc_run(&c, op);
         fc_service_release(&o->service);
     } else {
-        queued q = {{NULL, NULL, NULL}, &c, op, fc_done_new()};
+        queued q = {{NULL, NULL, NULL}, &c, op, fc_done_new(), traced};
         if (!q.done)
             fatal(g, what, "FastcollError: out of memory");
         q.base.run = run_queued;
@@ -160,6 +125,8 @@ static void run(py_graph *g, const char *what, int64_t seq, const char *sig, con
         rc = q.done->code != FC_OK;
         fc_done_unref(q.done);
     }
+    if (traced)
+        py_graph_trace_end(traced);
     if (rc) {
         atomic_store(&o->failed, 1);
         fatal_err(g, what, &err);
@@ -207,7 +174,7 @@ static int graph_all_reduce(void *ctx, const void *src, void *dst, size_t count,
     fc_op op = {.kind = FC_K_ALL_REDUCE, .algo = algorithm(g, G_ALL_REDUCE, nbytes), .dtype = dtype, .redop = redop,
                 .user = user, .user_type = user_type, .itemsize = size, .src = src, .src_count = count,
                 .dst = dst, .dst_count = count};
-    run(g, sig, g->seq++, sig, &op);
+    run(g, sig, g->seq++, sig, &op, NULL);
     pthread_mutex_unlock(&g->lock);
     return 0;
 }
@@ -224,7 +191,7 @@ static int graph_all_gather(void *ctx, const void *src, void *dst, size_t nbytes
     fc_op op = {.kind = FC_K_ALL_GATHER, .algo = algorithm(g, G_ALL_GATHER, nbytes * (size_t)g->size),
                 .dtype = FC_UINT8, .itemsize = 1, .src = src, .src_count = nbytes, .dst = dst,
                 .dst_count = nbytes * (size_t)g->size, .bounds = bounds};
-    run(g, sig, g->seq++, sig, &op);
+    run(g, sig, g->seq++, sig, &op, NULL);
     free(bounds);
     pthread_mutex_unlock(&g->lock);
     return 0;
@@ -246,10 +213,12 @@ static void p2p(py_graph *g, int kind, int peer, const void *src, void *dst, siz
     check_peer(g, what, peer);
     fc_op op = {.kind = kind, .algo = FC_A_DIRECT, .dtype = FC_UINT8, .root = peer, .itemsize = 1,
                 .src = src, .src_count = src ? nbytes : 0, .dst = dst, .dst_count = dst ? nbytes : 0};
-    char sig[SIG_MAX];
+    char sig[SIG_MAX], name[SIG_MAX];
     snprintf(sig, sizeof sig, "%sp2p(%d,%d,%zu)", g->prefix, from, to, nbytes);
+    if (g->trace) /* named as the eager path's messages are: its bytes, as uint8 */
+        snprintf(name, sizeof name, "%s%s(%d,%d,uint8,(%zu,))", g->prefix, what, from, to, nbytes);
     int64_t *count = kind == FC_K_SEND ? &g->sent[peer] : &g->received[peer];
-    run(g, what, (*count)++, sig, &op);
+    run(g, what, (*count)++, sig, &op, g->trace ? name : NULL);
     pthread_mutex_unlock(&g->lock);
 }
 
@@ -277,6 +246,7 @@ static void graph_free(py_graph *g)
     free(g->sent);
     free(g->received);
     fc_scratch_free(g->scratch);
+    py_graph_trace_free(g->trace);
     free(g);
 }
 
@@ -287,25 +257,44 @@ static void capsule_free(PyObject *capsule)
         Py_DECREF(g->owner);
 }
 
+/* The trace's bounds (both 0: untraced); 0, or -1 with a Python error. */
+static int trace_take(py_graph *g, Py_ssize_t calls, Py_ssize_t phases)
+{
+    if (!calls && !phases)
+        return 0;
+    if (calls < 1 || (size_t)calls > PY_GRAPH_TRACE_CALLS_MAX || phases < 1 ||
+        (size_t)phases > PY_GRAPH_TRACE_PHASES_MAX) {
+        PyErr_Format(PyExc_ValueError, "graph_open: trace_calls must be 1 to %zu and trace_phases 1 to %zu (both 0: "
+                     "untraced)", PY_GRAPH_TRACE_CALLS_MAX, PY_GRAPH_TRACE_PHASES_MAX);
+        return -1;
+    }
+    if (!(g->trace = py_graph_trace_new((size_t)calls, (size_t)phases))) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
 /* Fill g from the keywords prefix, ranks, rank, limit, piece_bytes, all_reduce (small_max,
- * small_algo, large_algo), all_gather (the same), labels, dtype_names, op_names; 0, or -1 with a
- * Python error. */
+ * small_algo, large_algo), all_gather (the same), labels, dtype_names, op_names, and
+ * trace_calls, trace_phases (optional); 0, or -1 with a Python error. */
 static int graph_fill(py_graph *g, PyObject *args, PyObject *kw, int job_size)
 {
     static char *kwlist[] = {"prefix", "ranks", "rank", "limit", "piece_bytes", "all_reduce", "all_gather",
-                             "labels", "dtype_names", "op_names", NULL};
+                             "labels", "dtype_names", "op_names", "trace_calls", "trace_phases", NULL};
     const char *prefix;
     PyObject *ranks, *labels, *dtypes, *ops;
     long long sm[G_KINDS];
+    Py_ssize_t trace[2] = {0, 0};
     if (PyTuple_GET_SIZE(args)) {
         PyErr_SetString(PyExc_TypeError, "graph_open takes keywords only");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO!idn(Lii)(Lii)O!OO", kwlist, &prefix, &PyTuple_Type, &ranks,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO!idn(Lii)(Lii)O!OO|nn", kwlist, &prefix, &PyTuple_Type, &ranks,
                                      &g->rank, &g->limit, &g->piece_bytes, &sm[0], &g->small_algo[0],
                                      &g->large_algo[0], &sm[1], &g->small_algo[1], &g->large_algo[1],
-                                     &PyTuple_Type, &labels, &dtypes, &ops) ||
-        py_graph_names_take(&g->names, dtypes, ops))
+                                     &PyTuple_Type, &labels, &dtypes, &ops, &trace[0], &trace[1]) ||
+        py_graph_names_take(&g->names, dtypes, ops) || trace_take(g, trace[0], trace[1]))
         return -1;
     g->size = (int)PyTuple_GET_SIZE(ranks);
     if (strlen(prefix) >= PREFIX_MAX || g->size < 1 || g->size > job_size || PyTuple_GET_SIZE(labels) != g->size ||
@@ -382,6 +371,21 @@ void py_graph_close(EngineObject *self)
     pthread_mutex_lock(&g->lock); /* after the call under way, if any */
     g->open = 0;
     pthread_mutex_unlock(&g->lock);
+}
+
+PyObject *py_graph_traced(EngineObject *self)
+{
+    py_graph *g = self->graph;
+    if (!g || !g->trace || py_forked(self)) /* a forked child's copy: its lock may be held */
+        Py_RETURN_NONE;
+    fc_ns now = fc_now();
+    py_graph_batch *b;
+    Py_BEGIN_ALLOW_THREADS /* a call under way holds the lock and may wait for Python */
+    pthread_mutex_lock(&g->lock);
+    b = py_graph_trace_detach(g->trace);
+    pthread_mutex_unlock(&g->lock);
+    Py_END_ALLOW_THREADS
+    return b ? py_graph_trace_report(b, now) : PyErr_NoMemory();
 }
 
 void py_graph_free(EngineObject *self)

@@ -1,5 +1,6 @@
-/* How the graph table names its calls: in the user's terms, as the eager path does
- * ("s0c0/all_reduce(sum,float32,(64,))"), so that a mismatch reads alike in both modes. The
+/* How the graph table names its calls, and words their failures: in the user's terms, as the
+ * eager path does ("s0c0/all_reduce(sum,float32,(64,))"; "PeerLostError: rank 1 (host h) closed
+ * its connection ..."), so that a mismatch or a lost peer reads alike in both modes. The
  * names are fastcoll.dtypes' (names() in code order, and OPS), which Python hands over when the
  * table opens: one table of names for both paths. Every rank builds the same signature for the
  * same call (they are compared on the wire), so nothing rank-specific goes into one. */
@@ -65,4 +66,44 @@ void py_graph_sig_all_gather(const py_graph_names *n, char *out, size_t size, co
         item = 1;
     }
     snprintf(out, size, "%sall_gather(%s,(%zu,))", prefix, dtype_name(n, name_dtype), nbytes / item);
+}
+
+void py_graph_describe(const fc_err *e, const char *who, double limit, char *out, size_t n)
+{
+    int len = (int)e->text_len;
+    switch (e->code) {
+    case FC_E_TIMEOUT_WAIT:
+    case FC_E_TIMEOUT_PAYLOAD:
+        snprintf(out, n, "CollectiveTimeoutError: %s did not answer within %g s", who, limit);
+        break;
+    case FC_E_TIMEOUT_SEND:
+        snprintf(out, n, "CollectiveTimeoutError: %s stopped taking data for %g s", who, limit);
+        break;
+    case FC_E_CLOSED:
+    case FC_E_CLOSED_MID:
+        snprintf(out, n, "PeerLostError: %s closed its connection (it exited or was killed)", who);
+        break;
+    case FC_E_CONN:
+    case FC_E_BROKEN:
+        snprintf(out, n, "PeerLostError: connection to %s failed: %s", who, len ? e->text : strerror(e->sys_errno));
+        break;
+    case FC_E_FINALIZED:
+        snprintf(out, n, "PeerLostError: %s called finalize() while this rank still needed it", who);
+        break;
+    case FC_E_MALFORMED:
+        snprintf(out, n, "PeerLostError: %s sent a malformed frame (%.*s)", who, len, e->text);
+        break;
+    case FC_E_ABORT:
+        snprintf(out, n, "PeerLostError: %s gave up: %.*s", who, len, e->text);
+        break;
+    case FC_E_MISMATCH_CALL:
+    case FC_E_MISMATCH_CHUNK:
+        snprintf(out, n, "MismatchError: %s called another collective (%.*s)", who, len, e->text);
+        break;
+    case FC_E_NOMEM:
+        snprintf(out, n, "FastcollError: the native engine ran out of memory");
+        break;
+    default:
+        snprintf(out, n, "FastcollError: internal error %d in the native engine (%.*s)", e->code, len, e->text);
+    }
 }

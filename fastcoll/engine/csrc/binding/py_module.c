@@ -174,6 +174,7 @@ PyMODINIT_FUNC PyInit__native(void)
 {
     if (PyType_Ready(&py_engine_type) || PyType_Ready(&py_runner_type) || PyType_Ready(&py_links_type) ||
         PyType_Ready(&py_gate_type) || PyType_Ready(&py_spec_type) || PyType_Ready(&py_completion_type) ||
+        PyType_Ready(&py_graph_table_type) ||
         py_results_ready())
         return NULL;
     if (pthread_atfork(NULL, NULL, forked_child)) {
@@ -193,6 +194,7 @@ PyMODINIT_FUNC PyInit__native(void)
         add(m, "Links", Py_NewRef((PyObject *)&py_links_type)) ||
         add(m, "GateHost", Py_NewRef((PyObject *)&py_gate_type)) ||
         add(m, "OpSpec", Py_NewRef((PyObject *)&py_spec_type)) ||
+        add(m, "GraphTable", Py_NewRef((PyObject *)&py_graph_table_type)) ||
         add(m, "ResultCache", Py_NewRef((PyObject *)&py_result_cache_type)) ||
         add(m, "DTYPES", names(DTYPE_NAMES, FC_DTYPE_COUNT)) || add(m, "OPS", names(OP_NAMES, FC_OP_COUNT)) ||
         add(m, "KINDS", names(KIND_NAMES, FC_K_COUNT)) || add(m, "ALGORITHMS", names(ALGO_NAMES, FC_A_COUNT)) ||

@@ -1,7 +1,7 @@
 /* The Runner: an Engine's collectives. The run lock (claim_if_idle, release), OpSpecs
  * (py_spec.c), a call run on the caller's thread or queued for the service thread (py_items.c),
  * a Python function queued behind them, the handler of a queued call's failure, and the graph
- * table MLX's evaluation thread calls (py_graph.c). */
+ * table MLX's evaluation thread calls (py_graph.c), as a GraphTable (py_graph_trace.c). */
 #include "py_common.h"
 
 /* claim_if_idle(): True, and the run lock is this thread's, if nothing is queued or running;
@@ -96,7 +96,8 @@ static PyObject *on_failure(PyObject *runner, PyObject *fn)
 static PyObject *graph_open(PyObject *runner, PyObject *args, PyObject *kw)
 {
     EngineObject *self = FACET(runner);
-    return py_usable(self) ? py_graph_open(self, args, kw) : NULL;
+    PyObject *capsule = py_usable(self) ? py_graph_open(self, args, kw) : NULL;
+    return capsule ? py_graph_table_new(self, capsule) : NULL;
 }
 
 #define FASTCALL(f) (PyCFunction)(void (*)(void))(f)
@@ -111,7 +112,7 @@ static PyMethodDef runner_methods[] = {
     {"on_failure", on_failure, METH_O, "on_failure(fn): fn(task, work, info, waited) when a queued call fails"},
     {"graph_open", FASTCALL(graph_open), METH_VARARGS | METH_KEYWORDS,
      "graph_open(*, prefix, ranks, rank, limit, piece_bytes, all_reduce, all_gather, labels, dtype_names, "
-     "op_names): the graph table's capsule"},
+     "op_names, trace_calls=0, trace_phases=0) -> GraphTable (its capsule; trace())"},
     {NULL, NULL, 0, NULL},
 };
 

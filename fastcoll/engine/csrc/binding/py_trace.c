@@ -5,10 +5,6 @@
 
 #include <stdlib.h>
 
-/* The most phases one call keeps (more are counted as dropped): a 1 GiB all_reduce in 1 MiB
- * pieces over 8 ranks notes about 6,000. */
-#define PY_TRACE_SPANS ((size_t)1 << 14)
-
 int py_trace_begin(py_trace *pt)
 {
     pt->t.spans = malloc(PY_TRACE_SPANS * sizeof *pt->t.spans);
