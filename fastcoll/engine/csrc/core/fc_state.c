@@ -74,24 +74,29 @@ void fc_engine_free(fc_engine *e)
     e->pfd_chan = NULL;
 }
 
+int64_t fc_peek_body_length(fc_link *l, uint32_t *announced)
+{
+    if (fc_link_have(l) < FC_PREFIX)
+        return -1;
+    uint8_t prefix[FC_PREFIX];
+    fc_link_peek(l, prefix, FC_PREFIX, 0);
+    return fc_wire_body_length(prefix, announced);
+}
+
 int fc_chan_parse(fc_engine *e, fc_chan *c, fc_err *err)
 {
     fc_link *l = &c->link;
-    size_t have = fc_link_have(l);
-    if (have < FC_PREFIX)
+    uint32_t announced;
+    int64_t body = fc_peek_body_length(l, &announced);
+    if (body < 0)
         return 0;
-    uint8_t prefix[FC_PREFIX];
-    fc_link_peek(l, prefix, FC_PREFIX, 0);
-    uint32_t body = fc_wire_body_length(prefix);
     const char *why = NULL;
     char bad[64];
     if (!body) {
-        uint32_t n = (uint32_t)prefix[0] | (uint32_t)prefix[1] << 8 | (uint32_t)prefix[2] << 16 |
-                     (uint32_t)prefix[3] << 24;
-        snprintf(bad, sizeof bad, "header length %u outside 1..%d", n, FC_MAX_HEADER);
+        snprintf(bad, sizeof bad, "header length %u outside 1..%d", announced, FC_MAX_HEADER);
         why = bad;
     } else {
-        if (have < FC_PREFIX + (size_t)body)
+        if (fc_link_have(l) < FC_PREFIX + (size_t)body)
             return 0;
         fc_link_peek(l, c->store, body, FC_PREFIX);
         fc_link_take(l, NULL, FC_PREFIX + (size_t)body);

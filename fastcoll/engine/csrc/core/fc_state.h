@@ -84,6 +84,11 @@ static inline int fc_chan_peer(fc_engine *e, fc_chan *c)
     return (int)((c - e->chans) / e->channels);
 }
 
+/* The length of the header body l's buffered prefix announces (0: outside 1..FC_MAX_HEADER;
+ * *announced: the length as it reads), or -1 before the whole prefix has come: the one reading
+ * of a prefix that both parsing and the poll loop's "is a whole header here" use. */
+int64_t fc_peek_body_length(fc_link *l, uint32_t *announced);
+
 /* Read the next header from c's link into c->header (its signature in c->store): 1 read,
  * 0 not all of it has arrived, -1 malformed (err: FC_E_MALFORMED). */
 int fc_chan_parse(fc_engine *e, fc_chan *c, fc_err *err);

@@ -219,13 +219,9 @@ static void watch(fc_engine *e, int *n, fc_chan *c, short events)
  * not report: on TCP it came in one read with what went before it. */
 static int header_buffered(fc_link *l)
 {
-    size_t have = fc_link_have(l);
-    if (have < FC_PREFIX)
-        return 0;
-    uint8_t prefix[FC_PREFIX];
-    fc_link_peek(l, prefix, FC_PREFIX, 0);
-    uint32_t body = fc_wire_body_length(prefix);
-    return body == 0 || have >= FC_PREFIX + (size_t)body;
+    uint32_t announced;
+    int64_t body = fc_peek_body_length(l, &announced);
+    return body == 0 || (body > 0 && fc_link_have(l) >= FC_PREFIX + (size_t)body);
 }
 
 /* The longest sleep the watched links allow, in ms (0: no bound), narrowed by l's. */

@@ -73,10 +73,11 @@ size_t fc_wire_pack(uint8_t *out, size_t cap, int kind, int64_t seq, const uint8
     return FC_PREFIX + body;
 }
 
-uint32_t fc_wire_body_length(const uint8_t prefix[FC_PREFIX])
+uint32_t fc_wire_body_length(const uint8_t prefix[FC_PREFIX], uint32_t *announced)
 {
     uint32_t n = (uint32_t)prefix[0] | (uint32_t)prefix[1] << 8 | (uint32_t)prefix[2] << 16 |
                  (uint32_t)prefix[3] << 24;
+    *announced = n;
     return (n == 0 || n > FC_MAX_HEADER) ? 0 : n;
 }
 

@@ -32,8 +32,9 @@ typedef struct fc_header {
 size_t fc_wire_pack(uint8_t *out, size_t cap, int kind, int64_t seq, const uint8_t *sig, size_t sig_len,
                     int64_t chunk, int64_t nbytes);
 
-/* The header length a 4-byte prefix announces, or 0 when it lies outside 1..FC_MAX_HEADER. */
-uint32_t fc_wire_body_length(const uint8_t prefix[FC_PREFIX]);
+/* The header length a 4-byte prefix announces (*announced: as it reads, for a message), or 0
+ * when it lies outside 1..FC_MAX_HEADER. */
+uint32_t fc_wire_body_length(const uint8_t prefix[FC_PREFIX], uint32_t *announced);
 
 /* Why an ABORT whose chunk (1 + the rank its sender waited for, 0 for none) names no rank of the
  * job is malformed (the receiver knows the job's size: fc_state.c checks it). */
