@@ -64,10 +64,13 @@ def decode(bed: netbed.Bed, n: int, link: str, a: argparse.Namespace) -> list[di
     of a bed of n hosts, `--decode-rounds` rounds, the systems alternating each round beside one
     process (`single`); docs/multihost.md tells what each system, shape and link is."""
     hosts, rows = Hosts(bed, n), []
+    a.decode_trace = a.decode_trace and str(Path(a.decode_trace).resolve())  # the ranks' cwd is not ours
+    _ = a.decode_trace and Path(a.decode_trace).mkdir(parents=True, exist_ok=True)
     for shape, mode in decode_combos(a):
         model = decode_bench.SHAPES[shape].split()
         args = ["--mode", mode, "--tokens", str(a.decode_tokens), "--repeat", str(a.decode_repeat), *model]
         single = ["--mode", "single", *args[2:]] + (["--model", "qwen2"] if mode == "pp" else [])
+        hosts.trace = a.decode_trace and f"{a.decode_trace}/{n}hosts-{link}-{shape}-{mode}"  # the last round's stays
         systems = [s for s in a.decode_systems if s != "floor" or mode == "tp"]  # a pipeline has no floor without its sends
         for r in range(a.decode_rounds):
             order = ["single", *(systems if r % 2 == 0 else systems[::-1])]
@@ -270,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
                    help=", ".join(multihost.DECODE_SYSTEMS))
     p.add_argument("--decode-rounds", type=int, default=3)
     p.add_argument("--decode-tokens", type=int, default=32, help="tokens a run generates")
+    p.add_argument("--decode-trace", help="where decode's fastcoll jobs write FASTCOLL_TRACE (each configuration's last round)")
     p.add_argument("--decode-repeat", type=int, default=2, help="runs a job makes; its median is its figure")
     p.add_argument("--gate-hosts", default="", type=ints,
                    help="host counts for the GPU's gate across hosts (none by default)")

@@ -39,7 +39,7 @@ class Hosts:
     and decode's (`decode_command`)."""
 
     def __init__(self, bed: netbed.Bed, hosts: int) -> None:
-        self.bed, self.port = bed, 41000
+        self.bed, self.port, self.trace = bed, 41000, None  # trace: decode's FASTCOLL_TRACE, less "-SYSTEM.json"
         # Beside this Python (a venv), else on PATH: where a machine that carried its packages has them.
         self.mpiexec = os.environ.get("BENCH_MPIEXEC") or tool("mpiexec") or "mpiexec"
         self.mlx_launch = tool("mlx.launch") or "mlx.launch"
@@ -89,6 +89,7 @@ class Hosts:
         if name in ("fastcoll", "fastcoll-graph"):
             env = THREADS | {"FASTCOLL_TIMEOUT": "60"} | ({"FASTCOLL_TUNING": knobs.replace("/", ",")} if knobs else {})
             env |= {"FASTCOLL_MLX_GRAPH": "1" if name == "fastcoll-graph" else "0"}  # "fastcoll": the eager path
+            env |= {"FASTCOLL_TRACE": f"{self.trace}-{name}.json"} if self.trace else {}
             return [*self.fastcoll_launch(timeout, env), PYTHON, "-m", "fastcoll.mlx_compat", str(worker), *args]
         launch = self.fastcoll_launch(timeout, THREADS)
         ring = self.bed.root / f"ring-{self.port}.json"
