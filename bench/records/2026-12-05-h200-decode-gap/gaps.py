@@ -1,5 +1,5 @@
 """Where a host-mode decode token's time goes, from FASTCOLL_GATE_PROFILE's per-gate lines:
-python3 gaps.py profile/profile1.txt.gz profile/profile2.txt.gz (bench/NOTES.md 81).
+python3 gaps.py profile/profile1.txt profile/profile2.txt (bench/NOTES.md 81).
 
 Per rank: the arrival waits (from the service thread's start on a gate to the GPU's arrival) of the
 token's first gate and of the other 63, and the exchanges, summed per token over steady tokens
@@ -15,7 +15,7 @@ GATES_A_TOKEN = 64
 
 for path in sys.argv[1:]:
     ranks: dict[str, dict[int, list[tuple[int, float, float]]]] = {}
-    with gzip.open(path, "rt") as f:
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:  # plain in raw.tar.xz, xz being the smaller
         for line in f:
             m = LINE.match(line)
             if m and 1000 <= int(m[2]) < 6000:
