@@ -89,7 +89,7 @@ class Hosts:
         if name in ("fastcoll", "fastcoll-graph"):
             env = THREADS | {"FASTCOLL_TIMEOUT": "60"} | ({"FASTCOLL_TUNING": knobs.replace("/", ",")} if knobs else {})
             env |= {"FASTCOLL_MLX_GRAPH": "1" if name == "fastcoll-graph" else "0"}  # "fastcoll": the eager path
-            env |= {"FASTCOLL_TRACE": f"{self.trace}-{name}.json"} if self.trace else {}
+            env |= {"FASTCOLL_TRACE": f"{self.trace}-{system.replace('/', '+').replace('=', '')}.json"} if self.trace else {}
             return [*self.fastcoll_launch(timeout, env), PYTHON, "-m", "fastcoll.mlx_compat", str(worker), *args]
         launch = self.fastcoll_launch(timeout, THREADS)
         ring = self.bed.root / f"ring-{self.port}.json"
