@@ -21,8 +21,8 @@
  *   py_items.c    what the service thread runs: queued calls, Python functions, gates, the
  *                 last words; completions; the references released later with the GIL
  *   py_graph.c    the graph table: collectives MLX's evaluation thread calls without Python
- *   py_graph_trace.c  the graph table's calls noted for the rank's trace (FASTCOLL_TRACE), and
- *                 the GraphTable graph_open returns (the capsule, trace())
+ *   py_graph_trace.c  the graph table's calls noted for the rank's trace (FASTCOLL_TRACE)
+ *   py_graph_table.c  the GraphTable graph_open returns (the capsule, trace())
  *   py_graph_names.c  the graph table's signatures and failures, in the user's terms
  *                 (fastcoll.dtypes' names)
  *   py_results.c  the ResultCache type: memory for large results, kept between calls
@@ -215,7 +215,7 @@ PyObject *py_graph_trace_report(py_graph_batch *b, fc_ns now);
 /* py_graph.c: the table's calls noted since the last (report's dict), or None where the table
  * does not trace or was never opened. */
 PyObject *py_graph_traced(EngineObject *self);
-/* py_graph_trace.c: the GraphTable Runner.graph_open returns (it takes the capsule's reference). */
+/* py_graph_table.c: the GraphTable Runner.graph_open returns (it takes the capsule's reference). */
 PyObject *py_graph_table_new(EngineObject *engine, PyObject *capsule);
 extern PyTypeObject py_graph_table_type;
 

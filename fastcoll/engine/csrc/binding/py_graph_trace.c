@@ -2,8 +2,8 @@
  * thread makes through py_graph.c is noted here, under the table's lock, with its name, number,
  * when it reached the table, began and ended, and its phases as the eager path's traced calls
  * note them (algorithms/fc_trace.c, through the call's `trace`). Python takes what was noted
- * when it writes the trace (GraphTable.trace, below, which Runner.graph_open returns), as a
- * dict of plain values.
+ * when it writes the trace (GraphTable.trace, py_graph_table.c, through py_graph.c's
+ * py_graph_traced, which holds the table's lock), as a dict of plain values.
  *
  * Memory is taken only by a table opened to trace, and grows with what is noted, up to the
  * bounds graph_open gives: past them a call is not kept (counted) and a kept call's phases past
@@ -14,11 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <structmember.h>
 
 /* One call noted: its phases are spans[first, first + n) of the batch it is in. */
 typedef struct py_graph_call {
-    fc_ns queued, start, end;
+    fc_ns reached, start, end; /* reached the table, began to run, ended */
     int64_t seq, bytes, dropped;
     size_t first, n;
     int32_t peer; /* a send's or a receive's peer (the job's rank), else -1 */
@@ -98,10 +97,10 @@ int py_graph_trace_begin(py_graph_trace *t, fc_call *c, const fc_op *op, const c
         return 0;
     }
     py_graph_call *k = &t->calls[t->ncalls];
-    int p2p = op->kind == FC_K_SEND || op->kind == FC_K_RECV;
-    *k = (py_graph_call){.queued = now, .start = now, .end = now, .seq = seq, .first = t->nspans,
-                         .peer = p2p ? c->ranks[op->root] : -1,
-                         .bytes = p2p ? (int64_t)(op->kind == FC_K_SEND ? op->src_count : op->dst_count) : 0};
+    int message = op->kind == FC_K_SEND || op->kind == FC_K_RECV;
+    *k = (py_graph_call){.reached = now, .start = now, .end = now, .seq = seq, .first = t->nspans,
+                         .peer = message ? c->ranks[op->root] : -1,
+                         .bytes = message ? (int64_t)(op->kind == FC_K_SEND ? op->src_count : op->dst_count) : 0};
     snprintf(k->name, sizeof k->name, "%s", name);
     t->cur = (fc_trace){.spans = t->spans ? t->spans + t->nspans : NULL, .cap = phases, .n = 0, .dropped = 0};
     c->trace = &t->cur;
@@ -171,7 +170,7 @@ static PyObject *call_of(const py_graph_call *k, const fc_span *spans)
     if (!phases)
         return NULL;
     return Py_BuildValue("{s:s,s:L,s:L,s:L,s:L,s:i,s:L,s:L,s:N}", "name", k->name, "seq", (long long)k->seq,
-                         "queued", (long long)k->queued, "start", (long long)k->start, "end", (long long)k->end,
+                         "queued", (long long)k->reached, "start", (long long)k->start, "end", (long long)k->end,
                          "peer", (int)k->peer, "bytes", (long long)k->bytes, "dropped", (long long)k->dropped,
                          "phases", phases);
 }
@@ -196,64 +195,3 @@ PyObject *py_graph_trace_report(py_graph_batch *b, fc_ns now)
     free(b);
     return r;
 }
-
-/* ----- the GraphTable Python holds ----- */
-
-/* What Runner.graph_open returns: the table's capsule (which the library attaches to) and the
- * calls noted for the trace, taken through trace(). */
-typedef struct {
-    PyObject_HEAD
-    EngineObject *engine;
-    PyObject *capsule;
-} py_graph_table;
-
-PyObject *py_graph_table_new(EngineObject *engine, PyObject *capsule)
-{
-    py_graph_table *t = PyObject_New(py_graph_table, &py_graph_table_type);
-    if (!t) {
-        Py_DECREF(capsule);
-        return NULL;
-    }
-    t->engine = (EngineObject *)Py_NewRef((PyObject *)engine);
-    t->capsule = capsule;
-    return (PyObject *)t;
-}
-
-static void table_dealloc(PyObject *self)
-{
-    py_graph_table *t = (py_graph_table *)self;
-    Py_DECREF(t->capsule);
-    Py_DECREF(t->engine);
-    PyObject_Free(self);
-}
-
-/* trace(): the graph's calls noted since the last (FASTCOLL_TRACE), or None; also after the
- * engine's close(), when the trace is written. */
-static PyObject *table_trace(PyObject *self, PyObject *unused)
-{
-    (void)unused;
-    return py_graph_traced(((py_graph_table *)self)->engine);
-}
-
-static PyMethodDef table_methods[] = {
-    {"trace", table_trace, METH_NOARGS,
-     "trace() -> {now, calls, dropped, first_dropped}: the calls noted since the last, or None (untraced)"},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyMemberDef table_members[] = {
-    {"capsule", T_OBJECT_EX, offsetof(py_graph_table, capsule), READONLY,
-     "the capsule of fc_graph_api (\"fastcoll.graph_api\") the MPI library attaches to"},
-    {NULL, 0, 0, 0, NULL},
-};
-
-PyTypeObject py_graph_table_type = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "fastcoll.engine._native.GraphTable",
-    .tp_basicsize = sizeof(py_graph_table),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A graph table (Runner.graph_open): its capsule, and its calls noted for the trace.",
-    .tp_dealloc = table_dealloc,
-    .tp_methods = table_methods,
-    .tp_members = table_members,
-};

@@ -1,7 +1,7 @@
 /* The Runner: an Engine's collectives. The run lock (claim_if_idle, release), OpSpecs
  * (py_spec.c), a call run on the caller's thread or queued for the service thread (py_items.c),
  * a Python function queued behind them, the handler of a queued call's failure, and the graph
- * table MLX's evaluation thread calls (py_graph.c), as a GraphTable (py_graph_trace.c). */
+ * table MLX's evaluation thread calls (py_graph.c), as a GraphTable (py_graph_table.c). */
 #include "py_common.h"
 
 /* claim_if_idle(): True, and the run lock is this thread's, if nothing is queued or running;
