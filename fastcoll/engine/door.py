@@ -14,8 +14,9 @@ from __future__ import annotations
 from types import ModuleType
 
 # The module's public names: its types (checked below) and the rest.
-MODULE = ("ALGORITHMS", "Completion", "DTYPES", "Engine", "GateHost", "GraphTable", "KINDS", "Links", "NativeError",
-          "OPS", "OpSpec", "PHASES", "ResultCache", "Runner", "finish_mean", "link_kinds", "reduce")
+MODULE = ("ALGORITHMS", "Completion", "DTYPES", "Engine", "GRAPH_TRACE_MAX", "GateHost", "GraphTable", "KINDS",
+          "Links", "NativeError", "OPS", "OpSpec", "PHASES", "ResultCache", "Runner", "finish_mean", "link_kinds",
+          "reduce")
 
 # Each type's public attributes (methods, fields).
 PUBLIC_API: dict[str, tuple[str, ...]] = {

@@ -480,9 +480,8 @@ class NativeEngine(Engine):
                                  recv_bounds=_bounds(op.recv_bounds), agree_counts=op.agree_counts, trace=trace)
 
 
-# What a traced graph table keeps at most (fastcoll/engine/csrc/binding/py_common.h says why: the
-# engine's own maxima, PY_GRAPH_TRACE_CALLS_MAX and PY_GRAPH_TRACE_PHASES_MAX).
-GRAPH_TRACE_BOUNDS = {"trace_calls": 1 << 17, "trace_phases": 1 << 20}
+# What a traced graph table keeps at most: the engine's own maxima (py_common.h says why).
+GRAPH_TRACE_BOUNDS = dict(_native.GRAPH_TRACE_MAX)
 
 
 class GraphTrace:

@@ -122,12 +122,12 @@ void py_op_release(py_op *o);
 /* The fc_call that runs `o` on `e` (its deadline `limit` from now). */
 void py_op_call(py_op *o, fc_engine *e, fc_call *c, fc_err *err);
 
-/* A traced run's buffer (py_trace.c): taken (0, or -1 with MemoryError), then its phases for
- * Python, ((phase, peer, bytes, start_ns, end_ns) ..., dropped) with times since it was taken,
- * or the NativeError of a failed call, its `spans` attribute the same; either frees it. */
 /* The most phases one call keeps (more are counted as dropped): a 1 GiB all_reduce in 1 MiB
  * pieces over 8 ranks notes about 6,000. */
 #define PY_TRACE_SPANS ((size_t)1 << 14)
+/* A traced run's buffer (py_trace.c): taken (0, or -1 with MemoryError), then its phases for
+ * Python, ((phase, peer, bytes, start_ns, end_ns) ..., dropped) with times since it was taken,
+ * or the NativeError of a failed call, its `spans` attribute the same; either frees it. */
 typedef struct py_trace {
     fc_trace t;
     fc_ns origin;
@@ -202,7 +202,7 @@ void py_graph_free(EngineObject *self);
  * 32-layer model: 64 calls, 320 phases), so some 2,000 tokens are kept, more than a trace viewer
  * shows well; a pipelined token makes fewer. */
 #define PY_GRAPH_TRACE_CALLS_MAX ((size_t)1 << 17)
-#define PY_GRAPH_TRACE_PHASES_MAX ((size_t)1 << 20)
+#define PY_GRAPH_TRACE_PHASES_MAX ((size_t)1 << 20) /* both: _native.GRAPH_TRACE_MAX */
 typedef struct py_graph_trace py_graph_trace;
 typedef struct py_graph_batch py_graph_batch;
 py_graph_trace *py_graph_trace_new(size_t calls_max, size_t phases_max);

@@ -198,7 +198,9 @@ PyMODINIT_FUNC PyInit__native(void)
         add(m, "ResultCache", Py_NewRef((PyObject *)&py_result_cache_type)) ||
         add(m, "DTYPES", names(DTYPE_NAMES, FC_DTYPE_COUNT)) || add(m, "OPS", names(OP_NAMES, FC_OP_COUNT)) ||
         add(m, "KINDS", names(KIND_NAMES, FC_K_COUNT)) || add(m, "ALGORITHMS", names(ALGO_NAMES, FC_A_COUNT)) ||
-        add(m, "PHASES", names(PHASE_NAMES, FC_P_COUNT))) {
+        add(m, "PHASES", names(PHASE_NAMES, FC_P_COUNT)) ||
+        add(m, "GRAPH_TRACE_MAX", Py_BuildValue("{s:n,s:n}", "trace_calls", (Py_ssize_t)PY_GRAPH_TRACE_CALLS_MAX,
+                                                "trace_phases", (Py_ssize_t)PY_GRAPH_TRACE_PHASES_MAX))) {
         Py_DECREF(m);
         return NULL;
     }
