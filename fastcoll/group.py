@@ -70,11 +70,13 @@ class Group:
     """
 
     def __init__(self, config: Config, engine: Engine | None = None, gate: Any = None, hosts: list[str] | None = None,
-                 processes: list | None = None):
-        self._job = Job(config, engine, gate, hosts, processes)
+                 processes: list | None = None, host_ids: list | None = None):
+        self._job = Job(config, engine, gate, hosts, processes, host_ids)
         self._view(config, tuple(range(config.world_size)), "")
 
     def _view(self, config: Config, ranks: tuple[int, ...], prefix: str) -> None:
+        if self._job.host_ids:
+            config = select.for_hosts(config, [self._job.host_ids[r] for r in ranks])
         self.config = config  # rank and world_size are this group's
         self._ranks = ranks  # the job's rank of each of this group's ranks
         self._prefix = prefix

@@ -29,16 +29,18 @@ class Job:
     `engine` is the job's Engine (fastcoll/engine/base.py), None for a world of one, and
     `prepared` what it offers beyond Engine (base.Prepared: the native engine), else None; `gate` its
     fence gate, or None; `hosts` each rank's host name, for error messages; `processes` each
-    rank's process where it shares this rank's host (diagnosis.this_process), else None."""
+    rank's process where it shares this rank's host (diagnosis.this_process), else None;
+    `host_ids` each rank's host as the rendezvous table has it (where groups choose algorithms)."""
 
     def __init__(self, config: Config, engine: Any, gate: Any, hosts: list[str] | None = None,
-                 processes: list | None = None):
+                 processes: list | None = None, host_ids: list | None = None):
         self.config = config
         self.engine = engine
         self.prepared = None if engine is None else engine.prepared
         self.gate = gate
         self.hosts = hosts or []
         self.processes = processes or []
+        self.host_ids = host_ids or []
         self.lock = threading.Lock()  # orders the calls of every group of this rank
         self.error: FastcollError | None = None
         self.before_call = None  # Group.set_before_call's: called before every call, or None

@@ -84,7 +84,7 @@ def _connect(config: Config, gate: Any) -> Group:
     mine = table.caps[config.rank].get("host")
     processes = [c.get("process") if c.get("host") == mine else None for c in table.caps]
     log.info("rank %d of %d joined: %s", config.rank, config.world_size, eng.describe())
-    group = Group(config, eng, gate, hosts, processes)
+    group = Group(config, eng, gate, hosts, processes, [c.get("host") for c in table.caps])
     if gate is not None:
         try:
             gate.connect(lambda what, values: group.gather_ints(what, values, None), config.rank,

@@ -278,6 +278,43 @@ def test_the_selection_rule():
         select.algorithm("scan", 4, 2, c)
 
 
+def test_doubling_counts_the_steps_that_cross_between_hosts():
+    """Recursive doubling's step k pairs rank r with r ^ 2**k: a step crosses the network where
+    any pair of it sits on two hosts."""
+    assert select.doubling_crossings(["a", "b", "c", "d"]) == 2  # a rank a host
+    assert select.doubling_crossings(["a", "a", "b", "b"]) == 1  # two a host: only the second step
+    assert select.doubling_crossings(["a", "b", "a", "b"]) == 1  # only the first
+    assert select.doubling_crossings(["a"] * 4) == 0
+    assert select.doubling_crossings(["a"] * 4 + ["b"] * 4) == 1
+    assert select.doubling_crossings(["a", "a", "b", "b", "c", "c", "d", "d"]) == 2
+    assert select.doubling_crossings(["a", "b", "c"]) == 0  # doubling serves no group of three
+    assert select.doubling_crossings(["a", "b"]) == 0
+
+
+def test_small_calls_go_direct_where_doubling_would_cross_hosts_twice():
+    """Across hosts each of doubling's crossing steps is a trip of the network, where direct sends
+    take one (bench/NOTES.md 111): a group that doubling would take across hosts twice or more
+    runs direct; one host, or a single crossing, keeps doubling; FASTCOLL_TUNING's choice wins."""
+    c = Config(world_size=4)
+    spread = select.for_hosts(c, ["a", "b", "c", "d"])
+    assert not spread.doubling and select.algorithm("all_reduce", 4, 4, spread) == "direct"
+    assert select.by_size("all_gather", 4, spread)[1] == "direct"  # graph mode's rule follows
+    for hosts in (["a"] * 4, ["a", "a", "b", "b"]):
+        assert select.for_hosts(c, hosts) is c
+    tuned = Config.from_env({"FASTCOLL_RANK": "0", "FASTCOLL_WORLD_SIZE": "1", "FASTCOLL_TUNING": "doubling=1"})
+    assert select.for_hosts(tuned, ["a", "b", "c", "d"]).doubling
+
+
+def test_a_group_chooses_by_its_own_ranks_hosts():
+    """The job's group of four hosts runs its small calls direct; a group made without the hosts
+    (a world of one, a test's group) keeps the job's config."""
+    from fastcoll.group import Group
+    g = Group(Config(rank=1, world_size=4), None, None, host_ids=["a", "b", "c", "d"])
+    assert g.choose("all_reduce", 4) == "direct" and g.choose("all_reduce", 1 << 30) == "ring"
+    assert Group(Config(rank=1, world_size=4), None, None, host_ids=["a", "a", "b", "b"]).choose("all_reduce", 4) == "doubling"
+    assert Group(Config(rank=1, world_size=4)).choose("all_reduce", 4) == "doubling"
+
+
 def test_the_rule_names_only_algorithms_the_native_engine_has():
     """Every name the rule gives is in the native engine's registry (its import checks the two
     sets are equal, so a renamed algorithm cannot reach it unnoticed)."""

@@ -149,6 +149,9 @@ def test_every_collective_across_hosts(net, hosts, transport):
         # One rank per host: nothing is shared memory, even with FASTCOLL_SHM=1.
         assert r["transport"].split("; ")[0] == ("zmq" if transport == "zmq" else "tcp"), r
         assert r["interface"] == net.host(hosts[rank]).data[0], r
+        # Two ranks always go direct; at four hosts recursive doubling would cross the network
+        # twice where direct sends cross once, so they go direct too.
+        assert r["small"] == "direct", r
 
 
 # ----------------------------------------------------------------------------- RDMA (the test fabric)
@@ -220,6 +223,8 @@ def test_two_ranks_per_host_share_memory_with_each_other_only(net, shm):
         # Three peers each: the one on the same host over shared memory, the two others on TCP.
         want = "tcp, shared memory on 1 of 3 connections" if shm == "1" else "tcp"
         assert r["transport"].split("; ")[0] == want, (rank, r)
+        # Recursive doubling's first step stays on the host, its second crosses once: it stays.
+        assert r["small"] == "doubling", (rank, r)
 
 
 @pytest.mark.parametrize("hosts", [(1, 2), (1, 2, 3, 4)], ids=["2hosts", "4hosts"])

@@ -4,12 +4,14 @@ each); the pure-Python engine runs one schedule per collective whatever the rule
 only whether it calls an all_reduce small (`small`; fastcoll/algorithms/reference.py).
 
 The choice reads only the collective, its buffer's size in bytes, the group's size and the
-job's Config, so ranks that make the same call choose alike. To add an algorithm, write its
+group's Config (for_hosts: the job's, with doubling off where the group's hosts make it cross
+the network more than once), so ranks that make the same call choose alike. To add an algorithm, write its
 file in csrc/algorithms/ with an entry in fc_algo.c's registry, and give it a name and a line
 here.
 
     small (nbytes <= Config.direct_max_bytes, or direct_max_bytes_two_ranks for two ranks):
-        doubling   4, 8, 16 ... ranks (Config.doubling), where it has the collective
+        doubling   4, 8, 16 ... ranks (Config.doubling), where it has the collective and
+                   fewer than two of its steps cross between hosts (for_hosts)
         direct     otherwise
     large:
         ring       all_reduce, all_gather, reduce_scatter, broadcast
@@ -24,6 +26,8 @@ buffers differ in size (all_to_all_v) may choose differently.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 # The names an Op carries (fastcoll/engine/ops.py), as the native engine's registry has them.
@@ -45,6 +49,26 @@ def small(name: str) -> bool:
 def doubling_applies(size: int) -> bool:
     """Whether recursive doubling serves a group of `size` ranks (a power of two, more than 2)."""
     return size > 2 and size & (size - 1) == 0
+
+
+def doubling_crossings(hosts: Sequence[object]) -> int:
+    """How many of recursive doubling's steps pair ranks on different hosts, for a group whose
+    rank r sits on hosts[r] (0 where doubling does not serve the group)."""
+    n = len(hosts)
+    if not doubling_applies(n):
+        return 0
+    steps = (1 << k for k in range(n.bit_length() - 1))
+    return sum(any(hosts[r] != hosts[r ^ step] for r in range(n)) for step in steps)
+
+
+def for_hosts(config: Any, hosts: Sequence[object]) -> Any:
+    """`config` for a group whose rank r sits on hosts[r]: recursive doubling off where two or
+    more of its steps cross between hosts, each a trip of the network where direct sends take
+    one trip in all (bench/NOTES.md 111), but where FASTCOLL_TUNING set `doubling`. Every rank
+    reads the same rendezvous table, so all choose alike."""
+    if not config.doubling or "doubling" in config.tuned or doubling_crossings(hosts) < 2:
+        return config
+    return dataclasses.replace(config, doubling=False)
 
 
 def algorithm(collective: str, nbytes: int, size: int, config: Any) -> str:

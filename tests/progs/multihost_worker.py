@@ -208,7 +208,7 @@ def main() -> int:
     try:
         g = fastcoll.init()
         report.update(rank=g.rank(), size=g.size(), transport=g.transport_info(),
-                      t_init=time.time())
+                      small=g.choose("all_reduce", 4), t_init=time.time())
         write()  # a rank that dies without a word still leaves this
         {"collectives": lambda: collectives(g), "big": lambda: big(g, int(ARGS[0])),
          "loop": lambda: loop(g, int(ARGS[0]) if ARGS else 4096), "decode": lambda: decode(g)}[MODE]()
