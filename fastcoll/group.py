@@ -75,7 +75,8 @@ class Group:
         self._view(config, tuple(range(config.world_size)), "")
 
     def _view(self, config: Config, ranks: tuple[int, ...], prefix: str) -> None:
-        if self._job.host_ids:
+        if self._job.host_ids:  # the job's doubling, off where this group's hosts make it cross twice
+            config = dataclasses.replace(config, doubling=self._job.config.doubling)
             config = select.for_hosts(config, [self._job.host_ids[r] for r in ranks])
         self.config = config  # rank and world_size are this group's
         self._ranks = ranks  # the job's rank of each of this group's ranks

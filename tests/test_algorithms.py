@@ -306,11 +306,15 @@ def test_small_calls_go_direct_where_doubling_would_cross_hosts_twice():
 
 
 def test_a_group_chooses_by_its_own_ranks_hosts():
-    """The job's group of four hosts runs its small calls direct; a group made without the hosts
-    (a world of one, a test's group) keeps the job's config."""
-    from fastcoll.group import Group
+    """The job's group of four hosts runs its small calls direct; a split whose ranks share one
+    host gets doubling back; a group made without the hosts (a world of one, a test's group)
+    keeps the job's config."""
+    from fastcoll.group import Group, SubGroup
     g = Group(Config(rank=1, world_size=4), None, None, host_ids=["a", "b", "c", "d"])
     assert g.choose("all_reduce", 4) == "direct" and g.choose("all_reduce", 1 << 30) == "ring"
+    job = Group(Config(rank=0, world_size=8), None, None, host_ids=["a"] * 4 + ["b", "b", "c", "c"])
+    assert job.choose("all_reduce", 4) == "direct"
+    assert SubGroup(job, [0, 1, 2, 3], "s0c0/").choose("all_reduce", 4) == "doubling"
     assert Group(Config(rank=1, world_size=4), None, None, host_ids=["a", "a", "b", "b"]).choose("all_reduce", 4) == "doubling"
     assert Group(Config(rank=1, world_size=4)).choose("all_reduce", 4) == "doubling"
 
