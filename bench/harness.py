@@ -237,12 +237,12 @@ def run(config: Config, launch: Launch, progress: Callable[[str], None] = print,
 
 
 def pool_points(jobs: list[Job]) -> dict[tuple[str, str, int, int], dict[str, Any]]:
-    """Each (system, op, world, size)'s samples pooled over the rounds, with every round's status."""
+    """Each (system, op, world, size)'s samples pooled over the rounds, every round's status and median."""
     pooled: dict[tuple[str, str, int, int], dict[str, Any]] = {}
     for job in jobs:
         for p in (job.doc or {}).get("points", []):
             acc = pooled.setdefault((job.system, p["op"], job.world, int(p["size"])), {
-                "times": [], "cpu": [], "rounds": 0, "statuses": [], "reasons": [],
+                "times": [], "cpu": [], "rounds": 0, "statuses": [], "reasons": [], "round_medians": [],
                 "bytes": p.get("bytes"), "emulated": p.get("emulated")})
             acc["statuses"].append(p.get("status", "error"))
             if p.get("reason"):
@@ -251,6 +251,7 @@ def pool_points(jobs: list[Job]) -> dict[tuple[str, str, int, int], dict[str, An
                 acc["times"] += p["times"]
                 acc["cpu"] += p.get("cpu_s", [])
                 acc["rounds"] += 1
+                acc["round_medians"].append(metrics.summarize(p["times"])["median_s"])  # the spread between rounds
     return pooled
 
 
@@ -270,7 +271,7 @@ def points_table(jobs: list[Job]) -> list[dict[str, Any]]:
             rec["reason"] = acc["reasons"][0]
         if rec["status"] == "ok":
             stats = metrics.summarize(acc["times"])
-            rec |= stats | {"samples": len(acc["times"]), "rounds": acc["rounds"]}
+            rec |= stats | {"samples": len(acc["times"]), "rounds": acc["rounds"], "round_medians_s": acc["round_medians"]}
             rec["algbw_GBps"] = metrics.algbw(rec["bytes"], stats["median_s"]) / metrics.GB
             rec["busbw_GBps"] = metrics.busbw(op, world, rec["bytes"], stats["median_s"]) / metrics.GB
             if acc["cpu"]:

@@ -40,6 +40,17 @@ def test_sizes_and_stats() -> None:
     assert s["p90_s"] == pytest.approx(np.percentile([1, 2, 3, 4, 100], 90))
 
 
+def test_points_pool_the_rounds_and_keep_each_rounds_median() -> None:
+    """A point's statistics pool every round's samples; its round_medians_s say how far the rounds
+    stood apart (a record quotes the spread from them)."""
+    def job(rnd: int, times: list[float]) -> harness.Job:
+        doc = {"points": [{"op": "all_reduce", "size": 4, "bytes": 4, "status": "ok", "times": times}]}
+        return harness.Job("s", 2, rnd, 1.0, None, doc)
+    (point,) = harness.points_table([job(0, [1.0, 2.0, 3.0]), job(1, [10.0, 20.0, 30.0])])
+    assert point["rounds"] == 2 and point["samples"] == 6 and point["median_s"] == 6.5
+    assert point["round_medians_s"] == [2.0, 20.0]
+
+
 def test_layout_and_check() -> None:
     # all-gather and reduce-scatter: S is the total; tiny sizes round up to one element a rank.
     assert timing.layout("all_gather", 4, 2) == timing.Layout(1, 2, 8)
