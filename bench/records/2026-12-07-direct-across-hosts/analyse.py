@@ -1,4 +1,5 @@
-"""Reads raw/ (`tar -xJf raw.tar.xz`) and writes collectives.md, rounds.md and plot.png (matplotlib)."""
+"""Reads raw/ (`tar -xJf raw.tar.xz`) and writes collectives.md, rounds.md, timeline.md and plot.png
+(matplotlib)."""
 import collections
 import json
 import statistics as st
@@ -45,6 +46,33 @@ def rounds() -> str:
     return "\n".join(out) + "\n"
 
 
+def timeline() -> str:
+    """Where a pipelined token's time goes in p4's last round (graph mode's traces, a file a rank):
+    the pipeline runs from the last rank to rank 0, whose all_gather hands every rank the token.
+    Medians over the steady tokens, ms; the reading of bench/records/2026-12-07-pinned-bed-4hosts/."""
+    out = []
+    for prefix in sorted({p.name.rsplit(".rank", 1)[0] for p in (RAW / "p4" / "traces").glob("*.rank*.json")}):
+        ranks = [sorted((e["name"].split("/")[1], e["ts"], e["ts"] + e["dur"]) for e in json.loads(p.read_text())["traceEvents"]
+                        if e.get("ph") == "X" and "/" in e["name"]) for p in sorted((RAW / "p4" / "traces").glob(prefix + ".rank*.json"))]
+        n, parts = len(ranks), collections.defaultdict(list)
+        gathers = [[c for c in r if c[0].startswith("all_gather")] for r in ranks]
+        for k in range(4, min(map(len, gathers)) - 1):
+            t0 = ready = gathers[n - 1][k - 1][2]
+            for i in range(n - 1, 0, -1):
+                send = next(c for c in ranks[i] if c[0].startswith("send") and c[1] >= ready)
+                ready = next(c for c in ranks[i - 1] if c[0].startswith("recv") and c[2] >= send[1])[2]
+                parts[f"stage on rank {i}"].append(send[1] - (t0 if i == n - 1 else parts["_ready"][-1]))
+                parts[f"hop {i} -> {i - 1}"].append(ready - send[1])
+                parts["_ready"].append(ready)
+            gather = next(c for c in gathers[0] if c[1] >= ready)
+            parts["stage on rank 0"].append(gather[1] - ready)
+            parts["all_gather: rank 0's call to the first stage's result"].append(gathers[n - 1][k][2] - gather[1])
+            parts["token"].append(gathers[n - 1][k][2] - t0)
+        out += [f"### {prefix} ({len(parts['token'])} tokens, medians, ms)", "", "| part | ms |", "| --- | --- |"]
+        out += [f"| {p} | {st.median(v) / 1e3:.3f} |" for p, v in parts.items() if p != "_ready"] + [""]
+    return "\n".join(out)
+
+
 def draw(plot: dict) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -70,4 +98,5 @@ if __name__ == "__main__":
     table, plot = collectives()
     (HERE / "collectives.md").write_text(table)
     (HERE / "rounds.md").write_text(rounds())
+    (HERE / "timeline.md").write_text(timeline())
     draw(plot)
