@@ -168,7 +168,8 @@ class Config:
     direct_max_bytes_two_ranks: int = DEFAULT_DIRECT_MAX_BYTES_TWO_RANKS
     piece_bytes: int = DEFAULT_PIECE_BYTES
     # Recursive doubling for small calls; a group whose hosts it would cross twice or more runs
-    # direct sends instead unless FASTCOLL_TUNING set this (algorithms/select.py's for_hosts).
+    # direct sends instead, unless init() timed doubling faster on the job's links or
+    # FASTCOLL_TUNING set this (algorithms/select.py's for_hosts, doubling_probe.py).
     doubling: bool = True
     gate_direct: bool = True  # the gate's direct mode where every rank shares a host (docs/gate.md)
     # How often the direct mode's watcher looks at its peers, in ms: each look takes the GIL from

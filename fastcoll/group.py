@@ -77,7 +77,8 @@ class Group:
     def _view(self, config: Config, ranks: tuple[int, ...], prefix: str) -> None:
         if self._job.host_ids:  # the job's doubling, off where this group's hosts make it cross twice
             config = dataclasses.replace(config, doubling=self._job.config.doubling)
-            config = select.for_hosts(config, [self._job.host_ids[r] for r in ranks])
+            if not self._job.doubling_across_hosts:  # unless init() timed doubling the faster
+                config = select.for_hosts(config, [self._job.host_ids[r] for r in ranks])
         self.config = config  # rank and world_size are this group's
         self._ranks = ranks  # the job's rank of each of this group's ranks
         self._prefix = prefix
@@ -231,6 +232,13 @@ class Group:
         """The algorithm (a name an Op carries) that runs `collective` over `nbytes` bytes on
         this group: the one place that asks the rule (fastcoll/algorithms/select.py)."""
         return select.algorithm(collective, nbytes, self.config.world_size, self.config)
+
+    def keep_doubling_across_hosts(self) -> None:
+        """What init() does where it timed recursive doubling faster than direct sends across the
+        job's hosts (fastcoll/doubling_probe.py): this group, and every group split from it later,
+        keeps the job's doubling whatever its hosts."""
+        self._job.doubling_across_hosts = True
+        self.config = dataclasses.replace(self.config, doubling=self._job.config.doubling)
 
     def graph_table(self) -> Any:
         """The engine's table that runs this group's collectives from MLX's evaluation thread

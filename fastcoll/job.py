@@ -30,7 +30,9 @@ class Job:
     `prepared` what it offers beyond Engine (base.Prepared: the native engine), else None; `gate` its
     fence gate, or None; `hosts` each rank's host name, for error messages; `processes` each
     rank's process where it shares this rank's host (diagnosis.this_process), else None;
-    `host_ids` each rank's host as the rendezvous table has it (where groups choose algorithms)."""
+    `host_ids` each rank's host as the rendezvous table has it (where groups choose algorithms);
+    `doubling_across_hosts` whether init() found recursive doubling faster across them than direct
+    sends (fastcoll/doubling_probe.py)."""
 
     def __init__(self, config: Config, engine: Any, gate: Any, hosts: list[str] | None = None,
                  processes: list | None = None, host_ids: list | None = None):
@@ -41,6 +43,7 @@ class Job:
         self.hosts = hosts or []
         self.processes = processes or []
         self.host_ids = host_ids or []
+        self.doubling_across_hosts = False
         self.lock = threading.Lock()  # orders the calls of every group of this rank
         self.error: FastcollError | None = None
         self.before_call = None  # Group.set_before_call's: called before every call, or None

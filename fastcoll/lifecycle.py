@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any
 
-from fastcoll import diagnosis, engine
+from fastcoll import diagnosis, doubling_probe, engine
 from fastcoll.config import Config
 from fastcoll.errors import CollectiveTimeoutError, FastcollError
 from fastcoll.group import Group
@@ -84,15 +84,18 @@ def _connect(config: Config, gate: Any) -> Group:
     mine = table.caps[config.rank].get("host")
     processes = [c.get("process") if c.get("host") == mine else None for c in table.caps]
     log.info("rank %d of %d joined: %s", config.rank, config.world_size, eng.describe())
-    group = Group(config, eng, gate, hosts, processes, [c.get("host") for c in table.caps])
-    if gate is not None:
-        try:
+    host_ids = [c.get("host") for c in table.caps]
+    group = Group(config, eng, gate, hosts, processes, host_ids)
+    try:
+        if gate is not None:
             gate.connect(lambda what, values: group.gather_ints(what, values, None), config.rank,
                          config.world_size, same_host=len(table.same_host(config.rank)) == config.world_size)
             eng.attach_gate(gate)
-        except BaseException:
-            group.finalize()
-            raise
+        if doubling_probe.needed(config, host_ids, eng.prepared is not None) and doubling_probe.doubling_wins(group):
+            group.keep_doubling_across_hosts()
+    except BaseException:
+        group.finalize()
+        raise
     return group
 
 

@@ -15,6 +15,8 @@ the timing windows of a job's set-up and of a collective are reached every time,
     gate-failed         a gate's host half failed: its error is about to be recorded (the
                         native engine has stored the gate's error release already, the
                         Python engine stores it after)
+    probe:doubling      init() timing doubling against direct sends (doubling_probe.py): one
+    probe:direct        timed call of that algorithm has run, its clock not yet read
 
 and one factory: `set_gate_factory(fn)` makes init() take its fence gate from fn(config) (a gate
 over a simulated device, for the multi-process tests of the gate's host half) instead of probing

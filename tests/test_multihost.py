@@ -149,9 +149,11 @@ def test_every_collective_across_hosts(net, hosts, transport):
         # One rank per host: nothing is shared memory, even with FASTCOLL_SHM=1.
         assert r["transport"].split("; ")[0] == ("zmq" if transport == "zmq" else "tcp"), r
         assert r["interface"] == net.host(hosts[rank]).data[0], r
-        # Two ranks always go direct; at four hosts recursive doubling would cross the network
-        # twice where direct sends cross once, so they go direct too.
-        assert r["small"] == "direct", r
+    # Two ranks always go direct; at four hosts, where doubling would cross the network twice,
+    # init() timed both on these links (tests/test_doubling_probe.py decides it on purpose): every
+    # rank runs the one it agreed on.
+    small = {r["small"] for r in reports.values()}
+    assert len(small) == 1 and small <= ({"direct"} if len(hosts) == 2 else {"direct", "doubling"}), reports
 
 
 # ----------------------------------------------------------------------------- RDMA (the test fabric)

@@ -42,7 +42,7 @@ def make_backend(group: fastcoll.Group, array: str = "numpy") -> Backend:
         out = fastcoll.all_gather(np.ascontiguousarray(v, dtype=np.float64), group=group)
         return np.asarray(out, dtype=np.float64).reshape(group.size(), -1)
 
-    meta = {"fastcoll": fastcoll.__version__, "transport": group.transport_info(), "array": array}
+    meta = {"fastcoll": fastcoll.__version__, "transport": group.transport_info(), "array": array, "small": group.choose("all_reduce", 4)}
     meta |= {k: v for k, v in os.environ.items() if k in ("FASTCOLL_CONNECTIONS", "FASTCOLL_INTERFACE",
                                                           "FASTCOLL_FAST_SYNC", "FASTCOLL_TUNING")}
     return Backend(os.environ.get("BENCH_SYSTEM", f"fastcoll-{os.environ.get('FASTCOLL_TRANSPORT', 'tcp')}"),

@@ -5,13 +5,15 @@ only whether it calls an all_reduce small (`small`; fastcoll/algorithms/referenc
 
 The choice reads only the collective, its buffer's size in bytes, the group's size and the
 group's Config (for_hosts: the job's, with doubling off where the group's hosts make it cross
-the network more than once), so ranks that make the same call choose alike. To add an algorithm, write its
+the network more than once, unless init() timed it the faster there: fastcoll/doubling_probe.py),
+so ranks that make the same call choose alike. To add an algorithm, write its
 file in csrc/algorithms/ with an entry in fc_algo.c's registry, and give it a name and a line
 here.
 
     small (nbytes <= Config.direct_max_bytes, or direct_max_bytes_two_ranks for two ranks):
         doubling   4, 8, 16 ... ranks (Config.doubling), where it has the collective and
-                   fewer than two of its steps cross between hosts (for_hosts)
+                   fewer than two of its steps cross between hosts (for_hosts), or init()
+                   timed it faster than direct across them (doubling_probe)
         direct     otherwise
     large:
         ring       all_reduce, all_gather, reduce_scatter, broadcast
