@@ -8,6 +8,8 @@ not by the machine's noise."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from conftest import assert_ok
@@ -53,3 +55,16 @@ def test_two_hosts_and_the_python_engine_are_not_timed(launch):
     assert all(w[1] == "direct" and w[5:] == ["0", "0"] for w in lines), lines
     lines = chosen(launch(4, WORKER, "direct", transport="tcp", FASTCOLL_NATIVE="0").wait(90))
     assert all(w[5:] == ["0", "0"] for w in lines), lines
+
+
+def test_a_rank_lost_while_timing_fails_init_naming_it(launch, native):
+    # The last rank exits inside its first timed call: the others' init() raises within the
+    # timeout, naming it, and leaves nothing running (the job's group is finalized).
+    started = time.monotonic()
+    results = launch(4, WORKER, "die", transport="tcp", FASTCOLL_NATIVE="1", timeout="10").wait(60)
+    assert time.monotonic() - started < 30, [r.out for r in results]
+    assert results[3].code == 3, results[3].err
+    for r in results[:3]:
+        assert r.code == 0, r.err
+        line = next(l for l in r.out.splitlines() if l.startswith("init failed: "))
+        assert "rank 3" in line, line

@@ -5,6 +5,8 @@ for small all_reduces, a split's choice, how many probe calls passed the hook, a
 all_reduce exactly.
 
     probe_worker.py DELAYED    DELAYED: doubling, direct or none (the algorithm slowed by 2 ms)
+    probe_worker.py die        the last rank exits in its first timed call: the others' init()
+                               must raise, naming it, and print "init failed: ..."
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 import fastcoll
 from checks import check, run
 from fastcoll import engine, testhooks
+from fastcoll.errors import FastcollError
 
 DELAY_S = 0.002
 
@@ -34,8 +37,17 @@ def main() -> None:
             seen[name] += 1
             if name == delayed:
                 time.sleep(DELAY_S)
+            if delayed == "die" and rank == int(os.environ["FASTCOLL_WORLD_SIZE"]) - 1:
+                os._exit(3)
 
     testhooks.set_hook(hook)
+    if delayed == "die":
+        try:
+            fastcoll.init()
+        except FastcollError as e:
+            print(f"init failed: {type(e).__name__}: {e}", flush=True)
+            return
+        raise AssertionError("init() returned though a rank died during its timing")
     g = fastcoll.init()
     n = g.size()
     sub = g.split(0)  # the same ranks, the same hosts: it must choose as its parent
