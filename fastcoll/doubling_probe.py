@@ -27,8 +27,8 @@ from fastcoll.engine import Op
 
 log = logging.getLogger("fastcoll")
 
-ROUNDS = 16  # timed calls of each algorithm; the first two rounds warm the links and are not counted
-_WARM = 2
+ROUNDS = 16  # counted calls of each algorithm
+_WARM = 2  # calls of each before them, which warm the links and are not counted
 
 
 def needed(config: Any, host_ids: list, native: bool) -> bool:
@@ -41,11 +41,10 @@ def doubling_wins(group: Any) -> bool:
     """Time doubling and direct 4-byte all_reduces on `group` (the job's group, every rank
     calling) and whether doubling's agreed median is the smaller. Each timed call passes the
     test hook's point "probe:<algorithm>" (tests/test_doubling_probe.py delays one there)."""
-    x = np.ones(1, np.float32)
+    x, out = np.ones(1, np.float32), np.empty(1, np.float32)
     times: dict[str, list[float]] = {"doubling": [], "direct": []}
     for i in range(ROUNDS + _WARM):
         for algorithm in ("doubling", "direct") if i % 2 == 0 else ("direct", "doubling"):
-            out = np.empty_like(x)
             started = time.perf_counter()
             group.run(f"probe({algorithm})", Op("all_reduce", algorithm, x, out, "float32", "sum", result=out))
             testhooks.point(f"probe:{algorithm}")
